@@ -1,0 +1,533 @@
+"""Tokenizers built from GGUF metadata, with the ``tokenizers`` library doing the encoding.
+
+Two vocabulary kinds are supported, as ``tokenizer.ggml.model`` names them:
+
+* ``gpt2``: byte-level BPE. The merges are in the file; what the file does not carry is the
+  pre-tokenizer, which llama.cpp picks by the ``tokenizer.ggml.pre`` name. ``_PRE_TOKENIZERS``
+  mirrors llama.cpp's table (``llama-vocab.cpp``), using the original ``tokenizer.json`` regexes
+  where llama.cpp only rewrote them for its own regex engine.
+* ``llama``: SentencePiece-style BPE with byte fallback (``<0xNN>`` tokens). The file has scores
+  but no merges, so merges are derived from the vocabulary the way transformers' GGUF converter
+  does (``generate_merges``): every split of a token into two tokens is a merge, ranked by the
+  merged token's score. Gemma's scores do not follow its merge order, but its token order does,
+  so for gemma architectures the rank is the token's position instead.
+
+Decoding does not go through ``tokenizers``: each id maps to the exact bytes it stands for
+(``token_to_piece``), and text is those bytes decoded as UTF-8. That keeps ``decode`` and the
+streaming ``IncrementalDecoder`` consistent by construction.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as _HFTokenizer
+
+log = logging.getLogger(__name__)
+
+
+class TokenizerError(ValueError):
+    """A GGUF whose tokenizer metadata we cannot turn into a tokenizer, with a message for a user."""
+
+
+# llama.cpp token types (enum llama_token_type), as stored in tokenizer.ggml.token_type.
+TOKEN_NORMAL = 1
+TOKEN_UNKNOWN = 2
+TOKEN_CONTROL = 3
+TOKEN_USER_DEFINED = 4
+TOKEN_UNUSED = 5
+TOKEN_BYTE = 6
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character table used to spell byte-level vocabularies."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, (chr(c) for c in cs)))
+
+
+BYTE_TO_UNICODE: Mapping[int, str] = _bytes_to_unicode()
+_BYTE_ALPHABET = frozenset(BYTE_TO_UNICODE.values())
+# str.translate table: byte-alphabet character -> the latin-1 character of its byte, so that
+# ``token.translate(_UNICODE_TO_LATIN1).encode("latin-1")`` is the token's bytes (fast, in C).
+_UNICODE_TO_LATIN1: Mapping[int, str] = {ord(ch): chr(b) for b, ch in BYTE_TO_UNICODE.items()}
+
+_SPM_SPACE = "\u2581"  # ▁, SentencePiece's spelling of a space
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+# --- pre-tokenizer regexes ---------------------------------------------------------------------
+# Each pre-tokenizer is a sequence of regexes applied like llama.cpp's unicode_regex_split: every
+# regex splits the pieces the previous one produced, keeping matches and the text between them
+# as separate pieces (``Split(..., "isolated")``).
+
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN35 = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_GPT4O = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")
+_DEEPSEEK_V3 = (
+    r"\p{N}{1,3}",
+    r"[一-龥぀-ゟ゠-ヿ]+",
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
+
+
+@dataclass(frozen=True)
+class PreTokenizerSpec:
+    """How a byte-level vocabulary splits text before BPE (one llama.cpp pre-tokenizer type)."""
+
+    regexes: tuple[str, ...]
+    nfc: bool = False  # Qwen2's tokenizer.json normalizes to NFC first
+    ignore_merges: bool = False  # llama.cpp: a word that is itself a token is not merged (llama3, tekken)
+
+
+_SPEC_LLAMA3 = PreTokenizerSpec((_LLAMA3,), ignore_merges=True)
+_SPEC_LLAMA3_MERGED = PreTokenizerSpec((_LLAMA3,))
+_SPEC_QWEN2 = PreTokenizerSpec((_QWEN2,), nfc=True)
+_SPEC_STARCODER = PreTokenizerSpec((r"\p{N}", _GPT2))
+_SPEC_GPT2 = PreTokenizerSpec((_GPT2,))
+_SPEC_GPT4O = PreTokenizerSpec((_GPT4O,))
+# llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT, used for "default" and for files without a pre name.
+_SPEC_DEFAULT = PreTokenizerSpec((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"))
+
+# tokenizer.ggml.pre -> pre-tokenizer, grouped as llama.cpp's llama_vocab::impl::load groups them.
+_PRE_TOKENIZERS: Mapping[str, PreTokenizerSpec] = {
+    "default": _SPEC_DEFAULT,
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _SPEC_LLAMA3),
+    **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe", "glm4"), _SPEC_LLAMA3_MERGED),
+    "deepseek-coder": PreTokenizerSpec(_DEEPSEEK_CODER),
+    "deepseek-v3": PreTokenizerSpec(_DEEPSEEK_V3),
+    "falcon": PreTokenizerSpec((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")),
+    **dict.fromkeys(("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"), _SPEC_STARCODER),
+    **dict.fromkeys(
+        ("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "mpt", "olmo", "jais",
+         "exaone4", "gigachat", "mellum"),
+        _SPEC_GPT2,
+    ),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "kormo", "f2llmv2"), _SPEC_QWEN2),
+    "stablelm2": PreTokenizerSpec((_QWEN2,)),
+    "qwen35": PreTokenizerSpec((_QWEN35,), nfc=True),
+    **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), PreTokenizerSpec((_BLOOM,))),
+    "viking": PreTokenizerSpec((_BLOOM, r"\p{N}")),
+    "tekken": PreTokenizerSpec((_TEKKEN,), ignore_merges=True),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "minimax-m2"), _SPEC_GPT4O),
+}
+
+SUPPORTED_PRE_TOKENIZERS: tuple[str, ...] = tuple(sorted(_PRE_TOKENIZERS))
+
+# Token texts llama.cpp treats as end-of-generation whatever their type (llama_vocab::impl::load).
+_EOG_NAMES = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+    "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
+    # FIM tokens llama.cpp also stops on (it adds the fim pad/repo/sep tokens to the EOG set).
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+})
+_EOG_ID_KEYS = (
+    "tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id",
+    "tokenizer.ggml.fim_pad_token_id", "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id",
+)
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """What was built, for logs and /api/show-style reporting."""
+
+    model: str  # tokenizer.ggml.model: "gpt2" | "llama"
+    pre: str  # tokenizer.ggml.pre as used ("default" when the file has none)
+    vocab_size: int
+    n_merges: int
+    add_bos: bool
+    add_space_prefix: bool
+    build_seconds: float
+
+
+def _meta_id(metadata: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
+    value = metadata.get(key)
+    if value is None:
+        return None
+    value = int(value)
+    # Some converters write -1 / 0xFFFFFFFF for "none".
+    return value if 0 <= value < n_vocab else None
+
+
+def generate_merges(tokens: Sequence[str], rank_of: Mapping[str, float]) -> list[tuple[str, str]]:
+    """Merges implied by a vocabulary: each split of a token into two vocabulary tokens, best first.
+
+    A port of transformers' ``tokenization_utils_base.generate_merges`` (with ``vocab_scores``), so
+    ids match its GGUF tokenizer: merges are sorted by the merged token's ``rank_of`` (higher first),
+    then by longer left piece, then longer right piece; equal keys keep vocabulary order.
+    """
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    keyed: list[tuple[float, int, int, str, str]] = []
+    for merge, score in rank_of.items():
+        n = len(merge)
+        if n < 2:
+            continue
+        local = [(merge[:i], merge[i:]) for i in range(1, n) if merge[:i] in vocab and merge[i:] in vocab]
+        if len(local) > 1:
+            local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        keyed.extend((score, len(left), len(right), left, right) for left, right in local)
+    # Sort on the key only (not the strings) so ties stay in insertion order, as transformers' does.
+    keyed.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)
+    return [(m[3], m[4]) for m in keyed]
+
+
+class Tokenizer:
+    """Encode/decode for one model's vocabulary. Build with :meth:`from_gguf_metadata`."""
+
+    def __init__(
+        self,
+        backend: _HFTokenizer,
+        *,
+        tokens: list[str],
+        token_types: list[int],
+        pieces: list[bytes],
+        bos_id: int | None,
+        eos_id: int | None,
+        eot_ids: set[int],
+        info: TokenizerInfo,
+    ):
+        self._backend = backend
+        self._tokens = tokens
+        self._types = token_types
+        self._pieces = pieces
+        self.bos_id = bos_id
+        self.eos_id = eos_id
+        self.eot_ids: set[int] = eot_ids
+        self.info = info
+        self.add_bos = info.add_bos
+        self._control = frozenset(i for i, t in enumerate(token_types) if t == TOKEN_CONTROL)
+        # ``encode_special_tokens`` is a flag on the shared backend: toggling it for a
+        # parse_special=False call must not leak into a concurrent encode.
+        self._lock = threading.Lock()
+
+    # -- construction -----------------------------------------------------------------------
+    @classmethod
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+        """Build the tokenizer a GGUF describes (``GGUFFile(path).metadata``)."""
+        t0 = time.perf_counter()
+        model = metadata.get("tokenizer.ggml.model")
+        tokens = metadata.get("tokenizer.ggml.tokens")
+        if not tokens:
+            raise TokenizerError("GGUF has no tokenizer.ggml.tokens; cannot build a tokenizer")
+        tokens = list(tokens)
+        n = len(tokens)
+        raw_types = metadata.get("tokenizer.ggml.token_type")
+        if raw_types is not None:
+            types = [int(t) for t in raw_types]
+        else:
+            # No types in the file: only <0xNN> tokens of a SentencePiece vocabulary are special.
+            byte_type = TOKEN_BYTE if model == "llama" else TOKEN_NORMAL
+            types = [byte_type if _BYTE_TOKEN.fullmatch(t) else TOKEN_NORMAL for t in tokens]
+        if len(types) != n:
+            raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+
+        if model == "gpt2":
+            backend, pieces, pre, n_merges, add_bos_default, add_space_prefix = _build_byte_level(metadata, tokens, types)
+        elif model == "llama":
+            backend, pieces, pre, n_merges, add_bos_default, add_space_prefix = _build_spm(metadata, tokens, types)
+        else:
+            raise TokenizerError(
+                f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE)"
+            )
+
+        _add_added_tokens(backend, tokens, types)
+
+        bos_id = _meta_id(metadata, "tokenizer.ggml.bos_token_id", n)
+        eos_id = _meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
+        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default)) and bos_id is not None
+        eot = {i for key in _EOG_ID_KEYS if (i := _meta_id(metadata, key, n)) is not None}
+        eot.update(i for i, tok in enumerate(tokens) if tok in _EOG_NAMES)
+
+        info = TokenizerInfo(
+            model=model, pre=pre, vocab_size=n, n_merges=n_merges, add_bos=add_bos,
+            add_space_prefix=add_space_prefix, build_seconds=time.perf_counter() - t0,
+        )
+        return cls(backend, tokens=tokens, token_types=types, pieces=pieces, bos_id=bos_id, eos_id=eos_id,
+                   eot_ids=eot, info=info)
+
+    # -- encoding ---------------------------------------------------------------------------
+    def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
+        """Token ids for ``text``.
+
+        ``add_bos=None`` follows the file (``tokenizer.ggml.add_bos_token``). A BOS is not added
+        when the text already starts with one (a chat template that writes ``<bos>`` itself), since
+        a doubled BOS degrades some models (gemma). ``parse_special=False`` tokenizes control-token
+        text like ``<|im_end|>`` as plain text (for untrusted content); user-defined tokens are still
+        matched whole, as llama.cpp does.
+        """
+        with self._lock:
+            if parse_special:
+                ids = self._backend.encode(text, add_special_tokens=False).ids
+            else:
+                self._backend.encode_special_tokens = True
+                try:
+                    ids = self._backend.encode(text, add_special_tokens=False).ids
+                finally:
+                    self._backend.encode_special_tokens = False
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            if not ids or ids[0] != self.bos_id:
+                ids.insert(0, self.bos_id)
+        return ids
+
+    # -- decoding ---------------------------------------------------------------------------
+    def token_to_piece(self, token_id: int) -> bytes:
+        """The raw bytes ``token_id`` stands for (control tokens: their text)."""
+        if not 0 <= token_id < len(self._pieces):
+            raise IndexError(f"token id {token_id} out of range for a vocabulary of {len(self._pieces)}")
+        return self._pieces[token_id]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Text of ``ids``; invalid UTF-8 (a cut-off multi-byte character) becomes U+FFFD.
+
+        For SentencePiece vocabularies that prepend a space to the input (``add_space_prefix``),
+        one leading space is removed, as transformers' decoder does, so decode(encode(s)) == s.
+        """
+        pieces = self._pieces
+        n = len(pieces)
+        out = []
+        for i in ids:
+            if not 0 <= i < n:
+                raise IndexError(f"token id {i} out of range for a vocabulary of {n}")
+            if skip_special and i in self._control:
+                continue
+            out.append(pieces[i])
+        text = b"".join(out).decode("utf-8", errors="replace")
+        if self.info.add_space_prefix and text.startswith(" "):
+            text = text[1:]
+        return text
+
+    def incremental_decoder(self, *, skip_special: bool = False) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special=skip_special)
+
+    # -- vocabulary -------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return len(self._tokens)
+
+    def token_strings(self) -> list[str]:
+        """The vocabulary as the GGUF spells it (byte-level tokens in GPT-2's alphabet, ``▁`` for SPM spaces)."""
+        return list(self._tokens)
+
+    def is_control(self, token_id: int) -> bool:
+        return token_id in self._control
+
+    def token_id(self, text: str) -> int | None:
+        """The id of the token spelled ``text`` in the vocabulary (e.g. ``"<|im_end|>"``), if any."""
+        return self._backend.token_to_id(text)
+
+    @property
+    def backend(self) -> _HFTokenizer:
+        """The underlying ``tokenizers.Tokenizer`` (its added-token flags must not be changed)."""
+        return self._backend
+
+
+class IncrementalDecoder:
+    """Streaming detokenizer: ``push`` one id at a time, get back the text it completed.
+
+    Works on ``token_to_piece`` bytes, so a character whose UTF-8 bytes are spread over several
+    byte tokens comes out whole, once its last byte arrives. Invalid bytes become U+FFFD as soon as
+    they can no longer start or continue a character.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
+        self._tok = tokenizer
+        self._skip_special = skip_special
+        self._pending = b""
+
+    def push(self, token_id: int) -> str:
+        if self._skip_special and self._tok.is_control(token_id):
+            return ""
+        buf = self._pending + self._tok.token_to_piece(token_id)
+        cut = _complete_prefix_len(buf)
+        self._pending = buf[cut:]
+        return buf[:cut].decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        """Whatever is held back (an incomplete character, shown as U+FFFD); resets the decoder."""
+        buf, self._pending = self._pending, b""
+        return buf.decode("utf-8", errors="replace")
+
+
+def _complete_prefix_len(buf: bytes) -> int:
+    """Length of ``buf`` without a trailing, still-incomplete UTF-8 sequence."""
+    n = len(buf)
+    # A UTF-8 character is at most 4 bytes, so an incomplete tail starts within the last 3.
+    for back in range(1, min(3, n) + 1):
+        b = buf[n - back]
+        if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        if b >= 0xF0:
+            need = 4 if b <= 0xF4 else 1
+        elif b >= 0xE0:
+            need = 3
+        elif b >= 0xC2:
+            need = 2
+        else:  # ASCII or a byte that can never start a sequence
+            need = 1
+        return n - back if need > back else n
+    return n
+
+
+# --- builders ----------------------------------------------------------------------------------
+
+
+def _pre_tokenizer_spec(pre: str | None) -> tuple[str, PreTokenizerSpec]:
+    if not pre:
+        log.warning("GGUF has no tokenizer.ggml.pre; using llama.cpp's 'default' pre-tokenizer (quality may degrade)")
+        return "default", _SPEC_DEFAULT
+    spec = _PRE_TOKENIZERS.get(pre)
+    if spec is None:
+        raise TokenizerError(
+            f"unknown tokenizer.ggml.pre {pre!r}: this model's text splitting is not supported. "
+            f"Supported: {', '.join(SUPPORTED_PRE_TOKENIZERS)}"
+        )
+    return pre, spec
+
+
+def _build_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]):
+    pre, spec = _pre_tokenizer_spec(metadata.get("tokenizer.ggml.pre"))
+    raw_merges = metadata.get("tokenizer.ggml.merges")
+    if raw_merges is None:
+        raise TokenizerError("byte-level (gpt2) GGUF vocabulary has no tokenizer.ggml.merges")
+    merges = []
+    for m in raw_merges:
+        left, sep, right = m.partition(" ")
+        if not sep:
+            raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
+        merges.append((left, right))
+
+    alphabet = _BYTE_ALPHABET
+    table = _UNICODE_TO_LATIN1
+    vocab: dict[str, int] = {}
+    pieces: list[bytes] = []
+    for i, (tok, typ) in enumerate(zip(tokens, types)):
+        if typ in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            # Added tokens are stored as raw text (that is how they are matched in the input).
+            vocab[tok] = i
+            pieces.append(tok.encode("utf-8"))
+        elif alphabet.issuperset(tok):
+            vocab[tok] = i
+            pieces.append(tok.translate(table).encode("latin-1"))
+        else:
+            # A normal token written as raw text: respell it in the byte alphabet, as transformers does.
+            raw = tok.encode("utf-8")
+            vocab["".join(BYTE_TO_UNICODE[b] for b in raw)] = i
+            pieces.append(raw)
+
+    bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=spec.ignore_merges)
+    backend = _HFTokenizer(bpe)
+    if spec.nfc:
+        backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in spec.regexes]
+        + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    backend.decoder = decoders.ByteLevel()
+    # llama.cpp adds BOS for a byte-level vocabulary only for the pre types below, unless the file says.
+    add_bos_default = pre in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken")
+    return backend, pieces, pre, len(merges), add_bos_default, False
+
+
+def _is_gemma(arch: str) -> bool:
+    return arch.startswith("gemma")
+
+
+def _build_spm(metadata: Mapping[str, Any], tokens: list[str], types: list[int]):
+    arch = str(metadata.get("general.architecture", ""))
+    gemma = _is_gemma(arch)
+    n = len(tokens)
+
+    pieces: list[bytes] = []
+    for tok, typ in zip(tokens, types):
+        m = _BYTE_TOKEN.fullmatch(tok) if typ == TOKEN_BYTE else None
+        if m is not None:
+            pieces.append(bytes([int(m.group(1), 16)]))
+        elif typ in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
+            pieces.append(tok.encode("utf-8"))
+        else:
+            pieces.append(tok.replace(_SPM_SPACE, " ").encode("utf-8"))
+
+    # Gemma stores tokens made only of spaces as real spaces; the model looks them up as ▁▁...
+    # (the input's spaces become ▁ before BPE), so respell them before building merges.
+    spelled = [_SPM_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens] if gemma else tokens
+    if gemma:
+        # Gemma's merge order is its token order, not its scores (see transformers' gemma_tokenizer).
+        rank_of = {tok: -float(i) for i, tok in enumerate(spelled)}
+    else:
+        scores = metadata.get("tokenizer.ggml.scores")
+        if scores is None:
+            raise TokenizerError("SentencePiece (llama) GGUF vocabulary has no tokenizer.ggml.scores to derive merges from")
+        rank_of = dict(zip(spelled, (float(s) for s in scores)))
+    merges = generate_merges(spelled, rank_of)
+
+    vocab = {tok: i for i, tok in enumerate(spelled)}
+    unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", n)
+    unk = tokens[unk_id] if unk_id is not None else None
+    bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
+    backend = _HFTokenizer(bpe)
+
+    # llama.cpp prepends a space to each run of text that starts the input or follows a special
+    # token, unless the file says otherwise; gemma's tokenizer adds none.
+    add_space_prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", not gemma))
+    escape = normalizers.Replace(" ", _SPM_SPACE)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(_SPM_SPACE), escape]) if add_space_prefix else escape
+    backend.decoder = decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    pre = str(metadata.get("tokenizer.ggml.pre") or "default")
+    return backend, pieces, pre, len(merges), True, add_space_prefix
+
+
+def _add_added_tokens(backend: _HFTokenizer, tokens: list[str], types: list[int]) -> None:
+    """Control tokens become special added tokens, user-defined ones normal added tokens.
+
+    Both are matched whole in the raw input (``normalized=False``), before any splitting. A token
+    whose text is not in the model vocabulary under its own id (a respelled or duplicate entry)
+    is left out: adding it would make ``tokenizers`` append a new id past the vocabulary.
+    """
+    special, normal = [], []
+    for i, (tok, typ) in enumerate(zip(tokens, types)):
+        if typ not in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or not tok:
+            continue
+        if backend.token_to_id(tok) != i:
+            continue
+        if typ == TOKEN_CONTROL:
+            special.append(AddedToken(tok, special=True, normalized=False))
+        else:
+            normal.append(AddedToken(tok, special=False, normalized=False))
+    if special:
+        backend.add_special_tokens(special)
+    if normal:
+        backend.add_tokens(normal)

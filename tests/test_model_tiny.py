@@ -1,0 +1,236 @@
+"""engine.model against transformers (float64) on tiny random llama / qwen2 / gemma3 models."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from tests import hf_tiny  # noqa: E402
+
+FALLBACK = hf_tiny.install_dense_fallback()
+
+from engine.gguf import GGUFFile  # noqa: E402
+from engine.kvcache import ContextOverflowError  # noqa: E402
+from engine.model import (SUPPORTED_ARCHITECTURES, ForwardOutput, UnsupportedArchitectureError,  # noqa: E402
+                          UnsupportedModelError, load_model, read_config)
+from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
+
+ARCHS = ["llama", "qwen2", "gemma3"]
+SEQ = {"llama": 32, "qwen2": 32, "gemma3": 48}  # gemma3: window 8 wraps 6 times
+TOL = 1e-4  # max |Δlogit| relative to the reference's logit scale
+
+
+@pytest.fixture(scope="module", params=ARCHS + ["qwen2-untied"])
+def pair(request, tmp_path_factory):
+    arch = request.param.split("-")[0]
+    tied = not request.param.endswith("untied")
+    torch.set_num_threads(1)
+    return hf_tiny.make_pair(arch, tmp_path_factory.mktemp(request.param), tied=tied)
+
+
+@pytest.fixture(scope="module")
+def model(pair):
+    return load_model(pair.path, fmt="f32")
+
+
+def _ids(pair, n, seed=1):
+    rng = random.Random(seed)
+    return [rng.randrange(pair.vocab_size) for _ in range(n)]
+
+
+def _close(ours: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((ours.double() - ref).abs().max() / ref.abs().max())
+
+
+def test_config(pair, model):
+    cfg = model.config
+    assert cfg.arch == pair.arch
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim) == (
+        pair.spec.n_layer, 64, 4, 2, 16)
+    assert cfg.vocab_size == pair.vocab_size
+    assert cfg.tied_output == pair.spec.tied_output
+    assert cfg.rope_base == hf_tiny.ROPE_BASE[pair.arch]
+    assert cfg.context_length == 256
+    if pair.arch == "gemma3":
+        assert cfg.sliding_window == 8
+        assert cfg.local_layers == (True,) * 5 + (False,)
+        assert cfg.rope_base_local == 10000.0
+        assert cfg.embed_scale == pytest.approx(8.0)
+        assert cfg.qk_norm and cfg.post_norms and cfg.activation == "gelu_tanh"
+    else:
+        assert cfg.sliding_window is None and not cfg.post_norms
+    assert cfg.qkv_bias == (pair.arch == "qwen2")
+    assert cfg.rope_style == ("normal" if pair.arch == "llama" else "neox")
+
+
+def test_one_forward(pair, model):
+    ids = _ids(pair, SEQ[pair.arch])
+    ref = hf_tiny.hf_logits(pair.hf, ids)
+    cache = model.new_cache()
+    logits = model(torch.tensor(ids), cache)
+    assert logits.dtype == torch.float32 and logits.shape == (len(ids), pair.vocab_size)
+    assert cache.length == len(ids) and cache.tokens == ids
+    assert _close(logits, ref) < TOL
+
+
+def test_token_by_token(pair, model):
+    ids = _ids(pair, SEQ[pair.arch])
+    ref = hf_tiny.hf_logits(pair.hf, ids)
+    cache = model.new_cache(64)
+    out = torch.cat([model([t], cache) for t in ids])
+    assert _close(out, ref) < TOL
+
+
+def test_chunks_with_rejection(pair, model):
+    """Chunks of 5 where the last drafted tokens are wrong: truncate them away and re-append."""
+    ids = _ids(pair, SEQ[pair.arch])
+    ref = hf_tiny.hf_logits(pair.hf, ids)
+    rng = random.Random(7)
+    cache = model.new_cache(64)
+    got: dict[int, torch.Tensor] = {}
+    while cache.length < len(ids):
+        start = cache.length
+        keep = rng.randint(1, 5)  # tokens of the chunk that are "accepted"
+        true = ids[start:start + keep]
+        chunk = true + [rng.randrange(pair.vocab_size) for _ in range(5 - len(true))]
+        snap = cache.snapshot()
+        logits = model(chunk, cache)
+        for j in range(len(true)):
+            got[start + j] = logits[j]
+        cache.restore(snap + len(true))
+        assert cache.tokens == ids[:cache.length]
+    out = torch.stack([got[i] for i in range(len(ids))])
+    assert _close(out, ref) < TOL
+
+
+def test_greedy_generation(pair, model):
+    prompt = _ids(pair, 8, seed=3)
+    want = hf_tiny.hf_greedy(pair.hf, prompt, 20)
+    cache = model.new_cache(64)
+    logits = model(prompt, cache, logits_for="last")
+    assert logits.shape == (1, pair.vocab_size)
+    got = []
+    for _ in range(20):
+        t = int(logits[-1].argmax())
+        got.append(t)
+        logits = model([t], cache)
+    assert got == want
+
+
+def test_return_hidden_and_logits_for(pair, model):
+    ids = _ids(pair, 12)
+    cache = model.new_cache(32)
+    full = model(ids, cache)
+    cache.truncate(0)
+    out = model(ids, cache, logits_for="last", return_hidden=True)
+    assert isinstance(out, ForwardOutput)
+    assert out.hidden.shape == (12, 64) and out.prenorm_hidden.shape == (12, 64)
+    assert torch.allclose(out.logits[0], full[-1], atol=1e-5)
+    # hidden = final_norm(prenorm_hidden); logits = lm_head(hidden)
+    assert torch.allclose(model.norm(out.prenorm_hidden), out.hidden)
+    assert torch.allclose(model.output(out.hidden[-1:]).float(), out.logits, atol=1e-5)
+    cache.truncate(0)
+    none = model(ids, cache, logits_for="none", return_hidden=True)
+    assert none.logits is None and torch.allclose(none.hidden, out.hidden)
+    assert model(ids[:1], model.new_cache(4), logits_for="none") is None
+
+
+def test_prefix_reuse_gives_same_logits(pair, model):
+    ids = _ids(pair, 24)
+    cache = model.new_cache(64)
+    ref = model(ids, cache)
+    new = ids[:15] + _ids(pair, 5, seed=9)
+    n = cache.reuse_prefix(new)
+    assert n == 15 and cache.length == 15
+    tail = model(new[n:], cache)
+    fresh = model(new, model.new_cache(64))
+    assert torch.allclose(tail, fresh[15:], atol=1e-5)
+    assert torch.allclose(fresh[:15], ref[:15], atol=1e-5)
+
+
+def test_context_overflow(pair, model):
+    cache = model.new_cache(10)
+    model(_ids(pair, 8), cache)
+    with pytest.raises(ContextOverflowError):
+        model(_ids(pair, 3), cache)
+    assert cache.length == 8  # untouched
+    model(_ids(pair, 2), cache)
+    assert cache.length == 10
+
+
+# -- weight formats ----------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt,min_agree,max_rel", [("bf16", 0.9, 0.05), ("bf16-packed", 0.9, 0.05),
+                                                   ("int8", 0.9, 0.05), ("int4", 0.9, 0.25)])
+def test_formats(pair, model, fmt, min_agree, max_rel):
+    if FALLBACK:
+        pytest.skip("engine.linear not available yet")
+    ids = _ids(pair, SEQ[pair.arch])
+    ref = model(ids, model.new_cache(64))
+    try:
+        m = load_model(pair.path, fmt=fmt)
+    except (NotImplementedError, RuntimeError) as e:  # e.g. a kernel missing from this torch build
+        pytest.skip(f"{fmt}: {e}")
+    out = m(ids, m.new_cache(64))
+    agree = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+    assert agree >= min_agree
+    assert _close(out, ref.double()) < max_rel
+
+
+# -- loader errors ------------------------------------------------------------------------------
+def test_supported_architectures():
+    from engine.arch import ARCHITECTURES
+
+    assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES == {"llama", "qwen2", "gemma3"}
+
+
+def test_unsupported_architecture(tmp_path):
+    path = write_tiny_gguf(tmp_path / "x.gguf", TinySpec(arch="qwen3"))
+    with pytest.raises(UnsupportedArchitectureError, match="qwen3"):
+        load_model(path, fmt="f32")
+
+
+def test_rope_scaling(tmp_path):
+    spec = TinySpec(arch="llama", extra_metadata={"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0})
+    with GGUFFile(write_tiny_gguf(tmp_path / "yarn.gguf", spec)) as f:
+        with pytest.raises(UnsupportedModelError, match="yarn"):
+            read_config(f)
+    spec = TinySpec(arch="llama", extra_metadata={"llama.rope.scaling.type": "linear",
+                                                  "llama.rope.scaling.factor": 2.0})
+    with GGUFFile(write_tiny_gguf(tmp_path / "lin.gguf", spec)) as f:
+        cfg = read_config(f)
+    assert cfg.rope_scaling == "linear" and cfg.rope_scale_factor == 2.0
+
+
+def test_linear_rope_scaling_matches_hf(tmp_path):
+    """Linear RoPE scaling = positions / factor (HF rope_type 'linear')."""
+    import transformers as tf
+
+    spec = hf_tiny.tiny_spec("qwen2")
+    spec.extra_metadata = {"qwen2.rope.scaling.type": "linear", "qwen2.rope.scaling.factor": 4.0}
+    vocab = len(hf_tiny.vocab_for(spec)[0])
+    hf = hf_tiny.build_hf(spec, vocab)
+    cfg = hf_tiny.hf_config(spec, vocab)
+    cfg.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": spec.rope_base}
+    hf2 = tf.Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
+    hf2.load_state_dict(hf.state_dict())
+    with torch.no_grad():
+        for p in hf2.parameters():
+            p.copy_(p.float().double())
+    path = tmp_path / "lin.gguf"
+    write_tiny_gguf(path, spec, tensors=hf_tiny.to_gguf_tensors(hf2.eval(), spec))
+    ids = list(range(3, 35))
+    m = load_model(path, fmt="f32")
+    assert _close(m(ids, m.new_cache(64)), hf_tiny.hf_logits(hf2.eval(), ids)) < TOL
+
+
+def test_gemma3_sliding_pattern_metadata(tmp_path):
+    """A GGUF-provided period overrides the default of 6."""
+    spec = hf_tiny.tiny_spec("gemma3", n_layer=4)
+    spec.extra_metadata = {"gemma3.attention.sliding_window_pattern": 2}
+    with GGUFFile(write_tiny_gguf(tmp_path / "g.gguf", spec)) as f:
+        cfg = read_config(f)
+    assert cfg.local_layers == (True, False, True, False)
