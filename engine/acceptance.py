@@ -28,7 +28,10 @@ target's independent sample ``x_i``); ``u[k]`` draws the emitted token (residual
 uses it only for the bonus). Uniforms of positions after a rejection are drawn and discarded. So the
 generator state after a round depends only on ``k``, never on the logits, and ``relaxed_accept`` with
 ``top_n = 0`` is bit-for-bit ``strict_accept``. A round with ``k = 0`` consumes one uniform and draws
-exactly what ``Distribution.sample`` draws, i.e. speculation off == plain decoding.
+exactly what ``Distribution.sample`` draws, i.e. speculation off == plain decoding. (Drawing only
+the ``a + 1`` uniforms a round actually reads would make ``match_accept`` reproduce plain decoding
+token for token at any temperature; the fixed count was preferred so that the generator's position
+never depends on the logits.)
 
 Robustness: ``p_i(d_i) = 0`` is always rejected (never divided by). ``q_i(d_i) = 0`` means the draft
 was not drawn from ``q_i`` (a drafter bug); it is rejected and the emitted token is drawn from
@@ -44,7 +47,7 @@ from typing import Literal, Sequence
 import torch
 from torch import Tensor
 
-from engine.sampler import draw_uniforms, sample_from_probs
+from engine.sampler import _argmax_lowest_id, draw_uniforms, sample_from_probs
 
 __all__ = [
     "Decision",
@@ -124,14 +127,14 @@ class _Stats:
     argmax: list[int]
 
 
-def _check(p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int]) -> tuple[Tensor, int]:
-    d = torch.as_tensor(drafts, dtype=torch.int64).reshape(-1).to(p.device)
-    k = d.numel()
+def _check(p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int]) -> tuple[Tensor, list[int], int]:
+    d_cpu = torch.as_tensor(drafts, dtype=torch.int64).reshape(-1)
+    d, k = d_cpu.to(p.device), d_cpu.numel()
     if p.dim() != 2 or p.shape[0] != k + 1:
         raise ValueError(f"p must be [k+1, vocab] = [{k + 1}, V], got {tuple(p.shape)}")
     if q is not None and (q.dim() != 2 or q.shape[0] < k or q.shape[1] != p.shape[1]):
         raise ValueError(f"q must be [k, vocab] = [{k}, {p.shape[1]}], got {tuple(q.shape)}")
-    return d, k
+    return d, d_cpu.tolist(), k
 
 
 def _stats(p: Tensor, q: Tensor | None, d: Tensor, k: int) -> _Stats:
@@ -144,13 +147,11 @@ def _stats(p: Tensor, q: Tensor | None, d: Tensor, k: int) -> _Stats:
     rank = (pk > p_d.unsqueeze(-1)).sum(-1)
     rank = torch.where(p_d > 0, rank, torch.full_like(rank, -1))
     pool = (pk > 0).sum(-1)
-    best = pk.max(dim=-1, keepdim=True).values
-    ids = torch.arange(pk.shape[1], device=p.device).expand_as(pk)
-    big = torch.iinfo(torch.int64).max
-    amax = torch.where(pk == best, ids, torch.full_like(ids, big)).min(-1).values
-    return _Stats(
-        p_d.double().tolist(), q_d.double().tolist(), rank.tolist(), pool.tolist(), amax.tolist()
-    )
+    amax = _argmax_lowest_id(pk)
+    # One transfer for everything (token ids and counts are exact in float64).
+    rows_out = torch.stack([p_d.double(), q_d.double(), rank.double(), pool.double(), amax.double()]).tolist()
+    p_l, q_l, rank_l, pool_l, amax_l = rows_out
+    return _Stats(p_l, q_l, [int(x) for x in rank_l], [int(x) for x in pool_l], [int(x) for x in amax_l])
 
 
 def _depth(drafts: Tensor | Sequence[int]) -> int:
@@ -182,11 +183,10 @@ def relaxed_accept_from_uniforms(
     p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float], top_n: int
 ) -> AcceptResult:
     """Strict rule, plus rank acceptance when ``top_n > 0``; ``u`` holds the round's k+1 uniforms."""
-    d, k = _check(p, q, drafts)
+    d, dl, k = _check(p, q, drafts)
     if len(u) != k + 1:
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
     s = _stats(p, q, d, k)
-    dl = d.tolist()
     decisions: list[Decision] = []
     for i in range(k):
         if _strict_test(u[i], s.p_draft[i], s.q_draft[i]):
@@ -217,11 +217,10 @@ def match_accept_from_uniforms(
     p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float]
 ) -> AcceptResult:
     """llama.cpp's rule; ``q`` is only reported in the trace (``None``: point mass)."""
-    d, k = _check(p, q, drafts)
+    d, dl, k = _check(p, q, drafts)
     if len(u) != k + 1:
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
     s = _stats(p, q, d, k)
-    dl = d.tolist()
     decisions: list[Decision] = []
     for i in range(k):
         x = sample_from_probs(p[i], u[i])  # the target's own sample, as plain decoding would draw

@@ -81,6 +81,7 @@ _NUMPY_DTYPES: dict[int, str] = {
     0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8",
 }
 _TYPE_STRING = 8
+_U64 = struct.Struct("<Q")
 _TYPE_ARRAY = 9
 
 
@@ -138,6 +139,25 @@ class _Cursor:
         # GGUF strings are UTF-8, but some vocabularies carry invalid sequences (partial bytes).
         return raw.decode("utf-8", errors="replace")
 
+    def _string_array(self, count: int) -> list[str]:
+        # The vocabulary arrays hold 150k-260k strings: this loop is the whole cost of opening a
+        # model, so it avoids per-item method calls.
+        buf, pos, end = self.buf, self.pos, len(self.buf)
+        unpack = _U64.unpack_from
+        out: list[str] = []
+        append = out.append
+        for _ in range(count):
+            if pos + 8 > end:
+                raise GGUFError(f"{self.path}: truncated GGUF header (string array)")
+            (n,) = unpack(buf, pos)
+            pos += 8
+            if pos + n > end:
+                raise GGUFError(f"{self.path}: truncated GGUF header (string array)")
+            append(str(buf[pos : pos + n], "utf-8", "replace"))
+            pos += n
+        self.pos = pos
+        return out
+
     def value(self, vtype: int) -> Any:
         if vtype in _SCALAR_FORMATS:
             return self.scalar(_SCALAR_FORMATS[vtype])
@@ -154,7 +174,7 @@ class _Cursor:
                 self.pos += nbytes
                 return arr.astype(bool) if etype == 7 else arr
             if etype == _TYPE_STRING:
-                return [self.string() for _ in range(count)]
+                return self._string_array(count)
             if etype == _TYPE_ARRAY:
                 return [self.value(_TYPE_ARRAY) for _ in range(count)]
             raise GGUFError(f"{self.path}: unknown GGUF array element type {etype}")

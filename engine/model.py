@@ -239,7 +239,7 @@ class _Step:
 
 
 class Attention(nn.Module):
-    def __init__(self, f: GGUFFile, cfg: ModelConfig, i: int, fmt: str):
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device):
         super().__init__()
         from engine.dequant import load_tensor
         from engine.linear import load_linear
@@ -247,8 +247,8 @@ class Attention(nn.Module):
         p = f"blk.{i}."
         names = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
         bias = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"] if cfg.qkv_bias else None
-        self.wqkv = load_linear(f, names, fmt, bias_names=bias)
-        self.wo = load_linear(f, p + "attn_output.weight", fmt)
+        self.wqkv = load_linear(f, names, fmt, bias_names=bias, device=device)
+        self.wo = load_linear(f, p + "attn_output.weight", fmt, device=device)
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(load_tensor(f, p + "attn_q_norm.weight"), cfg.rms_eps)
@@ -286,13 +286,13 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    def __init__(self, f: GGUFFile, cfg: ModelConfig, i: int, fmt: str):
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device):
         super().__init__()
         from engine.linear import load_linear
 
         p = f"blk.{i}."
-        self.w13 = load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt)
-        self.w2 = load_linear(f, p + "ffn_down.weight", fmt)
+        self.w13 = load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device)
+        self.w2 = load_linear(f, p + "ffn_down.weight", fmt, device=device)
         if cfg.activation == "silu":
             self.act = F.silu
         elif cfg.activation == "gelu_tanh":
@@ -306,7 +306,7 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, f: GGUFFile, cfg: ModelConfig, i: int, fmt: str):
+    def __init__(self, f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device):
         super().__init__()
         from engine.dequant import load_tensor
 
@@ -316,9 +316,9 @@ class Block(nn.Module):
             return RMSNorm(load_tensor(f, p + name + ".weight"), cfg.rms_eps)
 
         self.attn_norm = norm("attn_norm")
-        self.attn = Attention(f, cfg, i, fmt)
+        self.attn = Attention(f, cfg, i, fmt, device)
         self.ffn_norm = norm("ffn_norm")
-        self.ffn = FeedForward(f, cfg, i, fmt)
+        self.ffn = FeedForward(f, cfg, i, fmt, device)
         self.post_attn_norm = norm("post_attention_norm") if cfg.post_norms else None
         self.post_ffn_norm = norm("post_ffw_norm") if cfg.post_norms else None
 
@@ -348,18 +348,22 @@ class ForwardOutput:
 # Model
 # ------------------------------------------------------------------------------------------------
 class Model(nn.Module):
-    def __init__(self, f: GGUFFile, config: ModelConfig, fmt: str, dtype: torch.dtype):
+    def __init__(self, f: GGUFFile, config: ModelConfig, fmt: str, dtype: torch.dtype,
+                 device: torch.device | str = "cpu"):
         super().__init__()
         from engine.dequant import load_tensor
         from engine.linear import Embedding, load_linear
 
+        device = torch.device(device)
         self.config = cfg = config
         self.fmt = fmt
         self.dtype = dtype
-        self.embed = Embedding(f, "token_embd.weight", dtype)
-        self.layers = nn.ModuleList(Block(f, cfg, i, fmt) for i in range(cfg.n_layer))
+        # Embedding rows are dequantized on demand from the mmap: the GGUFFile must stay open.
+        self.embed = Embedding(f, "token_embd.weight", dtype, device=device)
+        self.layers = nn.ModuleList(Block(f, cfg, i, fmt, device) for i in range(cfg.n_layer))
         self.norm = RMSNorm(load_tensor(f, "output_norm.weight"), cfg.rms_eps)
-        self.output = load_linear(f, "token_embd.weight" if cfg.tied_output else "output.weight", fmt)
+        self.output = load_linear(f, "token_embd.weight" if cfg.tied_output else "output.weight", fmt,
+                                  device=device)
         freq_factors = load_tensor(f, "rope_freqs.weight") if "rope_freqs.weight" in f.tensors else None
         init_len = min(cfg.context_length, 4096)
         self.rope_global = RotaryEmbedding(cfg.rope_dim, cfg.rope_base, cfg.rope_style,
@@ -450,31 +454,38 @@ class Model(nn.Module):
         return logits
 
 
-def default_format(device: torch.device) -> str:
-    return "bf16-packed" if device.type == "cpu" else "bf16"
+def default_format(f: GGUFFile, device: torch.device, role: str = "target") -> str:
+    """'auto': engine.linear's choice from the GGUF's linear weight types on CPU; bf16 elsewhere."""
+    if device.type != "cpu":
+        return "bf16"
+    from engine.linear import default_format as linear_default
+
+    types = {t.type_name for name, t in f.tensors.items() if name.startswith("blk.") and len(t.dims) == 2}
+    return linear_default(role, types)
 
 
 def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> Model:
+               dtype: torch.dtype | None = None, *, role: str = "target") -> Model:
     """Load a GGUF into a ``Model``.
 
     ``fmt``: weight format of the linear layers ('f32', 'bf16', 'bf16-packed', 'int8', 'int4', 'auto-int4');
-    'auto' is bf16-packed on CPU and bf16 elsewhere. ``dtype``: compute dtype of activations and of the KV
+    'auto' asks ``engine.linear.default_format(role, weight types)`` on CPU (auto-int4 for Q4 files,
+    bf16-packed otherwise, for a target) and is dense bf16 elsewhere. ``dtype``: compute dtype of activations and of the KV
     cache; default f32 on CPU (norms, RoPE and attention in f32 as llama.cpp does; the linears cast
     internally) and bf16 on CUDA unless fmt is 'f32'.
     """
     device = torch.device(device)
-    if fmt == "auto":
-        fmt = default_format(device)
-    if dtype is None:
-        dtype = torch.float32 if (device.type == "cpu" or fmt == "f32") else torch.bfloat16
     if isinstance(path_or_file, GGUFFile):
         f, owned = path_or_file, False
     else:
         f, owned = GGUFFile(path_or_file), True
     try:
         config = read_config(f)
-        model = Model(f, config, fmt, dtype)
+        if fmt == "auto":
+            fmt = default_format(f, device, role)
+        if dtype is None:
+            dtype = torch.float32 if (device.type == "cpu" or fmt == "f32") else torch.bfloat16
+        model = Model(f, config, fmt, dtype, device)
     except BaseException:
         if owned:
             f.close()
@@ -483,5 +494,5 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     # Keep the file open with the model: some weight formats may stay as views of the mapping.
     model.gguf = f
     if device.type != "cpu":
-        model.to(device)
+        model.to(device)  # norms and the other small tensors; linears were built on the device
     return model.eval()

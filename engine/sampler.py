@@ -267,11 +267,12 @@ class Distribution:
 
 def _argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     """Row-wise argmax returning the lowest token id among ties (not relying on kernel tie order)."""
-    best = values.max(dim=-1, keepdim=True).values
+    # amax/amin, not max/min(dim): those also build indices and are far slower on small rows.
+    best = values.amax(dim=-1, keepdim=True)
     if ids is None:
         ids = torch.arange(values.shape[-1], device=values.device).expand_as(values)
     big = torch.iinfo(torch.int64).max
-    return torch.where(values == best, ids, torch.full_like(ids, big)).min(dim=-1).values
+    return torch.where(values == best, ids, torch.full_like(ids, big)).amin(dim=-1)
 
 
 def _order_desc(ids: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:
@@ -384,7 +385,7 @@ def _top_p(probs_desc: Tensor, top_p: float) -> Tensor:
 
 
 def _min_p(probs: Tensor, min_p: float) -> Tensor:
-    p_max = probs.max(dim=-1, keepdim=True).values
+    p_max = probs.amax(dim=-1, keepdim=True)
     keep = probs >= min_p * p_max
     keep.scatter_(-1, torch.argmax(probs, dim=-1, keepdim=True), True)
     return torch.where(keep, probs, torch.zeros_like(probs))

@@ -249,6 +249,16 @@ def _map_error(s: str, err: UnexpectedInput, tokens: list[Token]) -> ParseError:
     raise AssertionError(f"unmapped Modelfile parse failure after {prev} at {pos}")  # pragma: no cover
 
 
+def _iter_tokens(ip):
+    """Feed the interactive parser token by token, yielding each token (Lark >= 1.1)."""
+    if hasattr(ip, "iter_parse"):  # Lark >= 1.1.6
+        yield from ip.iter_parse()
+        return
+    for tok in ip.lexer_thread.lex(ip.parser_state):  # pragma: no cover - older Lark
+        yield tok
+        ip.feed_token(tok)
+
+
 # --------------------------------------------------------------------------- API
 
 def parse(text: str | bytes) -> list[Command]:
@@ -260,7 +270,7 @@ def parse(text: str | bytes) -> list[Command]:
     ip = _LARK.parse_interactive(s)
     tokens: list[Token] = []
     try:
-        for tok in ip.iter_parse():
+        for tok in _iter_tokens(ip):
             tokens.append(tok)
         tree = ip.feed_eof(tokens[-1] if tokens else None)
     except UnexpectedInput as err:

@@ -163,50 +163,11 @@ def hf_greedy(hf: torch.nn.Module, prompt: list[int], n_new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def linear_available() -> bool:
-    try:
-        import engine.linear  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
+def write_variant(pair: Pair, dtype: str, directory: Path) -> Path:
+    """The same weights stored with 2-D tensors as ``dtype`` ('F16', 'BF16', 'Q8_0', 'Q4_0')."""
+    import dataclasses
 
-def install_dense_fallback() -> bool:
-    """Until engine/linear.py exists: register a minimal dense ``engine.linear`` (f32 weights only).
-
-    Returns True when the fallback was installed (tests of other formats then skip)."""
-    import sys
-    import types
-
-    if linear_available():
-        return False
-    from engine.dequant import load_tensor
-
-    class _Linear(torch.nn.Module):
-        def __init__(self, f, names, fmt, bias_names=None):
-            super().__init__()
-            names = [names] if isinstance(names, str) else list(names)
-            self.weight = torch.nn.Parameter(torch.cat([load_tensor(f, n) for n in names]), requires_grad=False)
-            self.bias = None
-            if bias_names:
-                bias_names = [bias_names] if isinstance(bias_names, str) else list(bias_names)
-                self.bias = torch.nn.Parameter(torch.cat([load_tensor(f, n) for n in bias_names]),
-                                               requires_grad=False)
-
-        def forward(self, x):
-            return torch.nn.functional.linear(x.float(), self.weight, self.bias).to(x.dtype)
-
-    class _Embedding(torch.nn.Module):
-        def __init__(self, f, name, dtype=torch.float32):
-            super().__init__()
-            self.weight = torch.nn.Parameter(load_tensor(f, name, dtype), requires_grad=False)
-
-        def forward(self, ids):
-            return self.weight[ids]
-
-    mod = types.ModuleType("engine.linear")
-    mod.load_linear = lambda f, names, fmt="f32", bias_names=None: _Linear(f, names, fmt, bias_names)
-    mod.Embedding = _Embedding
-    mod.DENSE_FALLBACK = True
-    sys.modules["engine.linear"] = mod
-    return True
+    spec = dataclasses.replace(pair.spec, dtype=dtype)
+    path = Path(directory) / f"{pair.path.stem}-{dtype}.gguf"
+    return write_tiny_gguf(path, spec, tensors=to_gguf_tensors(pair.hf, spec))
