@@ -47,7 +47,7 @@ from typing import Literal, Sequence
 import torch
 from torch import Tensor
 
-from engine.sampler import _argmax_lowest_id, draw_uniforms, sample_from_probs
+from engine.sampler import draw_uniforms, sample_from_probs
 
 __all__ = [
     "Decision",
@@ -98,16 +98,20 @@ class AcceptResult:
 # ----------------------------------------------------------------------------------------------
 
 
-def residual_distribution(p: Tensor, q: Tensor | None, draft: int) -> Tensor:
+def residual_distribution(p: Tensor, q: Tensor | None, draft: int | None) -> Tensor:
     """``normalise(max(0, p - q))`` in float64; ``q = None`` is a point mass on ``draft``.
 
-    Falls back to ``p`` (normalised) when the residual has no mass, i.e. ``p == q``: rejection is
-    then impossible in exact arithmetic, so any distribution is correct, and ``p`` is the natural one.
+    ``p`` and ``q`` are aligned 1-D vectors: whole vocabulary rows, or (as the rules use it) the
+    target's support with ``q`` gathered at the same ids, ``draft`` then being a position in it
+    (``None`` if the draft is not in the support). Falls back to ``p`` (normalised) when the
+    residual has no mass, i.e. ``p == q``: rejection is then impossible in exact arithmetic, so any
+    distribution is correct, and ``p`` is the natural one.
     """
     p64 = p.to(torch.float64)
     if q is None:
         r = p64.clone()
-        r[draft] = 0.0  # max(0, p - onehot(draft)): p(draft) - 1 <= 0
+        if draft is not None:
+            r[draft] = 0.0  # max(0, p - onehot(draft)): p(draft) - 1 <= 0
     else:
         r = torch.clamp(p64 - q.to(device=p.device, dtype=torch.float64), min=0.0)
     total = r.sum()
@@ -117,9 +121,13 @@ def residual_distribution(p: Tensor, q: Tensor | None, draft: int) -> Tensor:
 
 
 @dataclass(frozen=True)
-class _Stats:
-    """Per-position scalars of a round, computed in one vectorised pass (one device sync)."""
+class _Round:
+    """A round's target rows reduced to their supports (nonzero entries, ascending id, CPU float64)
+    plus the per-draft scalars of the trace. Built with one pass over the dense rows: everything
+    after that costs O(support), not O(vocab)."""
 
+    ids: list[Tensor]
+    vals: list[Tensor]
     p_draft: list[float]
     q_draft: list[float]
     rank: list[int]
@@ -127,31 +135,45 @@ class _Stats:
     argmax: list[int]
 
 
-def _check(p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int]) -> tuple[Tensor, list[int], int]:
-    d_cpu = torch.as_tensor(drafts, dtype=torch.int64).reshape(-1)
-    d, k = d_cpu.to(p.device), d_cpu.numel()
+def _check(p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int]) -> tuple[Tensor, int]:
+    d = torch.as_tensor(drafts, dtype=torch.int64).reshape(-1).cpu()
+    k = d.numel()
     if p.dim() != 2 or p.shape[0] != k + 1:
         raise ValueError(f"p must be [k+1, vocab] = [{k + 1}, V], got {tuple(p.shape)}")
     if q is not None and (q.dim() != 2 or q.shape[0] < k or q.shape[1] != p.shape[1]):
         raise ValueError(f"q must be [k, vocab] = [{k}, {p.shape[1]}], got {tuple(q.shape)}")
-    return d, d_cpu.tolist(), k
+    return d, k
 
 
-def _stats(p: Tensor, q: Tensor | None, d: Tensor, k: int) -> _Stats:
+def _round(p: Tensor, q: Tensor | None, d: Tensor, k: int) -> _Round:
+    nz = torch.nonzero(p)  # row-major, so ids ascend within each row
+    vals = p[nz[:, 0], nz[:, 1]].to(device="cpu", dtype=torch.float64)
+    nz = nz.cpu()
+    rows, cols = nz[:, 0], nz[:, 1]
+    counts = torch.bincount(rows, minlength=k + 1)
+    if bool((counts == 0).any()):
+        raise ValueError("every target row needs some probability mass")
+    bounds = [0] + torch.cumsum(counts, 0).tolist()
+    ids = [cols[bounds[i]: bounds[i + 1]] for i in range(k + 1)]
+    row_vals = [vals[bounds[i]: bounds[i + 1]] for i in range(k + 1)]
     if k == 0:
-        return _Stats([], [], [], [], [])
-    pk = p[:k]
-    rows = torch.arange(k, device=p.device)
-    p_d = pk[rows, d]
-    q_d = q[:k].to(p.device)[rows, d] if q is not None else torch.ones_like(p_d)
-    rank = (pk > p_d.unsqueeze(-1)).sum(-1)
+        return _Round(ids, row_vals, [], [], [], [], [])
+
+    # Per-draft scalars, vectorised over the support entries of rows 0..k-1.
+    sel = rows < k
+    r, c, v = rows[sel], cols[sel], vals[sel]
+    p_d = torch.zeros(k, dtype=torch.float64).index_add_(0, r, torch.where(c == d[r], v, torch.zeros_like(v)))
+    rank = torch.zeros(k, dtype=torch.int64).index_add_(0, r, (v > p_d[r]).long())
     rank = torch.where(p_d > 0, rank, torch.full_like(rank, -1))
-    pool = (pk > 0).sum(-1)
-    amax = _argmax_lowest_id(pk)
-    # One transfer for everything (token ids and counts are exact in float64).
-    rows_out = torch.stack([p_d.double(), q_d.double(), rank.double(), pool.double(), amax.double()]).tolist()
-    p_l, q_l, rank_l, pool_l, amax_l = rows_out
-    return _Stats(p_l, q_l, [int(x) for x in rank_l], [int(x) for x in pool_l], [int(x) for x in amax_l])
+    row_max = torch.zeros(k, dtype=torch.float64).scatter_reduce_(0, r, v, "amax", include_self=False)
+    is_max = v == row_max[r]
+    big = torch.iinfo(torch.int64).max
+    amax = torch.full((k,), big, dtype=torch.int64).scatter_reduce_(0, r[is_max], c[is_max], "amin")
+    if q is None:
+        q_d = [1.0] * k
+    else:
+        q_d = q[torch.arange(k, device=q.device), d.to(q.device)].double().tolist()
+    return _Round(ids, row_vals, p_d.tolist(), q_d, rank.tolist(), counts[:k].tolist(), amax.tolist())
 
 
 def _depth(drafts: Tensor | Sequence[int]) -> int:
@@ -163,10 +185,17 @@ def _strict_test(u: float, p_d: float, q_d: float) -> bool:
     return q_d > 0.0 and u * q_d < p_d
 
 
-def _emit_on_reject(p_i: Tensor, q_i: Tensor | None, draft: int, q_d: float, u: float) -> int:
-    if q_d <= 0.0:
-        return sample_from_probs(p_i, u)  # drafter bug: d_i was not drawn from q_i
-    return sample_from_probs(residual_distribution(p_i, q_i, draft), u)
+def _emit_on_reject(rd: _Round, q: Tensor | None, i: int, draft: int, u: float) -> int:
+    ids, vals = rd.ids[i], rd.vals[i]
+    if rd.q_draft[i] <= 0.0:
+        return sample_from_probs(vals, u, ids)  # drafter bug: d_i was not drawn from q_i
+    if q is None:
+        hit = torch.nonzero(ids == draft).reshape(-1)
+        residual = residual_distribution(vals, None, int(hit[0]) if hit.numel() else None)
+    else:
+        # max(0, p - q) is zero off p's support, so q is only needed at those ids.
+        residual = residual_distribution(vals, q[i, ids.to(q.device)], None)
+    return sample_from_probs(residual, u, ids)
 
 
 def _finish(drafts: list[int], decisions: list[Decision], next_token: int) -> AcceptResult:
@@ -183,10 +212,10 @@ def relaxed_accept_from_uniforms(
     p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float], top_n: int
 ) -> AcceptResult:
     """Strict rule, plus rank acceptance when ``top_n > 0``; ``u`` holds the round's k+1 uniforms."""
-    d, dl, k = _check(p, q, drafts)
+    d, k = _check(p, q, drafts)
     if len(u) != k + 1:
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
-    s = _stats(p, q, d, k)
+    s, dl = _round(p, q, d, k), d.tolist()
     decisions: list[Decision] = []
     for i in range(k):
         if _strict_test(u[i], s.p_draft[i], s.q_draft[i]):
@@ -197,14 +226,13 @@ def relaxed_accept_from_uniforms(
             kind = "reject"
         emitted = dl[i]
         if kind == "reject":
-            q_i = q[i] if q is not None else None
-            emitted = _emit_on_reject(p[i], q_i, dl[i], s.q_draft[i], u[k])
+            emitted = _emit_on_reject(s, q, i, dl[i], u[k])
         decisions.append(
             Decision(i, dl[i], s.argmax[i], s.rank[i], s.p_draft[i], s.q_draft[i], s.pool[i], kind, emitted)
         )
         if kind == "reject":
             return _finish(dl, decisions, emitted)
-    return _finish(dl, decisions, sample_from_probs(p[k], u[k]))  # bonus from p_{k+1}
+    return _finish(dl, decisions, sample_from_probs(s.vals[k], u[k], s.ids[k]))  # bonus from p_{k+1}
 
 
 def strict_accept_from_uniforms(
@@ -217,18 +245,18 @@ def match_accept_from_uniforms(
     p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float]
 ) -> AcceptResult:
     """llama.cpp's rule; ``q`` is only reported in the trace (``None``: point mass)."""
-    d, dl, k = _check(p, q, drafts)
+    d, k = _check(p, q, drafts)
     if len(u) != k + 1:
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
-    s = _stats(p, q, d, k)
+    s, dl = _round(p, q, d, k), d.tolist()
     decisions: list[Decision] = []
     for i in range(k):
-        x = sample_from_probs(p[i], u[i])  # the target's own sample, as plain decoding would draw
+        x = sample_from_probs(s.vals[i], u[i], s.ids[i])  # the target's own sample, as plain decoding would draw
         kind: DecisionKind = "accept-match" if x == dl[i] else "reject"
         decisions.append(Decision(i, dl[i], x, s.rank[i], s.p_draft[i], s.q_draft[i], s.pool[i], kind, x))
         if kind == "reject":
             return _finish(dl, decisions, x)
-    return _finish(dl, decisions, sample_from_probs(p[k], u[k]))
+    return _finish(dl, decisions, sample_from_probs(s.vals[k], u[k], s.ids[k]))
 
 
 def strict_accept(

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import enum
 import functools
 import inspect
 import math
@@ -61,15 +62,10 @@ class TemplateError(ValueError):
         super().__init__(f"template: {where}{message}")
 
 
-class _NoValue:
-    """Go's invalid reflect.Value: what a missing field or map key evaluates to."""
+class _NoValue(enum.Enum):
+    """Go's invalid reflect.Value: what a missing field or map key evaluates to (a falsy singleton)."""
 
-    _instance: _NoValue | None = None
-
-    def __new__(cls) -> _NoValue:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    MISSING = "MISSING"
 
     def __repr__(self) -> str:
         return "MISSING"
@@ -78,7 +74,7 @@ class _NoValue:
         return False
 
 
-MISSING: Any = _NoValue()
+MISSING: Any = _NoValue.MISSING
 
 
 @dataclass(frozen=True, eq=False)
@@ -512,6 +508,16 @@ def _syntax_error(err: UnexpectedInput, source: str) -> TemplateError:
             return TemplateError(message, line if line and line > 0 else None, column if column and column > 0 else None)
         if tok.type == "_RD" and "FIELD" in err.expected:
             return TemplateError("missing value for command", line, column)
+        if tok.type == "TEXT":
+            # Inside an action nothing matched, so Lark re-lexed the rest as text; name what is there.
+            rest = str(tok)
+            quotes = {'"': "quoted string", "`": "raw quoted string", "'": "character constant"}
+            if rest[:1] in quotes:
+                return TemplateError(f"unterminated {quotes[rest[0]]}", line, column)
+            word = re.match(r"\w+", rest)
+            if word:
+                return TemplateError(f"unexpected {word.group()!r} in action", line, column)
+            return TemplateError(f"bad character {rest[:1]!r} in action", line, column)
         desc = _TOKEN_NAMES.get(tok.type, repr(str(tok)))
         return TemplateError(f"unexpected {desc}", line, column)
     if isinstance(err, UnexpectedEOF):
@@ -519,10 +525,29 @@ def _syntax_error(err: UnexpectedInput, source: str) -> TemplateError:
     return TemplateError(str(err), line, column)  # pragma: no cover - Lark has no other kinds
 
 
+_COMMENT_OPEN = re.compile(r"\{\{(?:-[ \t\r\n])?/\*")
+_COMMENT = re.compile(r"\{\{(?:-[ \t\r\n])?/\*[\s\S]*?\*/(?:[ \t\r\n]-)?\}\}")  # as in the grammar
+
+
+def _offset_pos(text: str, offset: int) -> Pos:
+    return text.count("\n", 0, offset) + 1, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+_UNSUPPORTED = re.compile(r"\{\{(?:-[ \t\r\n])?[ \t\r\n]*(define|template|block)\b")
+
+
 def _parse_nodes(text: str, func_names: frozenset[str]) -> tuple[Node, ...]:
     try:
         tree = _parser().parse(text)
     except UnexpectedInput as err:
+        # An unsupported action usually derails the parse later (at its {{end}}); name the real cause.
+        unsupported = _UNSUPPORTED.search(text)
+        if unsupported:
+            word = unsupported.group(1)
+            raise TemplateError(f"{{{{{word}}}}} is not supported", *_offset_pos(text, unsupported.start())) from None
+        for opener in _COMMENT_OPEN.finditer(text):
+            if not _COMMENT.match(text, opener.start()):
+                raise TemplateError("unclosed comment", *_offset_pos(text, opener.start())) from None
         raise _syntax_error(err, text) from None
     try:
         nodes = _Builder(text, func_names).transform(tree)
@@ -606,9 +631,9 @@ def _special_float(f: float) -> str | None:
 
 
 def _format_float_g(f: float) -> str:
-    """Go's %v / %g for float64: shortest digits, %e form when the exponent is < -4 or >= 21... no: >= 6.
+    """Go's %v / %g for a float64: shortest round-trip digits, exponent form when exp < -4 or exp >= 6.
 
-    strconv uses precision 6 for the %e decision when formatting the shortest representation, so
+    strconv uses precision 6 for the %e decision when printing the shortest representation, so
     1e+06 and 1.234567e+06 print in exponent form while 123456 does not.
     """
     special = _special_float(f)
@@ -835,13 +860,11 @@ def _format_int(verb: str, n: int, flags: str, prec: int | None) -> str | None:
 def _format_float(verb: str, f: float, flags: str, prec: int | None) -> str | None:
     if verb not in "eEfFgGv":
         return None
-    special = _special_float(f)
-    if special is not None:
-        body = special.lstrip("+")
-        if special == "NaN":
-            return _signed(body, False, "+" in flags, " " in flags)
-        return _signed(body, f < 0, "+" in flags or special.startswith("+") and "+" in flags, " " in flags)
+    if math.isnan(f):  # fmt drops NaN's sign unless + or space was asked for
+        return _signed("NaN", False, "+" in flags, " " in flags)
     negative = math.copysign(1.0, f) < 0
+    if math.isinf(f):  # fmt always shows the sign of an infinity
+        return "-Inf" if negative else (" Inf" if " " in flags and "+" not in flags else "+Inf")
     a = abs(f)
     if verb in "gGv" and prec is None:
         body = _format_float_g(a)
@@ -849,9 +872,8 @@ def _format_float(verb: str, f: float, flags: str, prec: int | None) -> str | No
             body = body.upper()
     else:
         py_verb = {"v": "g", "F": "f"}.get(verb, verb)
-        default = 6 if verb in "eEfF" else None
-        p = prec if prec is not None else default
-        body = format(a, f".{p}{py_verb}" if p is not None else py_verb)
+        p = prec if prec is not None else 6
+        body = format(a, f".{p}{py_verb}")
     return _signed(body, negative, "+" in flags, " " in flags)
 
 
@@ -1081,11 +1103,10 @@ def _len(a: Any) -> int:
     raise TemplateError(f"len of type {go_type_name(a)}")
 
 
-def _int_index(ix: Any, size: int, cap: int | None = None) -> int:
+def _slice_index(ix: Any, size: int) -> int:
     if isinstance(ix, bool) or not isinstance(ix, int):
         raise TemplateError(f"cannot index slice/array with type {go_type_name(ix)}")
-    limit = size if cap is None else cap
-    if ix < 0 or ix > limit:
+    if ix < 0 or ix > size:
         raise TemplateError(f"index out of range: {ix}")
     return ix
 
@@ -1099,12 +1120,13 @@ def _index(item: Any, *indexes: Any) -> Any:
             value = value.get(ix, MISSING)
             continue
         if isinstance(value, str):
-            value = value.encode()
+            value = value.encode()  # Go indexes strings by byte
         if isinstance(value, (bytes, bytearray, Sequence)):
-            i = _int_index(ix, len(value) - 1) if len(value) else None
-            if i is None or i >= len(value):
+            if isinstance(ix, bool) or not isinstance(ix, int):
+                raise TemplateError(f"cannot index slice/array with type {go_type_name(ix)}")
+            if not 0 <= ix < len(value):
                 raise TemplateError(f"index out of range: {ix}")
-            value = value[i]
+            value = value[ix]
             continue
         raise TemplateError(f"can't index item of type {go_type_name(value)}")
     return value
@@ -1122,7 +1144,7 @@ def _slice(item: Any, *indexes: Any) -> Any:
     if not isinstance(seq, (bytes, bytearray, Sequence)):
         raise TemplateError(f"can't slice item of type {go_type_name(item)}")
     size = len(seq)
-    bounds = [_int_index(ix, size) for ix in indexes]
+    bounds = [_slice_index(ix, size) for ix in indexes]
     i = bounds[0] if len(bounds) > 0 else 0
     j = bounds[1] if len(bounds) > 1 else size
     if len(bounds) == 3 and not (j <= bounds[2] <= size):
@@ -1528,7 +1550,7 @@ def _cut_after(nodes: tuple[Node, ...], name: str) -> tuple[Node, ...]:
     return walk_list(nodes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class GoTemplate:
     """A parsed template.  Immutable: the rewrites return new templates."""
 
@@ -1552,12 +1574,16 @@ class GoTemplate:
             raise TemplateError("template nesting too deep") from None
         return "".join(ex.out)
 
+    @functools.cached_property
+    def _vars(self) -> frozenset[str]:
+        return frozenset(name.lower() for name in _identifiers(self.root))
+
     def vars(self) -> set[str]:
         """Lower-cased field names the template mentions (Ollama's Template.Vars), e.g. {"messages", "role"}."""
-        return {name.lower() for name in _identifiers(self.root)}
+        return set(self._vars)
 
     def has_field(self, name: str) -> bool:
-        return name.lower() in self.vars()
+        return name.lower() in self._vars
 
     def truncated_after_field(self, name: str) -> GoTemplate:
         """The template cut right after the first `.<name>` (Ollama renders a legacy final turn this way)."""

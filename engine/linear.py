@@ -45,15 +45,14 @@ threads at once.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from . import dequant as dq
-from .gguf import GGML_TYPE_IDS, GGML_TYPES, GGUFFile
+from .gguf import GGML_TYPES, GGUFFile
 
 FORMATS = ("f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4")
 INT4_GROUP = 32
@@ -353,7 +352,7 @@ def _bias(f: GGUFFile, srcs: Sequence[_Source], bias_names: Sequence[str | None]
     return torch.cat(parts)
 
 
-def _build(f: GGUFFile, srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Linear:
+def _build(srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Linear:
     if fmt == "f32":
         return DenseLinear(_dense_weight(srcs, torch.float32), bias)
     if fmt == "bf16":
@@ -419,13 +418,13 @@ def load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
         else:
             groups.append((kern, [i]))
     if len(groups) == 1:
-        return _build(f, srcs, bias, groups[0][0])
+        return _build(srcs, bias, groups[0][0])
     parts = []
     off = 0
     for kern, idx in groups:
         gs = [srcs[i] for i in idx]
         n = sum(s.n for s in gs)
-        parts.append(_build(f, gs, None if bias is None else bias[off:off + n].clone(), kern))
+        parts.append(_build(gs, None if bias is None else bias[off:off + n].clone(), kern))
         off += n
     return SplitLinear(parts)
 
@@ -464,23 +463,70 @@ class Embedding:
 # default formats
 
 INT4_EXACT_TYPE_NAMES = frozenset(GGML_TYPES[t][0] for t in dq.INT4_EXACT_TYPES)
+# Types that a "4-bit" recipe (Q4_K_M, Q4_K_S, Q4_0, Q4_1) keeps next to its Q4 tensors.
+_Q4_COMPANION_TYPE_NAMES = frozenset({"Q6_K", "F32"})
 
 
-def default_format(role: str, source_type_names: Iterable[str]) -> str:
-    """The weight format to use for a model, from its role and the GGML types of its linear weights.
+def cpu_has_amx() -> bool:
+    """Whether oneDNN can use AMX bf16 here (the flat-cost bf16 kernel needs it)."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported()) and bool(torch.cpu._is_avx512_bf16_supported())
+    except Exception:  # older torch without the probes
+        return False
 
-    See the module doc and the measurements in the report; decided in ``_DEFAULTS`` below."""
-    types = {t.upper() for t in source_type_names}
+
+def linear_type_counts(f: GGUFFile) -> dict[str, int]:
+    """Elements per GGML type over the 2-D tensors of a model (its matmul weights and embeddings)."""
+    counts: dict[str, int] = {}
+    for info in f.tensors.values():
+        if len(info.shape) == 2:
+            counts[info.type_name] = counts.get(info.type_name, 0) + info.n_elements
+    return counts
+
+
+def _mostly_q4(source_types: Iterable[str] | Mapping[str, int]) -> bool:
+    if isinstance(source_types, Mapping):
+        total = sum(source_types.values())
+        q4 = sum(v for t, v in source_types.items() if t.upper() in INT4_EXACT_TYPE_NAMES)
+        return total > 0 and q4 * 2 > total
+    types = {t.upper() for t in source_types}
+    return bool(types & INT4_EXACT_TYPE_NAMES) and types <= INT4_EXACT_TYPE_NAMES | _Q4_COMPANION_TYPE_NAMES
+
+
+def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, int], *,
+                   amx: bool | None = None) -> str:
+    """The weight format for a model, from its role, the GGML types of its weights and the CPU.
+
+    ``source_type_names``: the type names of the model's linear weights, or (better) a mapping
+    type name -> element count such as :func:`linear_type_counts` returns. ``amx`` defaults to
+    :func:`cpu_has_amx`.
+
+    * drafter: always ``auto-int4``. A drafter runs at width 1, where the int kernels are the
+      fastest (int4 ~2x bf16, int8 ~1.2x on AMX, far more without AMX); its quality only moves the
+      acceptance rate, and ``auto-int4`` still keeps every non-Q4 tensor at 8 bits.
+    * target whose weights are mostly Q4_K/Q4_0/Q4_1 (Q4_K_M & co.): ``auto-int4``. The Q4 tensors
+      are reproduced exactly (bf16 scales), it is the fastest format for widths 1-4 (draft length
+      up to 3) and needs 0.6-1 byte/weight instead of 2.
+    * any other target: ``bf16-packed`` on AMX CPUs (flat cost from 1 to 16 rows, so long
+      speculative drafts verify for free; no requantization loss), ``auto-int4`` (i.e. int8 for
+      these sources) without AMX, where bf16 falls back to a slow non-AMX path that costs several
+      times more for 2+ rows than for 1 and than int8 at every width.
+
+    Measured on a real Qwen2.5-1.5B Q4_K layer, ms per call at widths 1/2/4/8/16, on a 2-core
+    AVX-512 VM *without* AMX/avx512_bf16 (1 thread; 2-thread runs were disturbed by other jobs):
+
+        in 1536 -> out 8960   f32 4.2/4.9/9.3/14/11   bf16 3.9/6.2/8.3/12/18   bf16-packed 2.4/9.5/10/13/21
+                              int8 2.3/2.5/2.9/5.5/15   int4 1.1/1.4/1.8/3.7/7.4
+        in 8960 -> out 1536   f32 4.3/4.6/13/18/16    bf16 4.2/5.5/12/16/28    bf16-packed 2.7/8.7/13/18/28
+                              int8 1.7/1.9/2.4/4.9/9.9  int4 1.4/1.6/2.1/4.1/12
+
+    With AMX (docs/cpu-engine-measurements.md, whole 1.5B forward, ms at w1/w4/w8/w16):
+    bf16-packed 135/134/135/135, int8 110/146/283/501, int4 71/95/182/340.
+    """
     if role not in ("target", "drafter"):
         raise ValueError(f"role must be 'target' or 'drafter', not {role!r}")
-    mostly_q4 = bool(types) and bool(types & INT4_EXACT_TYPE_NAMES)
-    return _DEFAULTS[(role, mostly_q4)]
-
-
-# (role, has exact-int4 sources) -> format. Filled in from the micro-benchmark; see default_format.
-_DEFAULTS = {
-    ("target", True): "auto-int4",
-    ("target", False): "bf16-packed",
-    ("drafter", True): "auto-int4",
-    ("drafter", False): "int8",
-}
+    if role == "drafter" or _mostly_q4(source_type_names):
+        return "auto-int4"
+    if amx is None:
+        amx = cpu_has_amx()
+    return "bf16-packed" if amx else "auto-int4"

@@ -57,6 +57,7 @@ __all__ = [
     "draw_uniforms",
     "sample_from_probs",
     "apply_penalties",
+    "argmax_lowest_id",
     "process",
 ]
 
@@ -230,7 +231,7 @@ class Distribution:
 
     def argmax(self) -> Tensor:
         """``[n]`` most probable token per row (ties -> lowest id)."""
-        return _argmax_lowest_id(self.cand_probs, self.cand_ids)
+        return argmax_lowest_id(self.cand_probs, self.cand_ids)
 
     def sample(self, generator: torch.Generator) -> Tensor:
         """One token per row, ``[n]`` int64. Consumes exactly ``n`` uniforms, row order."""
@@ -265,7 +266,7 @@ class Distribution:
 # ----------------------------------------------------------------------------------------------
 
 
-def _argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
+def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     """Row-wise argmax returning the lowest token id among ties (not relying on kernel tie order)."""
     # amax/amin, not max/min(dim): those also build indices and are far slower on small rows.
     best = values.amax(dim=-1, keepdim=True)
@@ -285,9 +286,7 @@ def _order_desc(ids: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:
 
 def _windows(history: Sequence[int], inflight: Sequence[int], n: int, last_n: int) -> list[list[int]]:
     """Penalty window of each row: the last ``last_n`` of ``history + inflight[:i]``."""
-    hist = list(history)
-    if last_n > 0:
-        hist = hist[-last_n:]
+    hist = list(history[-last_n:]) if last_n > 0 else list(history)  # slice first: O(window)
     seq = hist + [int(t) for t in inflight[: max(0, n - 1)]]
     out = []
     for i in range(n):
@@ -414,7 +413,7 @@ def process(
     raw = apply_penalties(logits.float(), history, inflight, opts)
 
     if opts.greedy:
-        ids = _argmax_lowest_id(raw).unsqueeze(-1)
+        ids = argmax_lowest_id(raw).unsqueeze(-1)
         ones = torch.ones(n, 1, dtype=torch.float32, device=raw.device)
         return Distribution(ids, ones, raw, vocab, greedy=True)
 

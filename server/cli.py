@@ -1,4 +1,8 @@
-"""The `tandem` command line: Ollama's verbs, working on the local model store.
+"""The `tandem` command line: Ollama's verbs.
+
+`serve` runs the server; `run`, `ps`, `stop` and `pull` talk to it over the API (TANDEM_HOST); `create`
+goes through `/api/blobs` + `/api/create` when a tandem server answers and works on the local store
+otherwise; `list`, `show`, `cp` and `rm` work on the local store.
 
 Errors go to stderr as `Error: <message>` with exit status 1, as Ollama's CLI does.
 """
@@ -16,6 +20,7 @@ from blobs.model import load_stored_model
 from importer import CreateError, LocalBlobSink, ProgressEvent, create_model, request_from_modelfile
 from modelfile import ParseError, parse
 
+from .client import APIError, Client, ServerBlobSink
 from .show import modelfile_text, parameters_text
 
 
@@ -63,6 +68,64 @@ def _print_progress(out: Callable[[str], None]) -> Callable[[ProgressEvent], Non
 
 
 def cmd_create(args: argparse.Namespace, store: BlobStore) -> None:
+    client = Client()
+    try:
+        if client.heartbeat():  # a tandem server: build the model there, like `ollama create`
+            _create_remote(args, client)
+            return
+    finally:
+        client.close()
+    _create_local(args, store)
+
+
+def _read_modelfile(args: argparse.Namespace) -> tuple[Path, list]:
+    modelfile_path = Path(args.file) if args.file else Path("Modelfile")
+    if not modelfile_path.exists():
+        raise CLIError(f"open {modelfile_path}: no such file or directory")
+    try:
+        return modelfile_path, parse(modelfile_path.read_bytes())
+    except ParseError as e:
+        raise CLIError(str(e)) from None
+
+
+def _create_remote(args: argparse.Namespace, client: Client) -> None:
+    """Parse the Modelfile here, upload the blobs the server lacks (HEAD first), then POST /api/create."""
+    modelfile_path, commands = _read_modelfile(args)
+    progress = _print_progress(print)
+    progress(ProgressEvent("gathering model components"))
+
+    def uploaded(path: Path, digest: str, sent: bool) -> None:
+        if sent:
+            progress(ProgressEvent(f"copying file {digest} 100%"))
+
+    warnings: list[str] = []
+    req = request_from_modelfile(commands, args.model, modelfile_path.resolve().parent, ServerBlobSink(client, uploaded),
+                                 warnings)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    body = create_body(req)
+    if args.quantize:
+        body["quantize"] = args.quantize
+    if args.draft_quantize:
+        body["draft_quantize"] = args.draft_quantize
+    for event in client.create(body):
+        progress(ProgressEvent(event.get("status", ""), event.get("digest"), event.get("total"), event.get("completed")))
+
+
+def create_body(req) -> dict:
+    """A CreateRequest as the /api/create JSON body (empty fields left out, as Go's omitempty does)."""
+    body: dict = {"model": req.model}
+    for key, value in (("from", req.from_), ("files", req.files), ("draft_files", req.draft_files),
+                       ("adapters", req.adapters), ("template", req.template), ("system", req.system),
+                       ("license", req.license), ("parameters", req.parameters), ("messages", req.messages),
+                       ("quantize", req.quantize), ("draft_quantize", req.draft_quantize),
+                       ("renderer", req.renderer), ("parser", req.parser), ("requires", req.requires)):
+        if value is not None and value != {} and value != []:
+            body[key] = value
+    return body
+
+
+def _create_local(args: argparse.Namespace, store: BlobStore) -> None:
     modelfile_path = Path(args.file) if args.file else Path("Modelfile")
     if not modelfile_path.exists():
         raise CLIError(f"open {modelfile_path}: no such file or directory")
@@ -154,9 +217,428 @@ def cmd_rm(args: argparse.Namespace, store: BlobStore) -> None:
         print(f"deleted '{name}'")
 
 
+
+# --- server verbs ------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
+    import logging
+
+    import uvicorn
+
+    from .app import create_app
+    from .settings import Settings
+
+    settings = Settings.from_env()
+    logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(settings=settings)
+    print(f"tandem listening on {settings.host.bind_host}:{settings.host.port} (models: {settings.models})",
+          file=sys.stderr)
+    uvicorn.run(app, host=settings.host.bind_host, port=settings.host.port,
+                log_level="debug" if settings.debug else "info")
+
+
+def go_duration(ns: int) -> str:
+    """Go's time.Duration.String(): 1.234567s, 12.5ms, 950µs, 1m2.5s."""
+    if ns == 0:
+        return "0s"
+    sign = "-" if ns < 0 else ""
+    ns = abs(ns)
+    if ns < 1_000:
+        return f"{sign}{ns}ns"
+    if ns < 1_000_000:
+        return f"{sign}{_trim(ns / 1_000)}µs"
+    if ns < 1_000_000_000:
+        return f"{sign}{_trim(ns / 1_000_000)}ms"
+    total_s = ns / 1e9
+    hours, rem = divmod(ns, 3_600_000_000_000)
+    minutes, rem = divmod(rem, 60_000_000_000)
+    secs = _trim(rem / 1e9) if rem else "0"
+    if hours:
+        return f"{sign}{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{sign}{minutes}m{secs}s"
+    return f"{sign}{_trim(total_s)}s"
+
+
+def _trim(x: float) -> str:
+    return f"{x:.9f}".rstrip("0").rstrip(".")
+
+
+def print_stats(final: dict, out=None) -> None:
+    """Ollama's `--verbose` summary, then tandem's speculation statistics."""
+    out = out or sys.stderr
+
+    def line(label: str, value: str) -> None:
+        print(f"{label + ':':<22}{value}", file=out)
+
+    if final.get("total_duration"):
+        line("total duration", go_duration(final["total_duration"]))
+    if final.get("load_duration"):
+        line("load duration", go_duration(final["load_duration"]))
+    if final.get("prompt_eval_count"):
+        line("prompt eval count", f"{final['prompt_eval_count']} token(s)")
+    if final.get("prompt_eval_duration"):
+        line("prompt eval duration", go_duration(final["prompt_eval_duration"]))
+        line("prompt eval rate", f"{final.get('prompt_eval_count', 0) / (final['prompt_eval_duration'] / 1e9):.2f} tokens/s")
+    if final.get("eval_count"):
+        line("eval count", f"{final['eval_count']} token(s)")
+    if final.get("eval_duration"):
+        line("eval duration", go_duration(final["eval_duration"]))
+        line("eval rate", f"{final.get('eval_count', 0) / (final['eval_duration'] / 1e9):.2f} tokens/s")
+    if "drafter" not in final:
+        return
+    line("drafter", final["drafter"])
+    if final["drafter"] == "none":
+        return
+    line("draft tokens", str(final.get("draft_n", 0)))
+    line("accepted tokens", str(final.get("draft_n_accepted", 0)))
+    line("acceptance rate", f"{100 * final.get('acceptance_rate', 0.0):.2f}%")
+    line("draft rounds", str(final.get("draft_rounds", 0)))
+    line("mean accepted length", f"{final.get('mean_accepted_length', 0.0):.2f} tokens/forward")
+    line("mean draft depth", f"{final.get('mean_depth', 0.0):.2f}")
+    by_pos = final.get("acceptance_by_position") or []
+    if by_pos:
+        line("acceptance by position", "  ".join(f"{i + 1}: {100 * a:.1f}%" for i, a in enumerate(by_pos)))
+
+
+def _ensure_model(client: Client, name: str) -> dict:
+    """The model's /api/show; pulled first when missing, as `ollama run` does."""
+    try:
+        return client.show(name)
+    except APIError as e:
+        if e.status != 404:
+            raise
+    _pull(client, name)
+    return client.show(name)
+
+
+def _pull(client: Client, name: str) -> None:
+    progress = _print_progress(print)
+    for event in client.pull(name):
+        status = event.get("status", "")
+        progress(ProgressEvent(status, event.get("digest"), event.get("total"), event.get("completed")))
+
+
+class _Session:
+    """State of a `tandem run` conversation: history, options set with /set, verbosity."""
+
+    def __init__(self, client: Client, model: str, args: argparse.Namespace):
+        self.client = client
+        self.model = model
+        self.messages: list[dict] = []
+        self.options: dict = {}
+        self.system: str | None = None
+        self.verbose = bool(args.verbose)
+        self.keep_alive = args.keepalive
+
+    def chat(self, prompt: str, out=None) -> None:
+        out = out or sys.stdout
+        messages = list(self.messages)
+        if self.system:
+            messages = [{"role": "system", "content": self.system}] + messages
+        messages.append({"role": "user", "content": prompt})
+        body: dict = {"model": self.model, "messages": messages}
+        if self.options:
+            body["options"] = self.options
+        if self.keep_alive is not None:
+            body["keep_alive"] = self.keep_alive
+        parts: list[str] = []
+        final: dict = {}
+        stream = self.client.chat(body)
+        try:
+            for part in stream:
+                text = part.get("message", {}).get("content", "")
+                if text:
+                    parts.append(text)
+                    out.write(text)
+                    out.flush()
+                if part.get("done"):
+                    final = part
+        except KeyboardInterrupt:  # stop this answer, keep the session
+            close = getattr(stream, "close", None)
+            if close:
+                close()
+            out.write("\n")
+            return
+        text = "".join(parts)
+        out.write("\n" if not text.endswith("\n") else "")
+        if self.verbose and final:
+            print_stats(final)
+        self.messages += [{"role": "user", "content": prompt}, {"role": "assistant", "content": text}]
+
+
+_HELP = """Available Commands:
+  /set            Set session variables
+  /show           Show model information
+  /clear          Clear session context
+  /bye            Exit
+  /?, /help       Help for a command
+
+Use \"\"\" to begin a multi-line message."""
+
+_SET_HELP = """Available Commands:
+  /set parameter ...     Set a parameter (incl. draft_num_predict, draft_p_min, draft_n_min,
+                         relaxed_top_n, draft_schedule, drafter, draft_trace)
+  /set system <string>   Set system message
+  /set verbose           Show statistics (incl. speculation)
+  /set quiet             Disable statistics"""
+
+
+def _interactive(session: _Session, client: Client) -> None:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    print('>>> Send a message (/? for help)', file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print("\nUse Ctrl + d or /bye to exit.")
+            continue
+        if line.startswith('"""'):
+            lines = [line[3:]]
+            while not lines[-1].endswith('"""'):
+                try:
+                    lines.append(input("... "))
+                except EOFError:
+                    break
+            line = "\n".join(lines)
+            line = line[:-3] if line.endswith('"""') else line
+        elif line.startswith("/"):
+            if _command(session, client, line.strip()):
+                return
+            continue
+        if not line.strip():
+            continue
+        try:
+            session.chat(line)
+        except APIError as e:
+            print(f"Error: {e}", file=sys.stderr)
+
+
+def _command(session: _Session, client: Client, line: str) -> bool:
+    """Handle a slash command; True means exit."""
+    words = line.split()
+    cmd = words[0]
+    if cmd in ("/bye", "/exit"):
+        return True
+    if cmd in ("/?", "/help"):
+        print(_SET_HELP if len(words) > 1 and words[1] == "set" else _HELP)
+    elif cmd == "/clear":
+        session.messages = []
+        print("Cleared session context")
+    elif cmd == "/set":
+        _set(session, words[1:], line)
+    elif cmd == "/show":
+        _show_interactive(session, client, words[1:])
+    else:
+        print(f"Unknown command '{cmd}'. Type /? for help")
+    return False
+
+
+def _set(session: _Session, args: list[str], line: str) -> None:
+    from modelfile import ParamError, format_params
+
+    if not args:
+        print(_SET_HELP)
+        return
+    if args[0] == "parameter":
+        if len(args) < 3:
+            print("Usage:\n  /set parameter <name> <value>")
+            return
+        name, value = args[1], " ".join(args[2:])
+        try:
+            params, _ = format_params({name: [value]})
+        except ParamError as e:
+            print(f"Couldn't set parameter: {e}")
+            return
+        for key, val in params.items():
+            if key == "stop":
+                session.options["stop"] = session.options.get("stop", []) + val
+            else:
+                session.options[key] = val
+        print(f"Set parameter '{name}' to '{value}'")
+    elif args[0] == "system":
+        session.system = line.split("system", 1)[1].strip().strip('"')
+        print("Set system message.")
+    elif args[0] == "verbose":
+        session.verbose = True
+        print("Set 'verbose' mode.")
+    elif args[0] == "quiet":
+        session.verbose = False
+        print("Set 'quiet' mode.")
+    else:
+        print(f"Unknown command '/set {args[0]}'. Type /? for help")
+
+
+def _show_interactive(session: _Session, client: Client, args: list[str]) -> None:
+    info = client.show(session.model)
+    what = args[0] if args else "info"
+    if what == "info":
+        d = info.get("details", {})
+        print(f"  Model\n    architecture        {d.get('family', '')}\n    parameters          {d.get('parameter_size', '')}\n"
+              f"    quantization        {d.get('quantization_level', '')}")
+        spec = info.get("speculation") or {}
+        draft = spec.get("draft")
+        if draft:
+            print(f"  Draft\n    architecture        {draft.get('family', '')}\n"
+                  f"    parameters          {draft.get('parameter_size', '')}\n"
+                  f"    quantization        {draft.get('quantization_level', '')}")
+        eff = dict(spec.get("effective") or {})
+        eff.update({k: v for k, v in session.options.items() if k in eff})
+        if eff:
+            print("  Speculation")
+            for k, v in eff.items():
+                print(f"    {k:<20}{v}")
+    elif what == "modelfile":
+        print(info.get("modelfile", ""))
+    elif what == "parameters":
+        print(info.get("parameters", "") or "No parameters were specified for this model.")
+        for k, v in session.options.items():
+            print(f"{k:<30} {v!r}  (this session)")
+    elif what == "system":
+        print(session.system or info.get("system", "") or "No system message was specified for this model.")
+    elif what == "template":
+        print(info.get("template", "") or "No prompt template was specified for this model.")
+    elif what == "license":
+        print(info.get("license", "") or "No license was specified for this model.")
+    else:
+        print(f"Unknown command '/show {what}'. Type /? for help")
+
+
+def cmd_run(args: argparse.Namespace, store: BlobStore) -> None:
+    client = Client()
+    try:
+        _ensure_model(client, args.model)
+        session = _Session(client, args.model, args)
+        prompt = " ".join(args.prompt)
+        if not sys.stdin.isatty():
+            piped = sys.stdin.read()
+            prompt = f"{piped} {prompt}".strip() if prompt else piped
+            session.chat(prompt)
+        elif prompt:
+            session.chat(prompt)
+        else:
+            _interactive(session, client)
+    except APIError as e:
+        raise CLIError(str(e)) from None
+    finally:
+        client.close()
+
+
+def human_until(t: datetime, now: datetime | None = None) -> str:
+    """Ollama's format.HumanTime for a future time, "Forever" for keep_alive < 0."""
+    now = now or datetime.now(timezone.utc)
+    if t.year > now.year + 100:
+        return "Forever"
+    seconds = (t - now).total_seconds()
+    if seconds < 0:
+        return "Stopping..."
+    s = int(seconds)
+    if s < 1:
+        text = "Less than a second"
+    elif s == 1:
+        text = "1 second"
+    elif s < 60:
+        text = f"{s} seconds"
+    elif s < 120:
+        text = "About a minute"
+    elif s < 3600:
+        text = f"{s // 60} minutes"
+    elif round(s / 3600) == 1:
+        text = "About an hour"
+    else:
+        text = f"{round(s / 3600)} hours"
+    return f"{text} from now"
+
+
+def _parse_time(value: str) -> datetime:
+    # RFC3339 with up to 9 fraction digits; Python takes 6.
+    import re
+
+    m = re.match(r"(.*T\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:\d\d)$", value)
+    if not m:
+        return datetime.now(timezone.utc)
+    frac = (m.group(2) or ".0")[:7]
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(m.group(1) + frac + zone)
+
+
+def cmd_ps(args: argparse.Namespace, store: BlobStore) -> None:
+    with Client() as client:
+        try:
+            models = client.ps().get("models", [])
+        except APIError as e:
+            raise CLIError(str(e)) from None
+    rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL")]
+    for m in models:
+        size, vram = m.get("size", 0), m.get("size_vram", 0)
+        if vram == 0:
+            processor = "100% CPU"
+        elif vram >= size:
+            processor = "100% GPU"
+        else:
+            cpu = round(100 * (size - vram) / size)
+            processor = f"{cpu}%/{100 - cpu}% CPU/GPU"
+        rows.append((m.get("name", ""), m.get("digest", "")[:12], human_bytes(size), processor,
+                     str(m.get("context_length", "")), human_until(_parse_time(m.get("expires_at", "")))))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+
+
+def cmd_stop(args: argparse.Namespace, store: BlobStore) -> None:
+    with Client() as client:
+        try:
+            loaded = client.ps().get("models", [])
+            wanted = args.model if ":" in args.model.rsplit("/", 1)[-1] else args.model + ":latest"
+            if not any(m.get("name") in (args.model, wanted) for m in loaded):
+                raise CLIError(f'couldn\'t find model "{args.model}" to stop')
+            for _ in client.generate({"model": args.model, "keep_alive": 0}):
+                pass
+        except APIError as e:
+            raise CLIError(str(e)) from None
+
+
+def cmd_pull(args: argparse.Namespace, store: BlobStore) -> None:
+    with Client() as client:
+        try:
+            _pull(client, args.model)
+        except APIError as e:
+            raise CLIError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="An Ollama-compatible model server with speculative decoding")
     sub = p.add_subparsers(dest="command", required=True)
+
+    sv = sub.add_parser("serve", aliases=["start"], help="Start the server (TANDEM_HOST, default 127.0.0.1:11434)")
+    sv.set_defaults(func=cmd_serve)
+
+    r = sub.add_parser("run", help="Run a model: one prompt, piped stdin, or an interactive chat")
+    r.add_argument("model")
+    r.add_argument("prompt", nargs="*")
+    r.add_argument("--verbose", action="store_true", help="Show timings and speculation statistics")
+    r.add_argument("--keepalive", help="How long the model stays loaded (e.g. 5m, 0, -1)")
+    r.add_argument("--nowordwrap", action="store_true", help="Accepted for compatibility (output is not wrapped)")
+    r.set_defaults(func=cmd_run)
+
+    ps = sub.add_parser("ps", help="List running models")
+    ps.set_defaults(func=cmd_ps)
+
+    st = sub.add_parser("stop", help="Stop a running model")
+    st.add_argument("model")
+    st.set_defaults(func=cmd_stop)
+
+    pl = sub.add_parser("pull", help="Pull a GGUF model from Hugging Face (hf.co/<org>/<repo>[:<quant>])")
+    pl.add_argument("model")
+    pl.set_defaults(func=cmd_pull)
 
     c = sub.add_parser("create", help="Create a model from a Modelfile")
     c.add_argument("model")
@@ -193,7 +675,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModelNotFoundError as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
-    except (CLIError, CreateError, BlobsError, ParseError) as e:
+    except (CLIError, CreateError, BlobsError, ParseError, APIError) as e:
         print(f"Error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

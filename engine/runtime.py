@@ -1,0 +1,286 @@
+"""``Engine``: one loaded model (target + drafters) serving requests, as ``engine.process`` drives it.
+
+    engine = Engine.load(LoadSpec(model_path=..., draft_path=...))
+    engine.facts; engine.tokenize(text, add_bos=None); engine.detokenize(ids)
+    for item in engine.generate(GenerateRequest(...), should_stop=event.is_set): ...  # chunks, result
+
+Everything that belongs to the loaded model is built once here, not per request (the seed's
+lesson): the target and its KV cache, every drafter with its own state (draft model + KV cache,
+MTP head + KV cache, n-gram index), and the adaptive depth controllers, whose learned acceptance and
+per-depth cost persist across requests. A request only resolves its options, tokenizes, and runs
+``engine.decode.DecodeLoop`` over those long-lived objects.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterator, Mapping
+
+import torch
+
+from engine.api import (
+    ContextLengthError,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    ModelFacts,
+    TokenChunk,
+)
+from engine.decode import DecodeLoop, DecodeSettings, TimeBreakdown, trace_from_env
+from engine.depth import AdaptiveDepth, DepthController, FixedDepth
+from engine.drafters import (
+    DraftModelDrafter,
+    Drafter,
+    MtpDrafter,
+    NgramDrafter,
+    NullDrafter,
+    _model_bytes,
+    find_nextn_block,
+)
+from engine.sampler import SamplingOptions, make_generator
+
+DRAFTER_KINDS = ("auto", "model", "mtp", "ngram", "none")
+DEFAULT_DRAFT_CAP = 4  # Ollama's draft_num_predict default
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineError("CUDA was requested but is not available", 400)
+    return torch.device(device)
+
+
+def _vocab_check(target_tokens, draft_tokens, draft_path: str) -> None:
+    """A drafter must speak the target's vocabulary: token i must be the same string in both."""
+    if not target_tokens or not draft_tokens:
+        raise EngineError(f"draft model {draft_path}: GGUF has no vocabulary to compare", 400)
+    n = min(len(target_tokens), len(draft_tokens))
+    for i in range(n):
+        if target_tokens[i] != draft_tokens[i]:
+            raise EngineError(
+                f"draft model {draft_path} does not share the target's vocabulary (token {i} is "
+                f"{draft_tokens[i]!r} in the draft, {target_tokens[i]!r} in the target)", 400)
+    if abs(len(target_tokens) - len(draft_tokens)) > 128:
+        raise EngineError(f"draft model {draft_path}: vocabulary of {len(draft_tokens)} tokens, the target "
+                          f"has {len(target_tokens)}", 400)
+
+
+def _opt(options: Mapping[str, Any], name: str, default: Any) -> Any:
+    v = options.get(name)
+    return default if v is None else v
+
+
+class Engine:
+    def __init__(self, *, spec: LoadSpec, target, gguf, tokenizer, cache, drafters: dict[str, Drafter],
+                 facts: ModelFacts):
+        self.spec = spec
+        self.target = target
+        self.gguf = gguf
+        self.tokenizer = tokenizer
+        self.cache = cache
+        self.drafters = drafters
+        self.facts = facts
+        # Learned per drafter kind, kept for the lifetime of the loaded model.
+        self.controllers: dict[str, AdaptiveDepth] = {}
+        self.clock: Callable[[], float] | None = None  # tests may inject a clock
+        self.last_breakdown: TimeBreakdown | None = None
+
+    # ------------------------------------------------------------------------------------------
+    # load
+    # ------------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, spec: LoadSpec) -> "Engine":
+        from engine.gguf import GGUFFile
+        from engine.model import UnsupportedModelError, load_model
+        from engine.tokenizer import Tokenizer, TokenizerError
+
+        device = resolve_device(spec.device)
+        try:
+            f = GGUFFile(spec.model_path)
+        except ValueError as e:
+            raise EngineError(str(e), 400) from None
+        try:
+            tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
+            target = load_model(f, spec.weight_format, device, role="target")
+            fmt = target.fmt  # 'auto' resolved by the model loader (per role and file)
+        except (UnsupportedModelError, TokenizerError) as e:
+            f.close()
+            raise EngineError(str(e), 400) from None
+        num_ctx = int(spec.num_ctx) if spec.num_ctx and spec.num_ctx > 0 else target.config.context_length
+        cache = target.new_cache(num_ctx)
+        vocab = target.config.vocab_size
+
+        drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+        draft_arch = draft_fmt = None
+        if spec.draft_path:
+            df = GGUFFile(spec.draft_path)
+            _vocab_check(f.metadata.get("tokenizer.ggml.tokens"), df.metadata.get("tokenizer.ggml.tokens"),
+                         spec.draft_path)
+            try:
+                draft = load_model(df, spec.draft_weight_format, device, role="drafter")
+            except UnsupportedModelError as e:
+                raise EngineError(f"draft model: {e}", 400) from None
+            draft_fmt = draft.fmt
+            draft_arch = draft.config.arch
+            drafters["model"] = DraftModelDrafter(draft, num_ctx, vocab)
+        nextn = find_nextn_block(f.tensors)
+        if nextn is not None:
+            drafters["mtp"] = MtpDrafter(target, f, nextn, fmt, num_ctx)
+
+        memory = _model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
+        toks = tokenizer.token_strings()
+
+        def name(i):
+            return toks[i] if i is not None and 0 <= i < len(toks) else ""
+
+        facts = ModelFacts(
+            architecture=target.config.arch,
+            context_length=num_ctx,
+            vocab_size=vocab,
+            device=str(device),
+            weight_format=fmt,
+            draft_architecture=draft_arch,
+            draft_weight_format=draft_fmt,
+            memory_bytes=int(memory),
+            bos_token=name(tokenizer.bos_id),
+            eos_token=name(tokenizer.eos_id),
+            add_bos=bool(tokenizer.add_bos),
+        )
+        if "mtp" in drafters and "has_mtp_head" in ModelFacts.__dataclass_fields__:
+            from dataclasses import replace
+
+            facts = replace(facts, has_mtp_head=True)
+        return cls(spec=spec, target=target, gguf=f, tokenizer=tokenizer, cache=cache, drafters=drafters,
+                   facts=facts)
+
+    # ------------------------------------------------------------------------------------------
+    # text
+    # ------------------------------------------------------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self.tokenizer.encode(text, add_bos=add_bos)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(list(ids))
+
+    # ------------------------------------------------------------------------------------------
+    # speculation settings
+    # ------------------------------------------------------------------------------------------
+    def resolve_drafter(self, options: Mapping[str, Any]) -> tuple[Drafter, int]:
+        """(drafter, depth cap) for a request; cap 0 means plain decoding."""
+        kind = str(_opt(options, "drafter", "auto")).lower()
+        cap = int(_opt(options, "draft_num_predict", _opt(options, "n_max", DEFAULT_DRAFT_CAP)))
+        if kind not in DRAFTER_KINDS:
+            raise EngineError(f"unknown drafter {kind!r} (expected one of {', '.join(DRAFTER_KINDS)})", 400)
+        if kind == "auto":
+            kind = "model" if "model" in self.drafters else "mtp" if "mtp" in self.drafters else "none"
+        if kind == "model" and "model" not in self.drafters:
+            raise EngineError("drafter 'model' was requested but this model has no draft model (DRAFT)", 400)
+        if kind == "mtp" and "mtp" not in self.drafters:
+            raise EngineError("drafter 'mtp' was requested but this model has no MTP (NextN) head", 400)
+        if kind == "none" or cap <= 0:
+            return NullDrafter(), 0
+        return self.drafters[kind], cap
+
+    def controller(self, kind: str, schedule: str, n_min: int) -> DepthController:
+        if schedule == "fixed":
+            return FixedDepth(n_min=n_min)
+        if schedule != "adaptive":
+            raise EngineError(f"unknown draft_schedule {schedule!r} (expected adaptive or fixed)", 400)
+        if kind not in self.controllers:
+            self.controllers[kind] = AdaptiveDepth()
+        return self.controllers[kind]
+
+    # ------------------------------------------------------------------------------------------
+    # generate
+    # ------------------------------------------------------------------------------------------
+    def _prompt_tokens(self, req: GenerateRequest, num_ctx: int, num_keep: int) -> list[int]:
+        prefix = [int(t) for t in (req.raw_tokens or [])]
+        # A BOS belongs at the very start only: a `context` prefix already carries it.
+        add_bos = req.add_bos if req.add_bos is not None else (None if not prefix else False)
+        tokens = prefix + (self.tokenizer.encode(req.prompt, add_bos=add_bos) if req.prompt else [])
+        if not prefix and not req.prompt and (req.add_bos or (req.add_bos is None and self.tokenizer.add_bos)):
+            tokens = [self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else []
+        if len(tokens) > num_ctx:
+            if not req.truncate:
+                raise ContextLengthError("the input length exceeds the context length")
+            # Ollama: keep the first num_keep tokens and the end, num_ctx in all.
+            keep = min(num_keep, num_ctx - 1)
+            tokens = tokens[:keep] + tokens[len(tokens) - (num_ctx - keep):]
+        return tokens
+
+    def settings(self, req: GenerateRequest, cap: int, prompt_len: int) -> DecodeSettings:
+        o = req.options
+        num_ctx = min(int(_opt(o, "num_ctx", self.cache.capacity)), self.cache.capacity)
+        num_keep = int(_opt(o, "num_keep", 4))
+        if num_keep < 0:
+            num_keep = prompt_len
+        stops = _opt(o, "stop", ())
+        if isinstance(stops, str):
+            stops = (stops,)
+        eog = set(self.tokenizer.eot_ids)
+        if self.tokenizer.eos_id is not None:
+            eog.add(self.tokenizer.eos_id)
+        rule = str(_opt(o, "draft_acceptance", "strict"))
+        if rule not in ("strict", "match"):
+            raise EngineError(f"unknown draft_acceptance {rule!r} (expected strict or match)", 400)
+        return DecodeSettings(
+            sampling=SamplingOptions.from_options(o, num_ctx),
+            num_ctx=num_ctx,
+            num_predict=int(_opt(o, "num_predict", -1)),
+            num_keep=num_keep,
+            shift=req.shift,
+            cap=cap,
+            schedule=str(_opt(o, "draft_schedule", "adaptive")),
+            p_min=float(_opt(o, "draft_p_min", 0.0)),
+            n_min=int(_opt(o, "draft_n_min", 0)),
+            relaxed_top_n=int(_opt(o, "relaxed_top_n", 0)),
+            rule=rule,
+            logprobs=bool(req.logprobs),
+            top_logprobs=int(req.top_logprobs or 0) if req.logprobs else 0,
+            trace=bool(req.trace or _opt(o, "draft_trace", False) or trace_from_env()),
+            stops=tuple(str(s) for s in stops),
+            eog_ids=frozenset(eog),
+            prefill_chunk=max(1, int(_opt(o, "num_batch", 512))),
+        )
+
+    def generate(self, req: GenerateRequest,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
+        if req.images:
+            raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
+        should_stop = should_stop or (lambda: False)
+        o = req.options
+        num_ctx = min(int(_opt(o, "num_ctx", self.cache.capacity)), self.cache.capacity)
+        num_keep = int(_opt(o, "num_keep", 4))
+        prompt = self._prompt_tokens(req, num_ctx, num_keep if num_keep >= 0 else num_ctx)
+        drafter, cap = self.resolve_drafter(o)
+        s = self.settings(req, cap, len(prompt))
+        controller = self.controller(drafter.kind, s.schedule, s.n_min) if cap > 0 else FixedDepth()
+
+        seed = int(_opt(o, "seed", -1))
+        if seed < 0:  # one random seed for both streams, so a request is internally consistent
+            seed = int.from_bytes(os.urandom(8), "little") >> 1
+        loop = DecodeLoop(target=self.target, cache=self.cache, tokenizer=self.tokenizer, drafter=drafter,
+                          controller=controller, settings=s, target_gen=make_generator(seed),
+                          draft_gen=make_generator(seed, stream=1),
+                          **({"clock": self.clock} if self.clock is not None else {}))
+        if not prompt:
+            yield GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,
+                                 prompt_eval_duration_ns=0, eval_count=0, eval_duration_ns=0, context=[])
+            return
+        try:
+            result = yield from loop.run(prompt, should_stop)
+        except GeneratorExit:
+            # The consumer closed the stream: every round was recorded before it was streamed, so
+            # the log and the caches already agree; nothing to undo.
+            raise
+        except BaseException:
+            # An error mid-round may leave a drafter's speculative state in doubt; the target's
+            # cache records its own tokens, so its prefix reuse stays safe.
+            for d in self.drafters.values():
+                d.reset()
+            raise
+        finally:
+            self.last_breakdown = loop.times
+        yield result

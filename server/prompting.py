@@ -1,0 +1,211 @@
+"""From a request and a stored model to the prompt text the engine tokenizes, as Ollama builds it.
+
+Which template a model uses, in Ollama's order of preference:
+1. its TEMPLATE layer (Go template syntax), or the request's `template` on /api/generate;
+2. else the GGUF's own `tokenizer.chat_template` (Jinja, sandboxed, rendered like transformers does);
+3. else an Ollama library template chosen from the vocabulary/architecture (`fallback_template_for`).
+
+Templates and GGUF facts are read once per model file and cached on the app (`PromptCache`), so a
+request only renders. Rendering never touches torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from blobs.model import StoredModel
+from engine.gguf import GGUFFile
+from engine.gotemplate import GoTemplate, TemplateError, parse_template
+from engine.prompt import (
+    InsertNotSupported,
+    JinjaChatTemplate,
+    Message,
+    Tool,
+    fallback_template_for,
+    render_chat,
+    render_generate,
+    supports_insert,
+)
+
+__all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "Tool", "InsertNotSupported"]
+
+
+class PromptError(Exception):
+    """A prompt that cannot be built; ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class GGUFPromptFacts:
+    """What prompt building needs from the GGUF header."""
+
+    architecture: str
+    chat_template: str | None
+    bos_token: str
+    eos_token: str
+    add_bos: bool
+    token_strings: tuple[str, ...]
+    has_mtp_head: bool  # NextN tensors: the target can draft for itself
+
+
+def read_prompt_facts(path: Path) -> GGUFPromptFacts:
+    with GGUFFile(path) as f:
+        md = f.metadata
+        tokens = md.get("tokenizer.ggml.tokens")
+        tokens = tuple(str(t) for t in tokens) if tokens is not None else ()
+
+        def token(key: str) -> str:
+            i = md.get(key)
+            if i is None:
+                return ""
+            i = int(i)
+            return tokens[i] if 0 <= i < len(tokens) else ""
+
+        model_kind = md.get("tokenizer.ggml.model", "")
+        add_bos = md.get("tokenizer.ggml.add_bos_token")
+        if add_bos is None:  # llama.cpp's default: SentencePiece vocabularies add BOS, BPE ones do not
+            add_bos = model_kind == "llama"
+        chat = md.get("tokenizer.chat_template")
+        return GGUFPromptFacts(
+            architecture=str(md.get("general.architecture", "")),
+            chat_template=chat if isinstance(chat, str) and chat.strip() else None,
+            bos_token=token("tokenizer.ggml.bos_token_id"),
+            eos_token=token("tokenizer.ggml.eos_token_id"),
+            add_bos=bool(add_bos),
+            token_strings=tokens,
+            has_mtp_head=any(".nextn." in name for name in f.tensors),
+        )
+
+
+class ModelPrompting:
+    """A model's compiled template and how to render generate/chat prompts with it."""
+
+    def __init__(self, model: StoredModel):
+        self.model = model
+        assert model.model_path is not None
+        self.facts = read_prompt_facts(model.model_path)
+        self.go: GoTemplate | None = None
+        self.jinja: JinjaChatTemplate | None = None
+        if model.template is not None:
+            self.kind = "template"
+            self.go = _parse(model.template)
+        elif self.facts.chat_template is not None:
+            self.kind = "chat_template"
+            try:
+                self.jinja = JinjaChatTemplate(self.facts.chat_template)
+            except TemplateError:
+                self.jinja = None
+        if self.go is None and self.jinja is None:
+            self.kind = "fallback"
+            self.go = _parse(fallback_template_for(self.facts.architecture, self.facts.token_strings))
+
+    # -- capabilities ---------------------------------------------------------------------------
+    @property
+    def supports_insert(self) -> bool:
+        return self.go is not None and supports_insert(self.go)
+
+    def capabilities(self) -> list[str]:
+        """Ollama's capability names this model has (tandem runs text models only)."""
+        caps = ["completion"]
+        if self.supports_insert:
+            caps.append("insert")
+        return caps
+
+    # -- rendering ------------------------------------------------------------------------------
+    def generate_prompt(self, *, prompt: str, system: str | None, suffix: str | None, template: str | None,
+                        history: Sequence[Message] = ()) -> str:
+        """/api/generate (not raw): the request's template overrides the model's."""
+        go = _parse(template) if template else self.go
+        try:
+            if go is not None:
+                return render_generate(go, prompt=prompt, system=system, suffix=suffix or None, history=history)
+            if suffix:
+                raise InsertNotSupported("template does not support insert")
+            messages = ([Message("system", system)] if system else []) + list(history) + [Message("user", prompt)]
+            return self._jinja(messages, ())
+        except InsertNotSupported:
+            raise
+        except TemplateError as e:
+            raise PromptError(str(e), 500) from None
+
+    def chat_prompt(self, messages: Sequence[Message], tools: Sequence[Tool] = (),
+                    fits: Callable[[str], bool] | None = None) -> str:
+        """/api/chat: ``messages`` already include the model's SYSTEM and MESSAGE layers. With ``fits``
+        the oldest messages are dropped until the prompt fits (system messages and the last kept)."""
+        try:
+            if self.go is not None:
+                full = render_chat(self.go, messages, tools)
+                if fits is None or fits(full):
+                    return full
+                return render_chat(self.go, messages, tools, fits=fits)
+            full = self._jinja(messages, tools)
+            if fits is None or fits(full) or len(messages) <= 1:
+                return full
+            # Same rule as Ollama's chatPrompt: drop from the oldest; keep system messages and the last.
+            best = self._jinja([m for m in messages[:-1] if m.role == "system"] + [messages[-1]], tools)
+            for i in range(len(messages) - 2, 0, -1):
+                candidate = [m for m in messages[:i] if m.role == "system"] + list(messages[i:])
+                text = self._jinja(candidate, tools)
+                if not fits(text):
+                    break
+                best = text
+            return best
+        except TemplateError as e:
+            raise PromptError(str(e), 500) from None
+
+    def _jinja(self, messages: Sequence[Message], tools: Sequence[Tool]) -> str:
+        assert self.jinja is not None
+        return self.jinja.render(messages, add_generation_prompt=True, bos_token=self.facts.bos_token,
+                                 eos_token=self.facts.eos_token, tools=list(tools) or None)
+
+    def add_bos_for(self, prompt: str) -> bool | None:
+        """Whether the engine should add BOS: not when the template already wrote it (Jinja templates
+        usually start with ``{{ bos_token }}``); otherwise the tokenizer's own setting."""
+        bos = self.facts.bos_token
+        if bos and prompt.startswith(bos):
+            return False
+        return None
+
+
+def _parse(text: str) -> GoTemplate:
+    try:
+        return parse_template(text)
+    except TemplateError as e:
+        raise PromptError(f"template error: {e}", 400) from None
+
+
+def chat_messages(model: StoredModel, request_messages: Sequence[Message]) -> list[Message]:
+    """Ollama's ChatHandler: the model's MESSAGE layers, then the request's; the model's SYSTEM first
+    unless the request begins with its own system message."""
+    msgs = [Message.from_dict(m) for m in model.messages] + list(request_messages)
+    if model.system and not (request_messages and request_messages[0].role == "system"):
+        msgs.insert(0, Message("system", model.system))
+    return msgs
+
+
+class PromptCache:
+    """ModelPrompting per model (keyed by manifest digest, so a re-created model is re-read)."""
+
+    def __init__(self, max_entries: int = 32):
+        self._lock = threading.Lock()
+        self._entries: dict[str, ModelPrompting] = {}
+        self._max = max_entries
+
+    def get(self, model: StoredModel) -> ModelPrompting:
+        with self._lock:
+            hit = self._entries.get(model.digest)
+        if hit is not None:
+            return hit
+        built = ModelPrompting(model)
+        with self._lock:
+            if len(self._entries) >= self._max:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[model.digest] = built
+        return built
+

@@ -1,0 +1,429 @@
+"""Engines per model: load on first use, serialise requests, keep alive, unload, restart after a crash.
+
+One engine process serves one model (target and drafter together). A *slot* exists per model weights
+pair (copies of a model share one engine, as Ollama keys runners by model path) and holds:
+
+* an asyncio.Lock that serialises requests on that engine (the engine runs one generation at a time),
+* the number of requests waiting for that lock, bounded by ``max_queue`` (503 beyond it),
+* the running engine, if any, with the LoadSpec it was built from and when it expires.
+
+Every blocking EngineClient call runs in a worker thread so the event loop never blocks. A generation
+runs in its own thread (`GenerationStream`) that feeds the event loop through a queue; the lock is
+released from that thread's completion, so a client that went away can never leave the engine busy
+while the next request starts writing to its pipe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any, AsyncIterator, Callable, Protocol
+
+import anyio
+
+from blobs.model import StoredModel
+from engine.api import (
+    EngineCrashedError,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    ModelFacts,
+    TokenChunk,
+)
+
+from .settings import FOREVER, Settings
+
+log = logging.getLogger("tandem.scheduler")
+
+MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+# Go's time.Duration(math.MaxInt64): what Ollama adds to now for a model kept forever.
+_FOREVER_DELTA = timedelta(microseconds=(2**63 - 1) // 1000)
+
+
+class QueueFullError(Exception):
+    status = 503
+
+    def __init__(self) -> None:
+        super().__init__(MAX_QUEUE_MESSAGE)
+
+
+class Engine(Protocol):
+    """What the scheduler needs of an engine handle (engine.client.EngineClient; fakes in tests)."""
+
+    pid: int | None
+
+    def load(self, spec: LoadSpec, timeout: float | None = None) -> ModelFacts: ...
+    def generate(self, req: GenerateRequest) -> Any: ...
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]: ...
+    def detokenize(self, ids: list[int]) -> str: ...
+    def cancel(self) -> None: ...
+    def alive(self) -> bool: ...
+    def close(self, timeout: float = 5.0) -> None: ...
+    def kill(self) -> None: ...
+
+
+def _default_engine_factory() -> Engine:
+    from engine.client import EngineClient
+
+    return EngineClient()
+
+
+@dataclass
+class Runner:
+    """A loaded model: its engine process and what it was loaded with."""
+
+    name: str  # display name of the model that loaded it
+    model: StoredModel
+    spec: LoadSpec
+    engine: Engine
+    facts: ModelFacts
+    loaded_at: float
+    load_seconds: float
+    keep_alive: float  # seconds; FOREVER = never expires
+    expires_at: datetime
+
+
+@dataclass
+class Slot:
+    key: tuple[str, str | None]
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    waiting: int = 0
+    runner: Runner | None = None
+    timer: asyncio.TimerHandle | None = None
+    loading: bool = False
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
+def expiry(keep_alive: float, now: datetime | None = None) -> datetime:
+    now = now or datetime.now(timezone.utc)
+    if math.isinf(keep_alive):
+        return now + _FOREVER_DELTA
+    return now + timedelta(seconds=keep_alive)
+
+
+def model_key(model: StoredModel) -> tuple[str, str | None]:
+    return (str(model.model_path), str(model.draft_path) if model.draft_path else None)
+
+
+class Lease:
+    """Exclusive use of a loaded engine for one request. Release exactly once (idempotent)."""
+
+    def __init__(self, scheduler: "Scheduler", slot: Slot, runner: Runner, keep_alive: float, load_seconds: float):
+        self._scheduler = scheduler
+        self.slot = slot
+        self.runner = runner
+        self.keep_alive = keep_alive
+        self.load_seconds = load_seconds  # time from the request to a ready engine (queue wait + load)
+        self._released = False
+        self.crashed = False
+
+    @property
+    def engine(self) -> Engine:
+        return self.runner.engine
+
+    def release(self) -> None:
+        """Give the engine back (call on the event loop). Applies keep_alive; a crashed engine is dropped."""
+        if self._released:
+            return
+        self._released = True
+        self._scheduler._release(self)
+
+
+class Scheduler:
+    def __init__(self, settings: Settings, engine_factory: Callable[[], Engine] | None = None):
+        self.settings = settings
+        self._engine_factory = engine_factory or _default_engine_factory
+        self._slots: dict[tuple[str, str | None], Slot] = {}
+        self._closing = False
+        # Background unloads (keep_alive 0, expiry); kept so they are not garbage-collected mid-flight.
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- acquiring ------------------------------------------------------------------------------
+    def load_spec(self, model: StoredModel, load_options: dict[str, Any]) -> LoadSpec:
+        """The LoadSpec for a request. ``load_options`` holds only load-time options that the model's
+        parameters or the request set explicitly; num_ctx defaults to the server's context length and
+        is capped at the model's trained context length, as Ollama does."""
+        trained = int(model.config.get("context_length") or 0)
+        num_ctx = int(load_options.get("num_ctx") or 0)
+        if num_ctx <= 0:
+            num_ctx = self.settings.context_length
+            if trained:
+                num_ctx = min(num_ctx, trained)
+        elif trained and num_ctx > trained:
+            log.warning("requested context size too large for model: num_ctx=%d n_ctx_train=%d", num_ctx, trained)
+            num_ctx = trained
+        num_thread = int(load_options.get("num_thread") or self.settings.num_thread or 0)
+        assert model.model_path is not None
+        return LoadSpec(
+            model_path=str(model.model_path),
+            draft_path=str(model.draft_path) if model.draft_path else None,
+            num_ctx=max(num_ctx, 1),
+            num_thread=max(num_thread, 0),
+        )
+
+    async def acquire(self, model: StoredModel, load_options: dict[str, Any], keep_alive: float) -> Lease:
+        """Wait for the model's engine (loading or reloading it as needed). Raises QueueFullError when
+        too many requests already wait, or the engine's error when it cannot load."""
+        started = time.monotonic()
+        key = model_key(model)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = Slot(key)
+        if slot.lock.locked() and slot.waiting >= self.settings.max_queue:
+            raise QueueFullError()
+        slot.waiting += 1
+        try:
+            await slot.lock.acquire()
+        finally:
+            slot.waiting -= 1
+        try:
+            slot.cancel_timer()
+            spec = self.load_spec(model, load_options)
+            runner = slot.runner
+            if runner is not None and (not runner.engine.alive() or runner.spec != spec):
+                why = "engine exited" if not runner.engine.alive() else "load options changed"
+                log.info("reloading %s (%s)", runner.name, why)
+                slot.runner = None
+                await anyio.to_thread.run_sync(_stop_engine, runner.engine)
+                runner = None
+            if runner is None:
+                runner = await self._load(slot, model, spec, keep_alive)
+            runner.keep_alive = keep_alive
+            runner.expires_at = expiry(keep_alive)
+            return Lease(self, slot, runner, keep_alive, time.monotonic() - started)
+        except BaseException:
+            slot.lock.release()
+            raise
+
+    async def _load(self, slot: Slot, model: StoredModel, spec: LoadSpec, keep_alive: float) -> Runner:
+        t0 = time.monotonic()
+        slot.loading = True
+        engine: Engine | None = None
+
+        def start_and_load() -> tuple[Engine, ModelFacts]:
+            nonlocal engine
+            engine = self._engine_factory()
+            timeout = None if math.isinf(self.settings.load_timeout) else self.settings.load_timeout
+            return engine, engine.load(spec, timeout=timeout)
+
+        try:
+            engine, facts = await anyio.to_thread.run_sync(start_and_load)
+        except BaseException as e:
+            if engine is not None:
+                await anyio.to_thread.run_sync(_stop_engine, engine)
+            if isinstance(e, EngineError):
+                log.error("loading %s failed: %s", model.name.display(), e)
+            raise
+        finally:
+            slot.loading = False
+        seconds = time.monotonic() - t0
+        draft = f" + draft {facts.draft_architecture}" if facts.draft_architecture else ""
+        log.info("loaded %s (%s%s) on %s in %.2fs: num_ctx=%d, %s, engine pid %s", model.name.display(),
+                 facts.architecture, draft, facts.device, seconds, spec.num_ctx, facts.weight_format, engine.pid)
+        slot.runner = Runner(name=model.name.display(), model=model, spec=spec, engine=engine, facts=facts,
+                             loaded_at=time.time(), load_seconds=seconds, keep_alive=keep_alive,
+                             expires_at=expiry(keep_alive))
+        return slot.runner
+
+    # -- releasing ----------------------------------------------------------------------------
+    def _release(self, lease: Lease) -> None:
+        slot, runner = lease.slot, lease.runner
+        if slot.runner is not runner:  # unloaded or replaced meanwhile
+            slot.lock.release()
+            return
+        if lease.crashed or not runner.engine.alive():
+            slot.runner = None
+            log.warning("engine of %s (pid %s) died; the next request starts a new one", runner.name, runner.engine.pid)
+            self._spawn(self._stop_and_unlock(slot, runner.engine))
+            return
+        if lease.keep_alive <= 0 or self._closing:
+            slot.runner = None
+            log.info("unloading %s (keep_alive 0)", runner.name)
+            # The lock is handed to the stop: a following request must not load a second copy beside
+            # the one still shutting down.
+            self._spawn(self._stop_and_unlock(slot, runner.engine))
+            return
+        runner.expires_at = expiry(lease.keep_alive)
+        if not math.isinf(lease.keep_alive):
+            loop = asyncio.get_running_loop()
+            slot.timer = loop.call_later(lease.keep_alive, lambda: self._spawn(self._expire(slot, runner)))
+        slot.lock.release()
+
+    async def _stop_and_unlock(self, slot: Slot, engine: Engine) -> None:
+        try:
+            await anyio.to_thread.run_sync(_stop_engine, engine)
+        finally:
+            slot.lock.release()
+
+    async def _expire(self, slot: Slot, runner: Runner) -> None:
+        slot.timer = None
+        if slot.runner is not runner or slot.waiting or slot.lock.locked():
+            return
+        async with slot.lock:
+            if slot.runner is not runner or slot.waiting:
+                return
+            if runner.expires_at > datetime.now(timezone.utc) + timedelta(milliseconds=50):
+                return
+            slot.runner = None
+            log.info("unloading %s (keep_alive expired)", runner.name)
+            await anyio.to_thread.run_sync(_stop_engine, runner.engine)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- management ---------------------------------------------------------------------------
+    async def unload(self, model: StoredModel) -> bool:
+        """Unload a model now (after its in-flight request). True when it was loaded."""
+        slot = self._slots.get(model_key(model))
+        if slot is None or slot.runner is None:
+            return False
+        async with slot.lock:
+            slot.cancel_timer()
+            runner, slot.runner = slot.runner, None
+            if runner is None:
+                return False
+            log.info("unloading %s (requested)", runner.name)
+            await anyio.to_thread.run_sync(_stop_engine, runner.engine)
+            return True
+
+    def loaded(self) -> list[Runner]:
+        """Loaded engines that are still alive, longest remaining keep_alive first (as /api/ps sorts)."""
+        runners = [s.runner for s in self._slots.values() if s.runner is not None and s.runner.engine.alive()]
+        return sorted(runners, key=lambda r: r.expires_at, reverse=True)
+
+    def runner_for(self, model: StoredModel) -> Runner | None:
+        slot = self._slots.get(model_key(model))
+        return slot.runner if slot else None
+
+    async def shutdown(self) -> None:
+        self._closing = True
+        for slot in self._slots.values():
+            slot.cancel_timer()
+        engines = [s.runner.engine for s in self._slots.values() if s.runner is not None]
+        for s in self._slots.values():
+            s.runner = None
+        for engine in engines:
+            await anyio.to_thread.run_sync(_stop_engine, engine)
+        for task in list(self._tasks):
+            try:
+                await asyncio.wait_for(task, 10)
+            except (asyncio.TimeoutError, Exception):
+                pass
+
+
+def _stop_engine(engine: Engine) -> None:
+    try:
+        engine.close()
+    except Exception:  # a dead or wedged engine: make sure the process is gone
+        try:
+            engine.kill()
+        except Exception:
+            pass
+
+
+async def _stop_engine_async(engine: Engine) -> None:
+    await anyio.to_thread.run_sync(_stop_engine, engine)
+
+
+# --- generation --------------------------------------------------------------------------------
+
+_END = object()
+
+
+class GenerationStream:
+    """One generation on a leased engine, run in a thread, consumed with ``async for``.
+
+    Yields TokenChunk items, then one GenerateResult; an engine failure is raised from the iteration.
+    ``cancel()`` (client gone) stops the engine at its next round; the lease is released when the
+    worker thread has fully drained the engine, never earlier.
+    """
+
+    def __init__(self, lease: Lease, request: GenerateRequest):
+        self.lease = lease
+        self.request = request
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self._started = False
+        self.finished = asyncio.Event()
+
+    def start(self) -> None:
+        if self._started or self._cancelled.is_set():
+            return
+        self._started = True
+        threading.Thread(target=self._work, name="tandem-generate", daemon=True).start()
+
+    def _post(self, item: Any) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:  # the event loop is gone (server shutting down)
+            pass
+
+    def _work(self) -> None:
+        engine = self.lease.engine
+        try:
+            if self._cancelled.is_set():
+                return
+            it = engine.generate(self.request)
+            try:
+                for item in it:
+                    self._post(item)
+                    if self._cancelled.is_set():
+                        break
+            finally:
+                close = getattr(it, "close", None)
+                if close is not None:
+                    close()  # cancels and drains an unfinished generation
+        except EngineCrashedError as e:
+            self.lease.crashed = True
+            self._post(e)
+        except BaseException as e:  # reported to the consumer; the engine keeps serving
+            if not engine.alive():
+                self.lease.crashed = True
+            self._post(e)
+        finally:
+            self._post(_END)
+            try:
+                self._loop.call_soon_threadsafe(self._done)
+            except RuntimeError:
+                pass
+
+    def _done(self) -> None:
+        self.lease.release()
+        self.finished.set()
+
+    def cancel(self) -> None:
+        """Stop the generation (safe to call more than once, from the event loop)."""
+        if self._cancelled.is_set():
+            return
+        self._cancelled.set()
+        if not self._started:
+            self.lease.release()
+            self.finished.set()
+            return
+        try:
+            self.lease.engine.cancel()
+        except Exception:
+            pass
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk | GenerateResult]:
+        self.start()
+        while True:
+            item = await self._queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item

@@ -1,0 +1,278 @@
+"""Server settings from the environment, parsed the way Ollama's envconfig parses its OLLAMA_* twins.
+
+| variable               | Ollama twin             | default                 |
+|------------------------|-------------------------|-------------------------|
+| TANDEM_HOST            | OLLAMA_HOST             | 127.0.0.1:11434 (http)  |
+| TANDEM_MODELS          | OLLAMA_MODELS           | ~/.tandem/models        |
+| TANDEM_KEEP_ALIVE      | OLLAMA_KEEP_ALIVE       | 5m                      |
+| TANDEM_MAX_QUEUE       | OLLAMA_MAX_QUEUE        | 512                     |
+| TANDEM_ORIGINS         | OLLAMA_ORIGINS          | (none beyond the local) |
+| TANDEM_NOPRUNE         | OLLAMA_NOPRUNE          | false                   |
+| TANDEM_CONTEXT_LENGTH  | OLLAMA_CONTEXT_LENGTH   | 4096                    |
+| TANDEM_DEBUG           | OLLAMA_DEBUG            | false                   |
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+from blobs import default_models_root
+
+DEFAULT_PORT = 11434
+DEFAULT_KEEP_ALIVE = 300.0  # seconds (Ollama's 5m)
+DEFAULT_MAX_QUEUE = 512
+DEFAULT_CONTEXT_LENGTH = 4096
+FOREVER: float = math.inf  # keep_alive that never expires (Ollama: time.Duration(math.MaxInt64))
+
+
+def env_value(env: Mapping[str, str], key: str) -> str:
+    """Ollama's envconfig.Var: trimmed of spaces, then of surrounding quotes."""
+    return env.get(key, "").strip().strip("\"'")
+
+
+def env_bool(env: Mapping[str, str], key: str) -> bool:
+    """envconfig.Bool: set and not a false-ish strconv.ParseBool value counts as true."""
+    value = env_value(env, key)
+    if not value:
+        return False
+    return value not in ("0", "f", "F", "FALSE", "false", "False")
+
+
+# --- hosts ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """Where the server listens (and where clients connect)."""
+
+    scheme: str
+    host: str  # "" = every interface (Ollama's `:PORT` form)
+    port: int
+    path: str = ""
+
+    @property
+    def bind_host(self) -> str:
+        return self.host or "0.0.0.0"
+
+    @property
+    def connect_host(self) -> str:
+        """The address a local client dials: the unspecified address means this machine."""
+        if not self.host or self.host in ("0.0.0.0", "::"):
+            return "127.0.0.1"
+        return self.host
+
+    def url(self) -> str:
+        host = self.connect_host
+        if ":" in host:  # IPv6 literal
+            host = f"[{host}]"
+        return f"{self.scheme}://{host}:{self.port}" + (f"/{self.path}" if self.path else "")
+
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+def _split_host_port(hostport: str) -> tuple[str, str] | None:
+    """Go's net.SplitHostPort: requires a port; IPv6 literals in brackets."""
+    if hostport.startswith("["):
+        end = hostport.find("]")
+        if end < 0 or not hostport[end + 1:].startswith(":"):
+            return None
+        return hostport[1:end], hostport[end + 2:]
+    if hostport.count(":") != 1:
+        return None
+    host, port = hostport.split(":")
+    return host, port
+
+
+def parse_host(value: str | None) -> HostSpec:
+    """envconfig.Host(): optional scheme, default port 11434 (80/443 for an explicit http/https scheme)."""
+    s = (value or "").strip().strip("\"'")
+    default_port = str(DEFAULT_PORT)
+    scheme, sep, hostport = s.partition("://")
+    if not sep:
+        scheme, hostport = "http", s
+        if s == "ollama.com":
+            scheme, hostport = "https", "ollama.com:443"
+    elif scheme == "http":
+        default_port = "80"
+    elif scheme == "https":
+        default_port = "443"
+    hostport, _, path = hostport.partition("/")
+    split = _split_host_port(hostport)
+    if split is None:
+        host, port = "127.0.0.1", default_port
+        stripped = hostport.strip("[]")
+        try:
+            host = str(ipaddress.ip_address(stripped))
+        except ValueError:
+            if hostport:
+                host = hostport
+    else:
+        host, port = split
+    try:
+        n = int(port)
+        if not 0 <= n <= 65535:
+            raise ValueError
+    except ValueError:
+        n = int(default_port)
+    return HostSpec(scheme=scheme, host=host, port=n, path=path.rstrip("/"))
+
+
+# --- durations ------------------------------------------------------------------------------
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"([0-9]*(?:\.[0-9]*)?)(ns|us|µs|μs|ms|s|m|h)")
+
+
+class DurationError(ValueError):
+    pass
+
+
+def parse_go_duration(s: str) -> float:
+    """Go's time.ParseDuration, in seconds: `300ms`, `-1.5h`, `2h45m`, `0`. Raises with Go's message."""
+    orig = s
+    if s in ("0", "+0", "-0"):
+        return 0.0
+    if not s:
+        raise DurationError(f'time: invalid duration "{orig}"')
+    sign = 1.0
+    if s[0] in "+-":
+        sign = -1.0 if s[0] == "-" else 1.0
+        s = s[1:]
+    if not s:
+        raise DurationError(f'time: invalid duration "{orig}"')
+    total = 0.0
+    pos = 0
+    while pos < len(s):
+        m = _DURATION_PART.match(s, pos)
+        if m is None or m.group(1) in ("", "."):
+            # Distinguish Go's two messages: digits without a unit vs. garbage.
+            rest = s[pos:]
+            if re.fullmatch(r"[0-9.]+", rest):
+                raise DurationError(f'time: missing unit in duration "{orig}"')
+            unit = re.match(r"[0-9.]*([^0-9.]+)", rest)
+            if unit and re.match(r"[0-9.]+", rest) and unit.group(1)[:1].isalpha():
+                raise DurationError(f'time: unknown unit "{unit.group(1)}" in duration "{orig}"')
+            raise DurationError(f'time: invalid duration "{orig}"')
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    return sign * total
+
+
+def keep_alive_seconds(value: object, default: float) -> float:
+    """A request's `keep_alive` (api.Duration): number = seconds, string = Go duration; negative = forever.
+
+    ``None`` (absent or null) gives the server default. Raises ValueError with the decoder's message.
+    """
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        raise ValueError("Unsupported type: 'bool'")
+    if isinstance(value, (int, float)):
+        return FOREVER if value < 0 else float(value)
+    if isinstance(value, str):
+        seconds = parse_go_duration(value)
+        return FOREVER if seconds < 0 else seconds
+    raise ValueError(f"Unsupported type: '{_go_type_name(value)}'")
+
+
+def _go_type_name(value: object) -> str:
+    if isinstance(value, list):
+        return "[]interface {}"
+    if isinstance(value, dict):
+        return "map[string]interface {}"
+    return type(value).__name__
+
+
+def env_keep_alive(env: Mapping[str, str]) -> float:
+    """envconfig.KeepAlive(): Go duration, else integer seconds, else 5m; negative = forever."""
+    s = env_value(env, "TANDEM_KEEP_ALIVE")
+    seconds = DEFAULT_KEEP_ALIVE
+    if s:
+        try:
+            seconds = parse_go_duration(s)
+        except DurationError:
+            try:
+                seconds = float(int(s))
+            except ValueError:
+                pass
+    return FOREVER if seconds < 0 else seconds
+
+
+def _env_uint(env: Mapping[str, str], key: str, default: int) -> int:
+    s = env_value(env, key)
+    if not s:
+        return default
+    try:
+        n = int(s)
+    except ValueError:
+        return default
+    return n if n >= 0 else default
+
+
+# --- CORS origins -------------------------------------------------------------------------
+
+
+def allowed_origins(env: Mapping[str, str]) -> list[str]:
+    """envconfig.AllowedOrigins(): TANDEM_ORIGINS first, then the local and app origins."""
+    s = env_value(env, "TANDEM_ORIGINS")
+    origins = [o.strip() for o in s.split(",")] if s else []
+    for host in ("localhost", "127.0.0.1", "0.0.0.0"):
+        origins += [f"http://{host}", f"https://{host}", f"http://{host}:*", f"https://{host}:*"]
+    origins += ["app://*", "file://*", "tauri://*", "vscode-webview://*", "vscode-file://*"]
+    return [o for o in origins if o]
+
+
+@dataclass
+class Settings:
+    host: HostSpec = field(default_factory=lambda: parse_host(None))
+    models: Path = field(default_factory=default_models_root)
+    keep_alive: float = DEFAULT_KEEP_ALIVE  # seconds; math.inf = forever; 0 = unload after each request
+    max_queue: int = DEFAULT_MAX_QUEUE  # waiting requests per model before 503
+    origins: list[str] = field(default_factory=lambda: allowed_origins({}))
+    noprune: bool = False
+    context_length: int = DEFAULT_CONTEXT_LENGTH  # num_ctx when neither model nor request sets it
+    debug: bool = False
+    load_timeout: float = 300.0  # seconds an engine may take to load (OLLAMA_LOAD_TIMEOUT)
+    num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if env is None else env
+        models = env_value(env, "TANDEM_MODELS")
+        ctx = _env_uint(env, "TANDEM_CONTEXT_LENGTH", 0) or DEFAULT_CONTEXT_LENGTH
+        load_timeout = DEFAULT_KEEP_ALIVE
+        lt = env_value(env, "TANDEM_LOAD_TIMEOUT")
+        if lt:
+            try:
+                load_timeout = parse_go_duration(lt)
+            except DurationError:
+                try:
+                    load_timeout = float(int(lt))
+                except ValueError:
+                    pass
+        if load_timeout <= 0:
+            load_timeout = FOREVER
+        return cls(
+            host=parse_host(env_value(env, "TANDEM_HOST")),
+            models=Path(models) if models else default_models_root(),
+            keep_alive=env_keep_alive(env),
+            max_queue=_env_uint(env, "TANDEM_MAX_QUEUE", DEFAULT_MAX_QUEUE),
+            origins=allowed_origins(env),
+            noprune=env_bool(env, "TANDEM_NOPRUNE"),
+            context_length=ctx,
+            debug=env_bool(env, "TANDEM_DEBUG"),
+            load_timeout=load_timeout,
+            num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
+        )
