@@ -129,13 +129,17 @@ class EngineClient:
             self._lock.release()
 
     def close(self, timeout: float = 5.0) -> None:
-        if self._proc.is_alive():
+        """Ask the engine to exit; kill it if it does not within ``timeout``. A generation in
+        progress is cancelled first, so closing never waits for it to run to completion."""
+        self._cancel.set()
+        if self._proc.is_alive() and self._lock.acquire(timeout=timeout):
             try:
-                with self._lock:
-                    self._conn.send(("exit",))
-                    self._conn.poll(timeout)
+                self._conn.send(("exit",))
+                self._conn.poll(timeout)
             except (BrokenPipeError, OSError, EOFError):
                 pass
+            finally:
+                self._lock.release()
             self._proc.join(timeout)
         if self._proc.is_alive():
             self._proc.kill()

@@ -188,14 +188,12 @@ class DecodeLoop:
     def _evaluate(self, log: list[int]) -> tuple[int, _Committed]:
         """Make the cache hold ``log`` (reusing its longest common prefix), sample the next token."""
         self.log = log
+        drafting_before = self.times.drafting  # evaluation time is prompt (or shift) time, not drafting
         n = self.cache.reuse_prefix(log)  # keeps at most len(log) - 1: the last position gives logits
         if self.drafter.needs_hidden:
             n = min(n, self.drafter.prefix_limit(log))
             self.cache.truncate(n)
-        t0 = self.clock()
         self.drafter.begin(log)
-        t1 = self.clock()
-        self.times.drafting += t1 - t0
         need_hidden = self.drafter.needs_hidden
         tail = log[n:]
         hidden = []
@@ -215,6 +213,7 @@ class DecodeLoop:
         target_out = TargetOutput(n, torch.cat(hidden)) if need_hidden else None
         committed = self._commit(res, dist, [], len(log) - 1, target_out)
         self.stats.target_forwards += 1
+        self.times.drafting = drafting_before
         return n, committed
 
     # ------------------------------------------------------------------------------------------
@@ -251,7 +250,7 @@ class DecodeLoop:
         t3 = self.clock()
         committed = self._commit(res, dist, drafts, P, target_out)
         t4 = self.clock()
-        self.controller.observe(k, len(drafts), res.n_accepted, t4 - t0)
+        self.controller.observe(k, len(drafts), res.n_accepted, (t4 - t0) - prop.catchup_seconds)
 
         self.times.drafting += t1 - t0
         self.times.verify += t2 - t1

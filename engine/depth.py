@@ -8,9 +8,13 @@ the depth it actually used.
 ``AdaptiveDepth`` (docs/speculation.md, "Choosing the depth"; the seed's engine-level controller):
 
 * ``a_j``, the conditional acceptance at draft position ``j`` (given positions ``< j`` were accepted),
-  is a discounted Beta estimate: ``a_j = (prior * w + S_j) / (w + N_j)`` where ``S_j`` and ``N_j`` are
-  exponentially decayed counts of acceptances and trials at ``j``. A position the drafter did not
-  fill (n-gram miss, ``draft_p_min`` stop) counts as a rejection: it yields nothing either way.
+  is a discounted Beta estimate: ``a_j = (m_j * w + S_j) / (w + N_j)`` where ``S_j`` and ``N_j`` are
+  exponentially decayed counts of acceptances and trials at ``j``. The prior mean ``m_j`` is the
+  estimate one position shallower (``m_0 = prior``): deep positions are observed only when the
+  controller dares to draft that deep, and until then they are best guessed from their neighbour,
+  not from a fixed 0.5 whose product over 8 positions would keep a perfect drafter shallow.
+  A position the drafter did not fill (n-gram miss, ``draft_p_min`` stop) counts as a rejection:
+  it yields nothing either way.
 * ``cost(k)`` is a moving average of the measured wall time of a whole step at depth ``k``
   (drafting, the verification forward, acceptance, bookkeeping); ``cost(0)`` comes from plain steps.
   A depth never measured gets an optimistic estimate interpolated (or extrapolated with a
@@ -89,16 +93,23 @@ class AdaptiveDepth:
             self._trials.append(0.0)
 
     # -- model ---------------------------------------------------------------------------------
+    def acceptances(self, k: int) -> list[float]:
+        """Estimated P(position j accepted | positions < j accepted) for j < k (0-based)."""
+        out, mean = [], self.prior
+        for j in range(k):
+            s = self._succ[j] if j < len(self._succ) else 0.0
+            n = self._trials[j] if j < len(self._trials) else 0.0
+            mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
+            out.append(mean)
+        return out
+
     def acceptance(self, j: int) -> float:
-        """Estimated P(position j accepted | positions < j accepted), 0-based."""
-        s = self._succ[j] if j < len(self._succ) else 0.0
-        n = self._trials[j] if j < len(self._trials) else 0.0
-        return (self.prior * self.prior_weight + s) / (self.prior_weight + n)
+        return self.acceptances(j + 1)[j]
 
     def expected_committed(self, k: int) -> float:
         total, run = 1.0, 1.0
-        for j in range(k):
-            run *= self.acceptance(j)
+        for a in self.acceptances(k):
+            run *= a
             total += run
         return total
 
@@ -129,9 +140,15 @@ class AdaptiveDepth:
     def best(self, cap: int) -> int:
         """The depth in [0, cap] with the highest expected tokens per second (ties: shallower)."""
         cap = max(0, cap)
+        acc = self.acceptances(cap)
         best_k, best_v = 0, -1.0
+        expected, run = 1.0, 1.0
         for k in range(cap + 1):
-            v = self.throughput(k)
+            if k > 0:
+                run *= acc[k - 1]
+                expected += run
+            c = self.cost(k)
+            v = expected / c if c and c > 0 else 0.0
             if v > best_v * (1 + 1e-9):
                 best_k, best_v = k, v
         return best_k
@@ -160,6 +177,6 @@ class AdaptiveDepth:
         """The learned state, for logs and the benchmark's breakdown."""
         return {
             "step": self.step,
-            "acceptance": [round(self.acceptance(j), 4) for j in range(len(self._succ))],
+            "acceptance": [round(a, 4) for a in self.acceptances(len(self._succ))],
             "cost_ms": {k: round(v * 1e3, 3) for k, v in sorted(self._cost.items())},
         }

@@ -26,6 +26,7 @@ Losslessness: ``Proposal.q`` holds, per drafted token, the distribution it was a
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
@@ -45,6 +46,7 @@ __all__ = [
     "NgramDrafter",
     "MtpDrafter",
     "find_nextn_block",
+    "model_bytes",
 ]
 
 
@@ -53,6 +55,9 @@ class Proposal:
     tokens: list[int]
     q: Tensor | None = None  # [len(tokens), V] draft distributions; None = point masses
     confidences: list[float] = field(default_factory=list)  # drafter's top probability per token
+    # Seconds spent catching up on tokens committed while the drafter sat idle (plain steps). Real
+    # time, but owed by those earlier steps: the depth controller leaves it out of this round's cost.
+    catchup_seconds: float = 0.0
 
 
 EMPTY = Proposal([], None, [])
@@ -143,7 +148,7 @@ def _stack(rows: list[Tensor | None]) -> Tensor | None:
     return torch.stack(rows)
 
 
-def _model_bytes(module: torch.nn.Module) -> int:
+def model_bytes(module: torch.nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for t in list(module.parameters()) + list(module.buffers()):
@@ -193,26 +198,34 @@ class DraftModelDrafter(Drafter):
         super().commit(tokens_committed, n_total, target)
         self._sync()
 
-    def _forward_tail(self, upto: int, want_logits: bool) -> Tensor | None:
+    def _forward_tail(self, upto: int, want_logits: bool) -> Tensor | bool | None:
+        """Forward ``tokens[cache.length:upto]``; the last position's logits if asked, else True when
+        anything was forwarded, None when there was nothing to do."""
         tail = self.tokens[self.cache.length:upto]
-        logits = None
+        out = None
         for i in range(0, len(tail), self.prefill_chunk):
             part = tail[i:i + self.prefill_chunk]
             last = i + self.prefill_chunk >= len(tail)
             logits = self.model.forward(part, self.cache, logits_for="last" if (last and want_logits) else "none")
-        return logits
+            out = logits if want_logits else True
+        return out
 
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         k = min(k, self.cache.capacity - len(self.tokens) + 1)
         if k <= 0 or not self.tokens:
             return EMPTY
+        # A drafting round leaves at most two committed tokens to forward (the last draft and the
+        # bonus token); anything older was committed by plain steps and is timed apart.
+        t0 = time.perf_counter()
+        caught_up = self._forward_tail(upto=len(self.tokens) - 2, want_logits=False) is not None
+        catchup = time.perf_counter() - t0 if caught_up else 0.0
         logits = self._forward_tail(upto=len(self.tokens), want_logits=True)
         drafts: list[int] = []
         qs: list[Tensor | None] = []
         confs: list[float] = []
         for i in range(k):
             row = _fit_vocab(logits[-1:], self.vocab_size)
-            conf = _confidence(row) if ctx.p_min > 0 else 1.0
+            conf = _confidence(row)
             if conf < ctx.p_min:
                 break
             token, q = _draw(row, self.tokens + drafts, ctx)
@@ -221,14 +234,14 @@ class DraftModelDrafter(Drafter):
             confs.append(conf)
             if i + 1 < k:
                 logits = self.model.forward([token], self.cache, logits_for="last")
-        return Proposal(drafts, _stack(qs), confs)
+        return Proposal(drafts, _stack(qs), confs, catchup)
 
     def reset(self) -> None:
         super().reset()
         self.cache.reset()
 
     def memory_bytes(self) -> int:
-        return _model_bytes(self.model) + self.cache.nbytes()
+        return model_bytes(self.model) + self.cache.nbytes()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -438,7 +451,7 @@ class MtpDrafter(Drafter):
         confs: list[float] = []
         for i in range(k):
             row = _fit_vocab(self._logits(g), self.vocab_size)
-            conf = _confidence(row) if ctx.p_min > 0 else 1.0
+            conf = _confidence(row)
             if conf < ctx.p_min:
                 break
             token, q = _draw(row, self.tokens + drafts, ctx)
@@ -450,6 +463,6 @@ class MtpDrafter(Drafter):
         return Proposal(drafts, _stack(qs), confs)
 
     def memory_bytes(self) -> int:
-        own = _model_bytes(self.block) + _model_bytes(self.eh_proj) + _model_bytes(self.enorm) + \
-            _model_bytes(self.hnorm)
+        own = model_bytes(self.block) + model_bytes(self.eh_proj) + model_bytes(self.enorm) + \
+            model_bytes(self.hnorm)
         return own + self.cache.nbytes()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -72,7 +72,6 @@ class ModelConfig:
     post_norms: bool = False  # gemma: norms after attention and after the FFN, before the residual add
     embed_scale: float | None = None  # gemma: multiply embeddings by sqrt(n_embd)
     activation: str = "silu"  # 'silu' (SwiGLU) | 'gelu_tanh' (GeGLU)
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
@@ -178,9 +177,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight).to(x.dtype)
+        if x.dtype == torch.float32:  # one fused op on the hot path
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
 
 
 class RotaryEmbedding:
@@ -261,12 +260,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache, step: _Step, rope: RotaryEmbedding) -> torch.Tensor:
         n, H, Hkv, D = x.shape[0], self.n_head, self.n_head_kv, self.head_dim
-        q, k, v = self.wqkv(x).split([H * D, Hkv * D, Hkv * D], dim=-1)
-        q, k, v = q.view(n, H, D), k.view(n, Hkv, D), v.view(n, Hkv, D)
+        qkv = self.wqkv(x)
+        v = qkv[:, (H + Hkv) * D:].view(n, Hkv, D)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            qk = torch.cat((self.q_norm(qkv[:, :H * D].view(n, H, D)),
+                            self.k_norm(qkv[:, H * D:(H + Hkv) * D].view(n, Hkv, D))), dim=1)
+        else:
+            qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)
         cos, sin = step.rope[self.kind]
-        q, k = rope.apply(q, cos, sin), rope.apply(k, cos, sin)
+        q, k = rope.apply(qk, cos, sin).split([H, Hkv], dim=1)  # q and k rotated in one pass
         keys, values = cache.store(self.layer, k.transpose(0, 1), v.transpose(0, 1), step.key_start[self.kind])
         q = q.transpose(0, 1)  # [H, n, D]
         mask = step.mask[self.kind]
@@ -382,6 +384,12 @@ class Model(nn.Module):
     def device(self) -> torch.device:
         return self.norm.weight.device
 
+    def close(self) -> None:
+        """Release the GGUF mapping (the model cannot run afterwards: embeddings read from it)."""
+        f = getattr(self, "gguf", None)
+        if f is not None:
+            f.close()
+
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache on the model's device in its compute dtype (capacity defaults to the context)."""
         return KVCache.new(self.config, capacity or self.config.context_length, self.device, self.dtype)
@@ -396,12 +404,12 @@ class Model(nn.Module):
         if n == 1:  # a single query sees every key it is handed (the window is applied by key_start)
             return masks, key_start
         q = torch.arange(start, end, device=device)[:, None]
-        for kind in ("global", "local"):
-            kpos = torch.arange(key_start[kind], end, device=device)[None, :]
-            m = kpos <= q
-            if kind == "local" and cfg.sliding_window:
-                m &= kpos > q - cfg.sliding_window
-            masks[kind] = m
+        masks["global"] = torch.arange(0, end, device=device)[None, :] <= q
+        if cfg.sliding_window:
+            kpos = torch.arange(key_start["local"], end, device=device)[None, :]
+            masks["local"] = (kpos <= q) & (kpos > q - cfg.sliding_window)
+        else:
+            masks["local"] = masks["global"]
         return masks, key_start
 
     @torch.no_grad()

@@ -35,8 +35,8 @@ from engine.drafters import (
     MtpDrafter,
     NgramDrafter,
     NullDrafter,
-    _model_bytes,
     find_nextn_block,
+    model_bytes,
 )
 from engine.sampler import SamplingOptions, make_generator
 
@@ -116,8 +116,12 @@ class Engine:
         draft_arch = draft_fmt = None
         if spec.draft_path:
             df = GGUFFile(spec.draft_path)
-            _vocab_check(f.metadata.get("tokenizer.ggml.tokens"), df.metadata.get("tokenizer.ggml.tokens"),
-                         spec.draft_path)
+            try:
+                _vocab_check(f.metadata.get("tokenizer.ggml.tokens"), df.metadata.get("tokenizer.ggml.tokens"),
+                             spec.draft_path)
+            except EngineError:
+                df.close()
+                raise
             try:
                 draft = load_model(df, spec.draft_weight_format, device, role="drafter")
             except UnsupportedModelError as e:
@@ -129,7 +133,7 @@ class Engine:
         if nextn is not None:
             drafters["mtp"] = MtpDrafter(target, f, nextn, fmt, num_ctx)
 
-        memory = _model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
+        memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
         toks = tokenizer.token_strings()
 
         def name(i):
@@ -148,12 +152,17 @@ class Engine:
             eos_token=name(tokenizer.eos_id),
             add_bos=bool(tokenizer.add_bos),
         )
-        if "mtp" in drafters and "has_mtp_head" in ModelFacts.__dataclass_fields__:
-            from dataclasses import replace
-
-            facts = replace(facts, has_mtp_head=True)
         return cls(spec=spec, target=target, gguf=f, tokenizer=tokenizer, cache=cache, drafters=drafters,
                    facts=facts)
+
+    def close(self) -> None:
+        """Release the GGUF mappings (unload). The engine cannot generate afterwards."""
+        models = [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]
+        for m in models:
+            if hasattr(m, "close"):
+                m.close()
+            elif getattr(m, "gguf", None) is not None:
+                m.gguf.close()
 
     # ------------------------------------------------------------------------------------------
     # text
@@ -199,9 +208,7 @@ class Engine:
         prefix = [int(t) for t in (req.raw_tokens or [])]
         # A BOS belongs at the very start only: a `context` prefix already carries it.
         add_bos = req.add_bos if req.add_bos is not None else (None if not prefix else False)
-        tokens = prefix + (self.tokenizer.encode(req.prompt, add_bos=add_bos) if req.prompt else [])
-        if not prefix and not req.prompt and (req.add_bos or (req.add_bos is None and self.tokenizer.add_bos)):
-            tokens = [self.tokenizer.bos_id] if self.tokenizer.bos_id is not None else []
+        tokens = prefix + (self.tokenizer.encode(req.prompt, add_bos=add_bos) if req.prompt or not prefix else [])
         if len(tokens) > num_ctx:
             if not req.truncate:
                 raise ContextLengthError("the input length exceeds the context length")

@@ -235,8 +235,10 @@ def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
     app = create_app(settings=settings)
     print(f"tandem listening on {settings.host.bind_host}:{settings.host.port} (models: {settings.models})",
           file=sys.stderr)
+    # A bounded graceful shutdown: streams still open after 5s are cancelled (which cancels their
+    # engine work) instead of holding Ctrl-C hostage until a long generation ends.
     uvicorn.run(app, host=settings.host.bind_host, port=settings.host.port,
-                log_level="debug" if settings.debug else "info")
+                log_level="debug" if settings.debug else "info", timeout_graceful_shutdown=5)
 
 
 def go_duration(ns: int) -> str:
@@ -300,7 +302,7 @@ def print_stats(final: dict, out=None) -> None:
     line("mean draft depth", f"{final.get('mean_depth', 0.0):.2f}")
     by_pos = final.get("acceptance_by_position") or []
     if by_pos:
-        line("acceptance by position", "  ".join(f"{i + 1}: {100 * a:.1f}%" for i, a in enumerate(by_pos)))
+        line("position acceptance", "  ".join(f"{i + 1}: {100 * a:.1f}%" for i, a in enumerate(by_pos)))
 
 
 def _ensure_model(client: Client, name: str) -> dict:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from blobs import (
     BlobsError,
@@ -393,16 +393,16 @@ def check_logprobs(top: int) -> None:
         raise ApiError(400, "top_logprobs must be between 0 and 20")
 
 
-def decode_images(name: str, images: list[str]) -> list[bytes]:
-    if not images:
-        return []
-    out = []
+def decode_images(name: str, images: list[str]) -> None:
+    """Images need a vision model; tandem runs text models only, so any image is refused (after the
+    base64 check Go's decoder would have made)."""
     for img in images:
         try:
-            out.append(base64.b64decode(img, validate=True))
+            base64.b64decode(img, validate=True)
         except (ValueError, TypeError):
             raise ApiError(400, "illegal base64 data in images") from None
-    raise ApiError(400, f'"{name}" does not support vision')
+    if images:
+        raise ApiError(400, f'"{name}" does not support vision')
 
 
 # =============================================================================================
@@ -452,18 +452,14 @@ class Generation:
         self.stream: GenerationStream | None = None
         self.result: GenerateResult | None = None
         self._watch: asyncio.Task | None = None
+        self._gone = asyncio.Event()
         self.client_gone = False
 
     async def open(self, build: Callable[[Lease], Awaitable[EngineRequest]]) -> None:
         """Lease the model's engine (loading it if needed) and prepare the engine request."""
         self._start_watch()
         try:
-            try:
-                self.lease = await self.ctx.scheduler.acquire(self.model, self.load, self.keep_alive)
-            except QueueFullError as e:
-                raise ApiError(503, str(e)) from None
-            except EngineError as e:
-                raise ApiError(e.status, str(e)) from None
+            self.lease = await self._acquire()
             try:
                 engine_req = await build(self.lease)
             except BaseException:
@@ -476,14 +472,47 @@ class Generation:
             self._stop_watch()
             raise
 
+    async def load_only(self) -> None:
+        """An empty prompt: load the model (applying keep_alive) and generate nothing."""
+        self._start_watch()
+        try:
+            (await self._acquire()).release()
+        finally:
+            self._stop_watch()
+
+    async def _acquire(self) -> Lease:
+        """The scheduler's lease, given up if the client leaves while the request waits in the queue."""
+        acquire = asyncio.ensure_future(self.ctx.scheduler.acquire(self.model, self.load, self.keep_alive))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            try:
+                (await acquire).release()  # it may have completed meanwhile
+            except BaseException:
+                pass
+            log.info("%s %s: client disconnected while waiting for the model", self.endpoint, self.name)
+            raise ApiError(499, "request canceled")
+        try:
+            return acquire.result()
+        except QueueFullError as e:
+            raise ApiError(503, str(e)) from None
+        except EngineError as e:
+            raise ApiError(e.status, str(e)) from None
+
     def _start_watch(self) -> None:
         receive = self.request.receive
+        self._gone = asyncio.Event()
 
         async def watch() -> None:
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     self.client_gone = True
+                    self._gone.set()
                     if self.stream is not None and self.result is None:
                         log.info("%s %s: client disconnected, cancelling the generation", self.endpoint, self.name)
                         self.stream.cancel()
@@ -504,6 +533,8 @@ class Generation:
                     self.result = item
                     self._finished(item)
                 yield item
+            if self.result is None:  # the stream ended early: cancelled
+                raise ApiError(499, "request canceled")
         except EngineCrashedError as e:
             log.error("%s %s: %s", self.endpoint, self.name, e)
             raise ApiError(500, str(e)) from None
@@ -691,10 +722,7 @@ async def generate(request: Request) -> Response:
     gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0,
                      load_options(model, req.options))
     if not req.prompt:  # load only
-        await gen.open(_no_request)
-        assert gen.lease is not None
-        gen.lease.release()
-        gen._stop_watch()
+        await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
                               "done_reason": "load"})
 
@@ -735,10 +763,6 @@ async def generate(request: Request) -> Response:
         return _reorder(final, ["model", "created_at", "response", "logprobs", "done"])
 
     return await stream_or_collect(chunks(), req.stream, merge)
-
-
-async def _no_request(lease: Lease) -> EngineRequest:
-    return EngineRequest(prompt="")
 
 
 def _reorder(obj: dict[str, Any], first: list[str]) -> dict[str, Any]:
@@ -824,10 +848,7 @@ async def chat(request: Request) -> Response:
     gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0,
                      load_options(model, req.options))
     if not messages:  # load only
-        await gen.open(_no_request)
-        assert gen.lease is not None
-        gen.lease.release()
-        gen._stop_watch()
+        await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
 
@@ -1130,6 +1151,11 @@ async def ps(request: Request) -> Response:
                        "draft_weight_format": facts.draft_weight_format},
         })
     return json_response({"models": models})
+
+
+@router.post("/api/push")
+async def push(request: Request) -> Response:
+    raise ApiError(400, "pushing models is not supported by tandem; share the GGUF files or the models directory")
 
 
 @router.get("/api/version")

@@ -63,11 +63,6 @@ def _error_event(e: ApiError) -> dict[str, Any]:
 
 
 @dataclass
-class StreamOptions:
-    include_usage: bool = jfield("bool", False)
-
-
-@dataclass
 class ChatCompletionRequest:
     """POST /v1/chat/completions (the fields Ollama reads)."""
 

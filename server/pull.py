@@ -194,8 +194,9 @@ def pull_model(store: Any, value: str, progress: Progress) -> ModelName:
     status = f"pulling {sha[:12]}" if sha else f"pulling {Path(filename).name}"
     log.info("pulling %s: %s from hf.co/%s", target.name.display(), filename, target.repo_id)
 
-    if digest and store.has_blob(digest):
+    if digest and store.has_blob(digest):  # already here (another tag, an earlier pull)
         progress(ProgressEvent(status, digest=digest, total=size or 0, completed=size or 0))
+        progress(ProgressEvent("verifying sha256 digest"))
     else:
         from huggingface_hub import hf_hub_download
         from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError

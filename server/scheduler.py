@@ -198,6 +198,8 @@ class Scheduler:
                 runner = None
             if runner is None:
                 runner = await self._load(slot, model, spec, keep_alive)
+            # Copies share an engine (same weights); /api/ps names it after the model that used it last.
+            runner.name, runner.model = model.name.display(), model
             runner.keep_alive = keep_alive
             runner.expires_at = expiry(keep_alive)
             return Lease(self, slot, runner, keep_alive, time.monotonic() - started)
@@ -323,10 +325,24 @@ class Scheduler:
                 pass
 
 
-def _stop_engine(engine: Engine) -> None:
+def _stop_engine(engine: Engine, timeout: float = 10.0) -> None:
+    """Stop an engine process: cancel what it runs, ask it to exit, kill it if it does not within
+    ``timeout`` (a wedged engine holding its pipe must not hang the server's shutdown)."""
     try:
-        engine.close()
-    except Exception:  # a dead or wedged engine: make sure the process is gone
+        engine.cancel()
+    except Exception:
+        pass
+
+    def close() -> None:
+        try:
+            engine.close()
+        except Exception:
+            pass
+
+    closer = threading.Thread(target=close, name="tandem-engine-close", daemon=True)
+    closer.start()
+    closer.join(timeout)
+    if closer.is_alive() or engine.alive():
         try:
             engine.kill()
         except Exception:
@@ -412,6 +428,7 @@ class GenerationStream:
         if not self._started:
             self.lease.release()
             self.finished.set()
+            self._queue.put_nowait(_END)  # a consumer still iterating ends at once
             return
         try:
             self.lease.engine.cancel()

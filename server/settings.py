@@ -10,6 +10,8 @@
 | TANDEM_NOPRUNE         | OLLAMA_NOPRUNE          | false                   |
 | TANDEM_CONTEXT_LENGTH  | OLLAMA_CONTEXT_LENGTH   | 4096                    |
 | TANDEM_DEBUG           | OLLAMA_DEBUG            | false                   |
+| TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
+| TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ DEFAULT_PORT = 11434
 DEFAULT_KEEP_ALIVE = 300.0  # seconds (Ollama's 5m)
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_CONTEXT_LENGTH = 4096
+DEFAULT_LOAD_TIMEOUT = 300.0  # seconds (Ollama's OLLAMA_LOAD_TIMEOUT 5m)
 FOREVER: float = math.inf  # keep_alive that never expires (Ollama: time.Duration(math.MaxInt64))
 
 
@@ -244,7 +247,7 @@ class Settings:
     noprune: bool = False
     context_length: int = DEFAULT_CONTEXT_LENGTH  # num_ctx when neither model nor request sets it
     debug: bool = False
-    load_timeout: float = 300.0  # seconds an engine may take to load (OLLAMA_LOAD_TIMEOUT)
+    load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds an engine may take to load; inf = no limit
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
 
     @classmethod
@@ -252,7 +255,7 @@ class Settings:
         env = os.environ if env is None else env
         models = env_value(env, "TANDEM_MODELS")
         ctx = _env_uint(env, "TANDEM_CONTEXT_LENGTH", 0) or DEFAULT_CONTEXT_LENGTH
-        load_timeout = DEFAULT_KEEP_ALIVE
+        load_timeout = DEFAULT_LOAD_TIMEOUT
         lt = env_value(env, "TANDEM_LOAD_TIMEOUT")
         if lt:
             try:

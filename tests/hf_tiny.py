@@ -32,15 +32,17 @@ class Pair:
     vocab_size: int
 
 
-def tiny_spec(arch: str, *, n_layer: int | None = None, tied: bool = True, seed: int = 0) -> TinySpec:
+def tiny_spec(arch: str, *, n_layer: int | None = None, tied: bool = True, seed: int = 0,
+              extra_metadata: dict | None = None) -> TinySpec:
     if n_layer is None:
         n_layer = 6 if arch == "gemma3" else 2  # gemma3: 6 layers = 5 sliding + 1 global
     return TinySpec(arch=arch, n_layer=n_layer, n_embd=N_EMBD, n_ff=N_FF, n_head=N_HEAD, n_head_kv=N_HEAD_KV,
                     context_length=256, rope_base=ROPE_BASE[arch], rms_eps=1e-6, tied_output=tied,
-                    sliding_window=GEMMA_WINDOW, seed=seed, name=f"tiny-{arch}")
+                    sliding_window=GEMMA_WINDOW, seed=seed, name=f"tiny-{arch}",
+                    extra_metadata=dict(extra_metadata or {}))
 
 
-def hf_config(spec: TinySpec, vocab_size: int):
+def hf_config(spec: TinySpec, vocab_size: int, **overrides):
     import transformers as tf
 
     common = dict(vocab_size=vocab_size, hidden_size=spec.n_embd, intermediate_size=spec.n_ff,
@@ -60,17 +62,18 @@ def hf_config(spec: TinySpec, vocab_size: int):
             **common, head_dim=head_dim, query_pre_attn_scalar=head_dim, sliding_window=spec.sliding_window,
             layer_types=layer_types, hidden_activation="gelu_pytorch_tanh",
             rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": spec.rope_base},
-                             "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA_LOCAL_BASE}})
+                             "sliding_attention": {"rope_type": "default", "rope_theta": GEMMA_LOCAL_BASE}},
+            **overrides)
     raise ValueError(spec.arch)
 
 
-def build_hf(spec: TinySpec, vocab_size: int) -> torch.nn.Module:
+def build_hf(spec: TinySpec, vocab_size: int, **overrides) -> torch.nn.Module:
     import transformers as tf
 
-    cfg = hf_config(spec, vocab_size)
+    cfg = hf_config(spec, vocab_size, **overrides)
     cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "gemma3": tf.Gemma3ForCausalLM}[spec.arch]
     torch.manual_seed(spec.seed)
-    model = cls._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
+    model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
     g = torch.Generator().manual_seed(spec.seed + 1)
     gemma = spec.arch == "gemma3"
     with torch.no_grad():
@@ -138,15 +141,24 @@ def to_gguf_tensors(model: torch.nn.Module, spec: TinySpec) -> dict[str, np.ndar
     return out
 
 
-def make_pair(arch: str, directory: Path, *, n_layer: int | None = None, tied: bool = True, seed: int = 0) -> Pair:
-    spec = tiny_spec(arch, n_layer=n_layer, tied=tied, seed=seed)
+def make_pair(arch: str, directory: Path, *, n_layer: int | None = None, tied: bool = True, seed: int = 0,
+              final_softcap: float | None = None, attn_softcap: float | None = None) -> Pair:
+    """``final_softcap``/``attn_softcap`` (gemma3 only): logit soft-capping, in the HF config and the GGUF."""
+    meta, overrides = {}, {}
+    if final_softcap:
+        meta[f"{arch}.final_logit_softcapping"] = float(final_softcap)
+        overrides["final_logit_softcapping"] = final_softcap
+    if attn_softcap:
+        meta[f"{arch}.attn_logit_softcapping"] = float(attn_softcap)
+        overrides["attn_logit_softcapping"] = attn_softcap
+    spec = tiny_spec(arch, n_layer=n_layer, tied=tied, seed=seed, extra_metadata=meta)
     vocab_size = len(vocab_for(spec)[0])
-    hf = build_hf(spec, vocab_size)
+    hf = build_hf(spec, vocab_size, **overrides)
     # The GGUF holds f32: round the reference's weights to f32 first so both hold exactly the same.
     with torch.no_grad():
         for p in hf.parameters():
             p.copy_(p.float().double())
-    path = Path(directory) / f"tiny-{arch}{'' if tied else '-untied'}-{seed}.gguf"
+    path = Path(directory) / f"tiny-{arch}{'' if tied else '-untied'}{'-capped' if meta else ''}-{seed}.gguf"
     write_tiny_gguf(path, spec, tensors=to_gguf_tensors(hf, spec))
     return Pair(arch, hf, path, spec, vocab_size)
 
@@ -161,7 +173,6 @@ def hf_greedy(hf: torch.nn.Module, prompt: list[int], n_new: int) -> list[int]:
         out = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                           max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False, pad_token_id=0)
     return out[0, len(prompt):].tolist()
-
 
 
 def write_variant(pair: Pair, dtype: str, directory: Path) -> Path:

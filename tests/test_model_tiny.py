@@ -165,13 +165,17 @@ def _agreement(out, ref):
     return float((out.argmax(-1) == ref.argmax(-1)).float().mean())
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "bf16-packed", "int8"])
-def test_formats_from_f32(pair, model, fmt):
-    """bf16 / int8 weights (requantized from the f32 file) against f32: top-1 >= 90 %, logits close."""
+@pytest.mark.parametrize("fmt,dtype", [("bf16", None), ("bf16-packed", None), ("int8", None),
+                                       ("bf16-packed", torch.bfloat16)])
+def test_formats_from_f32(pair, model, fmt, dtype):
+    """bf16 / int8 weights (requantized from the f32 file) against f32: top-1 >= 90 %, logits close.
+    dtype=bf16: activations and KV cache in bf16 too."""
     ids = _ids(pair, SEQ[pair.arch])
     ref = model(ids, model.new_cache(64))
-    m = load_model(pair.path, fmt=fmt)
-    out = m(ids, m.new_cache(64))
+    m = load_model(pair.path, fmt=fmt, dtype=dtype)
+    cache = m.new_cache(64)
+    assert cache.dtype == (dtype or torch.float32)
+    out = torch.cat([m(ids[:20], cache), m(ids[20:], cache)])
     assert _agreement(out, ref) >= 0.9
     assert _close(out, ref.double()) < 0.08  # gemma3 int8: 0.043 (6 layers, peaked attention)
 
@@ -240,7 +244,7 @@ def test_linear_rope_scaling_matches_hf(tmp_path):
     hf = hf_tiny.build_hf(spec, vocab)
     cfg = hf_tiny.hf_config(spec, vocab)
     cfg.rope_parameters = {"rope_type": "linear", "factor": 4.0, "rope_theta": spec.rope_base}
-    hf2 = tf.Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", torch_dtype=torch.float64)
+    hf2 = tf.Qwen2ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
     hf2.load_state_dict(hf.state_dict())
     with torch.no_grad():
         for p in hf2.parameters():
@@ -252,6 +256,35 @@ def test_linear_rope_scaling_matches_hf(tmp_path):
     assert _close(m(ids, m.new_cache(64)), hf_tiny.hf_logits(hf2.eval(), ids)) < TOL
 
 
+def test_gemma3_softcapping(tmp_path):
+    """Final logit soft-capping against transformers; gemma3 ignores attention soft-capping (as HF does)."""
+    p = hf_tiny.make_pair("gemma3", tmp_path, final_softcap=3.0, attn_softcap=5.0)
+    m = load_model(p.path, fmt="f32")
+    assert m.config.final_softcap == 3.0 and m.config.attn_softcap is None
+    ids = _ids(p, 40)
+    ref = hf_tiny.hf_logits(p.hf, ids)
+    assert float(ref.abs().max()) <= 3.0
+    assert _close(m(ids, m.new_cache(64)), ref) < TOL
+    cache = m.new_cache(64)
+    steps = torch.cat([m(ids[i:i + 3], cache) for i in range(0, 40, 3)])
+    assert _close(steps, ref) < TOL
+
+
+def test_attention_softcap_path(pair, model):
+    """The manual soft-capped attention path equals SDPA when the cap is far above every score."""
+    ids = _ids(pair, 20)
+    ref = model(ids, model.new_cache(32))
+    try:
+        for layer in model.layers:
+            layer.attn.softcap = 1e6
+        cache = model.new_cache(32)
+        out = torch.cat([model(ids[:13], cache), model(ids[13:], cache)])
+    finally:
+        for layer in model.layers:
+            layer.attn.softcap = None
+    assert _close(out, ref.double()) < 1e-5
+
+
 def test_gemma3_sliding_pattern_metadata(tmp_path):
     """A GGUF-provided period overrides the default of 6."""
     spec = hf_tiny.tiny_spec("gemma3", n_layer=4)
@@ -259,3 +292,27 @@ def test_gemma3_sliding_pattern_metadata(tmp_path):
     with GGUFFile(write_tiny_gguf(tmp_path / "g.gguf", spec)) as f:
         cfg = read_config(f)
     assert cfg.local_layers == (True, False, True, False)
+
+
+def test_llama3_rope_freqs_match_hf(tmp_path):
+    """Llama 3.x RoPE scaling: llama.cpp's converter stores per-frequency divisors as rope_freqs.weight."""
+    import transformers as tf
+
+    spec = hf_tiny.tiny_spec("llama")
+    vocab = len(hf_tiny.vocab_for(spec)[0])
+    base_hf = hf_tiny.build_hf(spec, vocab)
+    cfg = hf_tiny.hf_config(spec, vocab)
+    cfg.rope_parameters = {"rope_type": "llama3", "rope_theta": spec.rope_base, "factor": 8.0,
+                           "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32}
+    hf = tf.LlamaForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    hf.load_state_dict(base_hf.state_dict())
+    hf = hf.double().eval()
+    plain = 1.0 / (spec.rope_base ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))
+    factors = plain / hf.model.rotary_emb.inv_freq.double()
+    assert factors.max() > 1.5  # the low frequencies really are scaled
+    tensors = hf_tiny.to_gguf_tensors(hf, spec)
+    tensors["rope_freqs.weight"] = factors.float().numpy()
+    path = write_tiny_gguf(tmp_path / "llama3.gguf", spec, tensors=tensors)
+    ids = list(range(5, 45))
+    m = load_model(path, fmt="f32")
+    assert _close(m(ids, m.new_cache(64)), hf_tiny.hf_logits(hf, ids)) < TOL

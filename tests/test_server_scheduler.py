@@ -58,6 +58,7 @@ class FakeEngine:
         self.crash_after: int | None = None
         self.generated = 0
         self.cancels = 0
+        self.calls = 0
         FakeEngine.instances.append(self)
 
     def load(self, spec: LoadSpec, timeout: float | None = None) -> ModelFacts:
@@ -67,6 +68,7 @@ class FakeEngine:
                           memory_bytes=1234, bos_token="", eos_token="", add_bos=False)
 
     def generate(self, req: GenerateRequest):
+        self.calls += 1
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self._cancel.clear()
@@ -371,12 +373,63 @@ def test_queue_full_over_http(model_store: BlobStore) -> None:
             with c.stream("POST", "/api/generate", json={"model": "fake", "prompt": "hi",
                                                          "options": {"num_predict": 40}}) as first:
                 assert first.status_code == 200
-                next(first.iter_lines())
+                lines = first.iter_lines()  # keep the iterator: dropping it closes the connection
+                next(lines)
                 r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False})
                 assert r.status_code == 503
                 assert r.json() == {"error": "server busy, please try again.  maximum pending requests exceeded"}
-            # the stream was closed early: its engine work is cancelled and the model is free again
+            # the stream was closed early: its engine work is cancelled and the model is soon free again
+            deadline = time.monotonic() + 5
+            while True:
+                r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
+                                                  "options": {"num_predict": 2}})
+                if r.status_code != 503 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            assert r.status_code == 200 and r.json()["response"] == "t0 t1 "
+            assert FakeEngine.instances[0].generated < 40
+            assert FakeEngine.instances[0].cancels >= 1
+
+
+def test_startup_prunes_unused_blobs_unless_noprune(tmp_path: Path) -> None:
+    from tests.test_server_api import ServerThread
+
+    store = BlobStore(tmp_path / "models")
+    stray, _ = store.write_blob(b"nobody references this")
+    with ServerThread(store, Settings(noprune=True), engine_factory=FakeEngine):
+        pass
+    assert store.has_blob(stray)
+    with ServerThread(store, Settings(), engine_factory=FakeEngine):
+        pass
+    assert not store.has_blob(stray)
+
+
+def test_client_gone_while_queued_or_not_streaming(model_store: BlobStore) -> None:
+    from tests.test_server_api import ServerThread
+
+    FakeEngine.step = 0.05
+    with ServerThread(model_store, Settings(), engine_factory=FakeEngine) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            with c.stream("POST", "/api/generate", json={"model": "fake", "prompt": "hi",
+                                                         "options": {"num_predict": 30}}) as first:
+                lines = first.iter_lines()
+                next(lines)
+                with pytest.raises(httpx.ReadTimeout):  # gives up while queued behind the first
+                    httpx.post(srv.url + "/api/generate", timeout=0.3,
+                               json={"model": "fake", "prompt": "x", "stream": False, "options": {"num_predict": 5}})
+                rest = [line for line in lines if line]
+            assert '"done":true' in rest[-1]
+            engine = FakeEngine.instances[0]
+            time.sleep(0.3)
+            assert engine.calls == 1  # the abandoned request never reached the engine
+
+            with pytest.raises(httpx.ReadTimeout):  # stream:false, client gone mid-generation
+                httpx.post(srv.url + "/api/generate", timeout=0.5,
+                           json={"model": "fake", "prompt": "x", "stream": False, "options": {"num_predict": 200}})
+            deadline = time.monotonic() + 5
+            while engine.active and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert engine.active == 0 and engine.cancels >= 1 and engine.generated < 30 + 100
             r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
                                               "options": {"num_predict": 2}})
             assert r.status_code == 200 and r.json()["response"] == "t0 t1 "
-            assert FakeEngine.instances[0].cancels >= 1

@@ -11,7 +11,9 @@ Deviations from the shared block:
   ``gemma3.attention.sliding_window_pattern`` (a period, or a per-layer bool array: True = sliding);
   local layers use their own RoPE base (``gemma3.rope.freq_base_swa``, default 10 000) and no linear
   RoPE scaling; global layers use ``rope.freq_base`` (1e6 in released models) and the scaling if any;
-* final (and attention) logit soft-capping when the metadata has it.
+* final logit soft-capping when the metadata has it. Attention logit soft-capping is a gemma2 feature:
+  gemma3 ignores ``attn_logit_softcapping`` even if present (transformers' Gemma3Attention never
+  applies it, and neither does llama.cpp's gemma3 graph).
 """
 
 from __future__ import annotations
@@ -58,4 +60,5 @@ def read_config(f: GGUFFile) -> ModelConfig:
         local_layers=flags,
         rope_base_local=float(f.arch_key("rope.freq_base_swa", DEFAULT_LOCAL_BASE)),
         attn_scale=attn_scale,
+        attn_softcap=None,
     )

@@ -1,0 +1,249 @@
+"""Drafters (engine.drafters) and depth controllers (engine.depth) as units, plus their state invariants
+after real generations: rollback, prefix reuse, p_min, exact draft distributions, MTP pairing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.depth import AdaptiveDepth, FixedDepth
+from engine.drafters import DraftContext, DraftModelDrafter, MtpDrafter, NgramDrafter, TargetOutput, find_nextn_block
+from engine.sampler import SamplingOptions, make_generator, process
+from tests.test_speculation import GREEDY, generate, load_engine, spec_opts, write_model
+
+GREEDY_OPTS = SamplingOptions(temperature=0)
+
+
+def ctx(opts: SamplingOptions = GREEDY_OPTS, p_min: float = 0.0, seed: int = 0) -> DraftContext:
+    return DraftContext(opts, make_generator(seed, stream=1), p_min)
+
+
+# ------------------------------------------------------------------------------------------------
+# n-gram
+# ------------------------------------------------------------------------------------------------
+def test_ngram_prefers_the_longest_then_the_most_recent_match():
+    d = NgramDrafter(n_max=3)
+    #          0  1  2  3  4  5  6  7  8  9 10
+    d.begin([1, 2, 3, 9, 2, 3, 8, 7, 5, 2, 3])
+    # suffix (2, 3): earlier occurrences end at 2 (-> 9) and 5 (-> 8); the most recent wins.
+    assert d.propose(2, ctx()).tokens == [8, 7]
+    # A longer match beats a more recent shorter one: suffix (1, 2, 3) occurred at the start.
+    d.begin([1, 2, 3, 9, 2, 3, 8, 1, 2, 3])
+    assert d.propose(1, ctx()).tokens == [9]
+
+
+def test_ngram_continuation_runs_into_the_suffix_for_periodic_text():
+    d = NgramDrafter()
+    d.begin([5, 6, 7, 5, 6, 7, 5])
+    assert d.propose(7, ctx()).tokens == [6, 7, 5, 6, 7, 5, 6]
+    d.begin([4, 4])
+    assert d.propose(5, ctx()).tokens == [4, 4, 4, 4, 4]
+
+
+def test_ngram_no_match_and_incremental_index():
+    d = NgramDrafter()
+    d.begin([1, 2, 3])
+    p = d.propose(4, ctx())
+    assert p.tokens == [] and p.q is None
+    d.commit([1], 4)
+    assert d.propose(2, ctx()).tokens == [2, 3]
+    d.commit([2, 3], 6)
+    assert d.propose(3, ctx()).tokens == [1, 2, 3]
+    # A rollback (not an extension) rebuilds the index from scratch.
+    d.begin([7, 8, 7])
+    assert d.propose(1, ctx()).tokens == [8]
+    with pytest.raises(RuntimeError):
+        d.commit([1], 99)
+
+
+# ------------------------------------------------------------------------------------------------
+# draft model
+# ------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("drafters")
+    return {"target": write_model(d, "t", 0), "draft": write_model(d, "d", 0, noise=0.3),
+            "mtp": write_model(d, "m", 0, mtp="random")}
+
+
+@pytest.fixture(scope="module")
+def engine(models):
+    return load_engine(models["target"], models["draft"])
+
+
+def test_draft_model_rolls_back_to_the_committed_prefix(engine):
+    d: DraftModelDrafter = engine.drafters["model"]
+    prompt = engine.tokenize("def fib(n):")
+    d.begin(prompt)
+    assert d.cache.tokens == prompt[:-1]  # the prompt is evaluated at begin, all but the last token
+    prop = d.propose(4, ctx())
+    assert len(prop.tokens) == 4 and prop.q is None  # greedy: point masses
+    assert d.cache.tokens == prompt + prop.tokens[:3]
+    # Two drafts accepted, then a different token: the cache keeps exactly the agreed prefix.
+    run = prop.tokens[:2] + [(prop.tokens[2] + 1) % 200]
+    d.commit(run, len(prompt) + 3)
+    assert d.tokens == prompt + run
+    assert d.cache.tokens == prompt + prop.tokens[:2]
+    # Greedy drafts equal the draft model's own greedy continuation.
+    ref = engine.drafters["model"].model
+    c = ref.new_cache(64)
+    logits = ref.forward(prompt, c, logits_for="last")
+    assert int(logits.argmax()) == prop.tokens[0]
+
+
+def test_draft_model_times_catch_up_after_plain_steps_apart(engine):
+    d: DraftModelDrafter = engine.drafters["model"]
+    prompt = engine.tokenize("def fib(n):")
+    d.begin(prompt)
+    first = d.propose(3, ctx())
+    assert first.catchup_seconds == 0.0
+    d.commit(first.tokens + [7], len(prompt) + 4)  # a full acceptance: last draft + bonus to forward
+    assert d.propose(3, ctx()).catchup_seconds == 0.0
+    d.commit([5], len(d.tokens) + 1)
+    for t in (9, 10, 11, 12):  # plain steps: the drafter only hears about them
+        d.commit([t], len(d.tokens) + 1)
+    late = d.propose(3, ctx())
+    assert late.catchup_seconds > 0.0 and len(late.tokens) == 3
+    assert d.cache.tokens == d.tokens + late.tokens[:2]
+
+
+def test_draft_model_prefix_survives_across_sessions(engine):
+    d: DraftModelDrafter = engine.drafters["model"]
+    a = engine.tokenize("def fib(n): return the")
+    d.begin(a)
+    d.propose(2, ctx())
+    b = a[:5] + engine.tokenize(" other")
+    d.begin(b)
+    assert d.cache.tokens == b[:-1] and d.cache.tokens[:5] == a[:5]
+
+
+def test_draft_model_samples_from_the_q_it_reports(engine):
+    """At temperature > 0 each draft is drawn from q, and q is the drafter's filtered distribution."""
+    d: DraftModelDrafter = engine.drafters["model"]
+    opts = SamplingOptions(temperature=0.9, top_k=5, top_p=0.95)
+    prompt = engine.tokenize("def fib")
+    d.begin(prompt)
+    prop = d.propose(3, ctx(opts, seed=1))
+    assert prop.q is not None and prop.q.shape == (3, engine.facts.vocab_size)
+    assert torch.allclose(prop.q.sum(-1), torch.ones(3), atol=1e-5)
+    for i, t in enumerate(prop.tokens):
+        assert prop.q[i, t] > 0
+        assert int((prop.q[i] > 0).sum()) <= 5
+    # q_0 is exactly the pipeline applied to the draft model's logits after the prompt.
+    ref = d.model
+    logits = ref.forward(prompt, ref.new_cache(64), logits_for="last")
+    assert torch.allclose(process(logits, prompt, (), opts).probs[0], prop.q[0], atol=1e-6)
+    # Seeded: the same drafter stream gives the same drafts.
+    d.begin(prompt)
+    assert d.propose(3, ctx(opts, seed=1)).tokens == prop.tokens
+
+
+def test_draft_p_min_stops_early(engine):
+    d: DraftModelDrafter = engine.drafters["model"]
+    prompt = engine.tokenize("def fib(n): return")
+    d.begin(prompt)
+    full = d.propose(8, ctx())
+    d.begin(prompt)
+    cut = d.propose(8, ctx(p_min=0.999999))
+    assert len(full.tokens) == 8 and cut.tokens == []
+    # Drafting stops at the first position whose top probability is below p_min.
+    thr = full.confidences[0]
+    stop = next(i for i, c in enumerate(full.confidences) if c < thr)
+    d.begin(prompt)
+    mid = d.propose(8, ctx(p_min=thr))
+    assert 0 < len(mid.tokens) == stop < 8
+    assert mid.tokens == full.tokens[:stop] and mid.confidences == full.confidences[:stop]
+
+
+# ------------------------------------------------------------------------------------------------
+# MTP
+# ------------------------------------------------------------------------------------------------
+def test_find_nextn_block():
+    assert find_nextn_block(["blk.0.attn_q.weight", "blk.2.nextn.eh_proj.weight"]) == 2
+    assert find_nextn_block(["blk.0.attn_q.weight", "output.weight"]) is None
+
+
+def test_mtp_cache_equals_pairs_built_from_true_hidden_states(models):
+    """After speculative rounds (speculative pairs written, rolled back, rewritten), the head's KV
+    cache must equal the pairs computed from scratch from the target's real hidden states."""
+    engine = load_engine(models["mtp"])
+    run = generate(engine, **GREEDY, **spec_opts("mtp", 3))
+    ctx_tokens = run.result.context
+    mtp: MtpDrafter = engine.drafters["mtp"]
+    L = len(ctx_tokens)
+    assert mtp.cache.length == L - 1 == engine.cache.length
+    assert mtp.cache.tokens == ctx_tokens[1:]
+    out = engine.target.forward(ctx_tokens[:-1], engine.target.new_cache(128), logits_for="none", return_hidden=True)
+    fresh = MtpDrafter(engine.target, engine.gguf, find_nextn_block(engine.gguf.tensors), engine.facts.weight_format,
+                       128)
+    fresh.begin(ctx_tokens[:1])
+    fresh.commit(ctx_tokens[1:], L, TargetOutput(0, out.prenorm_hidden))
+    n = L - 1
+    assert torch.allclose(mtp.cache.k[:, :, :n], fresh.cache.k[:, :, :n], atol=1e-5)
+    assert torch.allclose(mtp.cache.v[:, :, :n], fresh.cache.v[:, :, :n], atol=1e-5)
+    # And so the next proposal is the same.
+    assert mtp.propose(3, ctx()).tokens == fresh.propose(3, ctx()).tokens
+
+
+def test_mtp_prefix_limit_forces_the_target_to_re_evaluate(models):
+    engine = load_engine(models["mtp"])
+    a = generate(engine, **GREEDY, **spec_opts("mtp", 3))
+    # Plain decoding does not feed the head: a later MTP request must re-evaluate what it lacks.
+    generate(engine, "different prompt", temperature=0, num_predict=5, drafter="none")
+    b = generate(engine, **GREEDY, **spec_opts("mtp", 3))
+    assert b.tokens == a.tokens
+    assert b.result.prompt_cached == 0  # the head held nothing for this prompt
+    c = generate(engine, **GREEDY, **spec_opts("mtp", 3))
+    assert c.result.prompt_cached == c.result.prompt_eval_count - 1 and c.tokens == a.tokens
+
+
+# ------------------------------------------------------------------------------------------------
+# depth controllers
+# ------------------------------------------------------------------------------------------------
+def test_fixed_depth_is_the_cap():
+    f = FixedDepth(n_min=2)
+    assert f.choose(5) == 5 and f.choose(0) == 0
+
+
+def drive(ctl: AdaptiveDepth, accept_prob: float, steps: int, cap: int = 8) -> list[int]:
+    """Simulated rounds: each drafted position is accepted with ``accept_prob`` (deterministic)."""
+    chosen = []
+    for step in range(steps):
+        k = ctl.choose(cap)
+        chosen.append(k)
+        a = 0
+        while a < k and ((step * 7 + a * 13) % 100) < accept_prob * 100:
+            a += 1
+        ctl.observe(k, k, a, 0.0)
+    return chosen
+
+
+def test_adaptive_math_and_convergence():
+    cost = lambda k, n: 1.0 + 0.1 * n  # noqa: E731
+    good = AdaptiveDepth(cost_model=cost)
+    chosen = drive(good, 1.0, 60)
+    assert chosen[0] == 0 and good.best(8) == 8 and chosen[-1] == 8
+    assert good.expected_committed(8) > 8.5
+    bad = AdaptiveDepth(cost_model=cost)
+    chosen = drive(bad, 0.0, 200)
+    assert bad.best(8) == 0
+    # Only exploration probes draft once settled: 1 step in explore_every.
+    assert sum(1 for k in chosen[100:] if k > 0) <= 100 // bad.explore_every + 1
+    # A middling drafter with an expensive verification settles in between.
+    mid = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
+    drive(mid, 0.7, 300)
+    assert 1 <= mid.best(8) <= 4
+
+
+def test_adaptive_is_deterministic_and_uses_measured_costs():
+    runs = [drive(AdaptiveDepth(cost_model=lambda k, n: 1 + 0.2 * n), 0.6, 80) for _ in range(2)]
+    assert runs[0] == runs[1]
+    ctl = AdaptiveDepth()
+    ctl.observe(0, 0, 0, 0.010)
+    ctl.observe(4, 4, 4, 0.014)
+    assert ctl.cost(0) == 0.010 and ctl.cost(4) == 0.014
+    assert ctl.cost(2) == pytest.approx(0.012)  # interpolated between measured depths
+    assert ctl.cost(6) == pytest.approx(0.016)  # extrapolated with the measured slope
+    ctl.observe(4, 4, 4, 0.024)
+    assert 0.014 < ctl.cost(4) < 0.024  # a moving average
+    assert AdaptiveDepth().choose(0) == 0
