@@ -61,7 +61,9 @@ def test_truncate_is_o1():
     c.truncate(4)
     assert c.length == 4 and c.tokens == [0, 1, 2, 3]
     assert c.k.data_ptr() == k_ptr and c.v.data_ptr() == v_ptr
-    assert torch.equal(c.k, before)  # storage untouched: truncation is only a length
+    # Storage untouched: truncation is only a length. (Only the written slots are compared: the
+    # rest is torch.empty memory, which may hold NaNs that never compare equal.)
+    assert torch.equal(c.k[:, :, :10], before[:, :, :10])
     snap = c.snapshot()
     assert snap == 4
     c.append(*_kv(2, 2, 3, 4, 5), [7, 7, 7])
