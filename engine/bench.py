@@ -45,7 +45,9 @@ import math
 import os
 import platform
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -464,6 +466,37 @@ class LlamaCppSubject:
             close()
 
 
+_LLAMA_PROBE = """
+import sys
+import llama_cpp
+llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
+                      verbose=False)
+ids = [i % llm.n_vocab() for i in range(1, 17)]
+llm.eval(ids)       # a batch (prefill / verification kernels)
+llm.eval(ids[:1])   # one token (decode kernels)
+print("ok")
+"""
+
+
+def probe_llama_cpp(path: str, threads: int, timeout: float = 600.0) -> str | None:
+    """Run llama.cpp on the model in a child process first: a build that uses instructions this CPU lacks
+    dies with SIGILL, which would take the whole benchmark down. None if it works, else why not."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    try:
+        cp = subprocess.run([sys.executable, "-c", _LLAMA_PROBE, path, str(threads)], env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"a probe run (load + 17 tokens) took over {timeout:.0f} s"
+    if cp.returncode == 0 and "ok" in cp.stdout:
+        return None
+    if cp.returncode < 0:
+        sig = signal.Signals(-cp.returncode).name
+        hint = " (the llama.cpp build uses CPU instructions this machine lacks)" if sig == "SIGILL" else ""
+        return f"a probe run on this model was killed by {sig}{hint}"
+    tail = (cp.stderr or cp.stdout).strip().splitlines()[-1:] or ["?"]
+    return f"a probe run on this model failed (exit {cp.returncode}: {tail[0][:200]})"
+
+
 # ================================================================================================
 # results
 # ================================================================================================
@@ -818,6 +851,13 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
         except Exception as e:  # noqa: BLE001 - any import failure means: no comparison
             llama_mod = None
             llama_info = {"status": f"not importable ({type(e).__name__}: {e}); comparison skipped"}
+        if llama_mod is not None:
+            llama_info["module"] = getattr(llama_mod, "__file__", None)
+            problem = probe_llama_cpp(path, settings.threads)
+            if problem is not None:
+                llama_mod = None
+                llama_info["status"] = (f"llama-cpp-python {llama_info.get('version')} is importable, but {problem}; "
+                                        "comparison skipped")
     log(f"llama.cpp: {llama_info['status']}")
 
     # --- formats: resolve 'auto' and drop duplicates
