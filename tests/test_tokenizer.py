@@ -17,7 +17,8 @@ from engine.tokenizer import (
     generate_merges,
 )
 from tests import realmodels
-from tests.tiny_gguf import TinySpec, bytes_to_unicode, write_tiny_gguf
+from engine.tokenizer import BYTE_TO_UNICODE
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 
 def _metadata(tmp_path: Path, **spec) -> dict:
@@ -117,7 +118,7 @@ def test_gpt2_special_ids_and_bos(gpt2_tok: Tokenizer):
 
 def test_gpt2_token_to_piece_uses_byte_table(gpt2_tok: Tokenizer):
     strings = gpt2_tok.token_strings()
-    for b, ch in bytes_to_unicode().items():
+    for b, ch in BYTE_TO_UNICODE.items():
         assert gpt2_tok.token_to_piece(strings.index(ch)) == bytes([b])
     assert gpt2_tok.token_to_piece(strings.index("Ġthe")) == b" the"
     with pytest.raises(IndexError):

@@ -13,23 +13,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from engine.tokenizer import BYTE_TO_UNICODE
+
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable-unicode table used by byte-level BPE vocabularies."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, (chr(c) for c in cs)))
 
 
 # A handful of merges so that common English/code pieces become single tokens.
@@ -38,7 +27,7 @@ _MERGE_WORDS = ["the", "def", "return", "in", "an", "er", "on", "re", "at", "ing
 
 def gpt2_vocab(extra_specials: tuple[str, ...] = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")) -> tuple[list[str], list[int], list[str]]:
     """tokens, token types and merges for a small byte-level BPE vocabulary."""
-    byte_map = bytes_to_unicode()
+    byte_map = BYTE_TO_UNICODE
     tokens = [byte_map[b] for b in range(256)]
     merges: list[str] = []
     seen = set(tokens)
