@@ -28,6 +28,11 @@ when it can be imported), in ONE process and ONE run:
   GGUF's 2-D tensors as stored (the embedding table as one row, unless it doubles as the output).
   The KV cache is left out (a few MB at these positions).
 
+llama.cpp is first run once in a child process on the model (load + 17 tokens): a llama-cpp-python build
+made for another CPU dies with SIGILL, and that must not take the benchmark down with it. ``RSS +MB`` is
+the growth of the process's resident memory over each load (anonymous memory in brackets; the rest is
+mapped GGUF pages).
+
 Every repetition runs every measurement for every subject, interleaved (and the subject order rotates
 each repetition), so machine drift hits them all alike; ``--warmup`` repetitions are run first and
 dropped. Tables show the median and the best (min time) with the spread (max - min) / median of the
@@ -236,8 +241,14 @@ class DecodeOutput:
 
 
 class Subject(Protocol):
+    """One engine as loaded for the benchmark (tandem in one weight format, or llama.cpp)."""
+
     label: str
-    kind: str
+    kind: str  # 'tandem' | 'llama.cpp'
+    format: str
+    load_seconds: float
+    bytes_per_token: int  # weight bytes a decode step reads (the bandwidth bound's numerator)
+    bytes_detail: dict[str, int]
 
     def prefill(self, ids: list[int]) -> float: ...
 
@@ -315,9 +326,6 @@ class TandemSubject:
         lin, row = tandem_bytes_per_token(self.model)
         self.bytes_per_token = lin + row
         self.bytes_detail = {"linear_weights": lin, "embedding_row": row}
-        cfg = self.model.config
-        self.kv_bytes_per_position = 2 * cfg.n_layer * cfg.n_head_kv * cfg.head_dim * \
-            torch.empty(0, dtype=self.model.dtype).element_size()
 
     def prefill(self, ids: list[int]) -> float:
         self.cache.truncate(0)
@@ -388,7 +396,6 @@ class LlamaCppSubject:
         lin, row = gguf_bytes_per_token(path)
         self.bytes_per_token = lin + row
         self.bytes_detail = {"gguf_2d_tensors": lin, "embedding_row": row}
-        self.kv_bytes_per_position = None
 
     def _sync(self) -> None:
         sync = getattr(self.lc, "llama_synchronize", None)
@@ -507,7 +514,7 @@ class SubjectResult:
     requested_format: str
     format: str
     load_seconds: float
-    rss_delta_mb: float | None
+    rss_delta_mb: dict[str, float]  # growth of VmRSS / RssAnon / RssFile over the load, MB
     bytes_per_token: int
     bytes_detail: dict[str, int]
     prefill: Series = field(default_factory=lambda: Series("tokens"))
@@ -653,20 +660,23 @@ class Report:
             "bound = read bandwidth / bytes per token.",
             "",
             "| subject | load s | MB/token | prefill tok/s | decode tok/s (end to end) | decode tok/s (forward only) "
-            "| spread e2e / fwd | bound tok/s | % of bound (fwd) | other procs (cores) |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| spread e2e / fwd | bound tok/s | % of bound (fwd) | RSS +MB (anon) | other procs / steal (cores) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in self.results:
             p, e, d = r.prefill.summary(), r.decode_e2e.summary(), r.decode_forward.summary()
             b = self.bound(r)
-            foreign = _median([x.foreign_cores for ser in (r.prefill, r.decode_e2e, r.decode_forward)
-                               for x in ser.samples])
+            timed = [x for ser in (r.prefill, r.decode_e2e, r.decode_forward) for x in ser.samples]
+            foreign = _median([x.foreign_cores for x in timed])
+            steal = _median([x.steal_cores for x in timed])
+            rss = r.rss_delta_mb
             lines.append(
                 f"| {r.label} | {r.load_seconds:.1f} | {r.bytes_per_token / 1e6:.1f} | "
                 f"{f(p['rate_median'], '{:.1f}')} ({f(p['rate_best'], '{:.1f}')}) | "
                 f"{f(e['rate_median'])} ({f(e['rate_best'])}) | {f(d['rate_median'])} ({f(d['rate_best'])}) | "
                 f"{f(e['spread'], '{:.0%}')} / {f(d['spread'], '{:.0%}')} | {f(b['ceiling_tok_s'], '{:.1f}')} | "
-                f"{f(b['fraction_forward'], '{:.0%}')} | {f(foreign)} |")
+                f"{f(b['fraction_forward'], '{:.0%}')} | {f(rss.get('VmRSS'), '{:.0f}')} "
+                f"({f(rss.get('RssAnon'), '{:.0f}')}) | {f(foreign)} / {f(steal)} |")
         widths = sorted({w for r in self.results for w in r.width})
         lines += ["", "## Cost of one forward by width (after the prompt, logits for every position)", "",
                   "| subject | w=1 ms (median / min) | " + " | ".join(f"w={w} / w=1" for w in widths[1:]) + " |",
@@ -719,18 +729,17 @@ class Report:
 # ================================================================================================
 def cpu_info() -> dict[str, Any]:
     flags: set[str] = set()
-    model = platform.processor() or "?"
+    model = ""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 if line.startswith("flags") and not flags:
                     flags = set(line.split(":", 1)[1].split())
-                elif line.startswith("model name") and model in ("?", ""):
-                    model = line.split(":", 1)[1].strip()
-                elif line.startswith("model name"):
+                elif line.startswith("model name") and not model:
                     model = line.split(":", 1)[1].strip()
     except OSError:
         pass
+    model = model or platform.processor() or "?"
     from engine.linear import cpu_has_amx
 
     return {
@@ -749,15 +758,22 @@ def cpu_info() -> dict[str, Any]:
     }
 
 
-def _rss_mb() -> float | None:
+def _rss_mb() -> dict[str, float]:
+    """VmRSS, RssAnon and RssFile of this process in MB (empty where /proc is missing)."""
+    out: dict[str, float] = {}
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
+                key = line.split(":", 1)[0]
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    out[key] = int(line.split()[1]) / 1024
     except OSError:
         pass
-    return None
+    return out
+
+
+def _rss_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in after if k in before}
 
 
 def _warm_page_cache(path: str) -> None:
@@ -874,7 +890,8 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
             resolved.append((fmt, r))
 
     _warm_page_cache(path)
-    subjects: list[Any] = []
+    subjects: list[Subject] = []
+    tokenizer = None
     results: dict[str, SubjectResult] = {}
     try:
         for fmt, r in resolved:
@@ -883,10 +900,11 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
             log(f"loading tandem {fmt} ({r}) ...")
             s = TandemSubject(path, fmt, n_ctx, settings.threads)
             after = _rss_mb()
+            tokenizer = tokenizer or s.engine.tokenizer
             subjects.append(s)
             log(f"  {s.label}: {s.load_seconds:.1f} s, {s.bytes_per_token / 1e6:.0f} MB read per token")
             results[s.label] = SubjectResult(s.label, s.kind, fmt, s.format, s.load_seconds,
-                                             None if before is None or after is None else after - before,
+                                             _rss_delta(before, after),
                                              s.bytes_per_token, s.bytes_detail)
         if llama_mod is not None:
             before = _rss_mb()
@@ -896,12 +914,12 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
             subjects.append(s)
             log(f"  llama.cpp: {s.load_seconds:.1f} s")
             results[s.label] = SubjectResult(s.label, s.kind, "gguf", "gguf (as stored)", s.load_seconds,
-                                             None if before is None or after is None else after - before,
+                                             _rss_delta(before, after),
                                              s.bytes_per_token, s.bytes_detail)
         if not subjects:
             raise ValueError("nothing to measure")
 
-        prompt = build_prompt(subjects[0].engine.tokenizer, settings.prefill)
+        prompt = build_prompt(tokenizer, settings.prefill)
         probe = BandwidthProbe(settings.bw_mib << 20)
         bandwidth = Bandwidth(probe.nbytes)
 
