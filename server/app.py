@@ -24,8 +24,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from blobs import BlobStore
 
 from . import native, openai_compat
+from .gojson import ApiError, json_response
 from .metrics import Metrics, MetricsMiddleware
-from .native import ApiError, json_response
 from .prompting import PromptCache
 from .scheduler import Engine, Scheduler
 from .settings import Settings

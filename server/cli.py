@@ -17,7 +17,13 @@ from typing import Callable, Sequence
 
 from blobs import BlobsError, BlobStore, ModelNotFoundError
 from blobs.model import load_stored_model
-from importer import CreateError, LocalBlobSink, ProgressEvent, create_model, request_from_modelfile
+from importer import (
+    CreateError,
+    LocalBlobSink,
+    ProgressEvent,
+    create_model,
+    request_from_modelfile,
+)
 from modelfile import ParseError, parse
 
 from .client import APIError, Client, ServerBlobSink

@@ -14,8 +14,6 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
@@ -33,10 +31,22 @@ from blobs import (
     parse_digest,
 )
 from blobs.model import StoredModel, load_stored_model
-from engine.api import EngineCrashedError, EngineError
+from engine.api import (
+    EngineCrashedError,
+    EngineError,
+    GenerateResult,
+    TokenChunk,
+    TokenLogprob,
+)
 from engine.api import GenerateRequest as EngineRequest
-from engine.api import GenerateResult, TokenChunk, TokenLogprob
-from importer import CreateError, CreateRequest, LocalBlobSink, ProgressEvent, create_model, request_from_modelfile
+from importer import (
+    CreateError,
+    CreateRequest,
+    LocalBlobSink,
+    ProgressEvent,
+    create_model,
+    request_from_modelfile,
+)
 from modelfile import (
     SPECULATION_DEFAULTS,
     SPECULATION_OPTIONS,
@@ -47,9 +57,26 @@ from modelfile import (
     resolve_options,
 )
 
-from .prompting import InsertNotSupported, Message, ModelPrompting, PromptError, Tool, chat_messages
+from .gojson import (
+    ApiError,
+    decode_struct,
+    go_json_kind,
+    json_bytes,
+    json_response,
+    read_json,
+    rfc3339,
+)
+from .prompting import (
+    InsertNotSupported,
+    Message,
+    ModelPrompting,
+    PromptError,
+    Tool,
+    chat_messages,
+)
 from .scheduler import GenerationStream, Lease, QueueFullError
 from .settings import keep_alive_seconds
+from .types import ChatBody, CopyBody, DeleteBody, GenerateBody, MessageBody, ShowBody
 
 if TYPE_CHECKING:
     from .app import ServerContext
@@ -59,264 +86,8 @@ log = logging.getLogger("tandem.server")
 router = APIRouter()
 
 
-# =============================================================================================
-# Errors, JSON decoding, time formatting
-# =============================================================================================
-
-
-class ApiError(Exception):
-    """An error answered as ``{"error": message}`` with ``status`` (OpenAI routes reshape it)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
-def _go_json_kind(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return "null"
-
-
-def _decoder_message(doc: str, err: json.JSONDecodeError) -> str:
-    """Go's encoding/json syntax error text for the same input (close enough for clients to match)."""
-    pos = err.pos
-    if pos >= len(doc.rstrip()):
-        return "unexpected EOF"
-    ch = doc[pos]
-    shown = repr(ch)[1:-1] if ch != "'" else "\\'"
-    if err.msg.startswith("Extra data"):
-        return f"invalid character '{shown}' after top-level value"
-    if err.msg.startswith("Expecting property name"):
-        return f"invalid character '{shown}' looking for beginning of object key string"
-    if err.msg.startswith("Expecting ':'"):
-        return f"invalid character '{shown}' after object key"
-    if err.msg.startswith("Expecting ','"):
-        inside = "object key:value pair" if _innermost(doc, pos) == "{" else "array element"
-        return f"invalid character '{shown}' after {inside}"
-    if err.msg.startswith("Invalid control character"):
-        return f"invalid character '{shown}' in string literal"
-    if err.msg.startswith("Invalid \\escape") or err.msg.startswith("Invalid \\u"):
-        return f"invalid character '{shown}' in string escape code"
-    return f"invalid character '{shown}' looking for beginning of value"
-
-
-def _innermost(doc: str, pos: int) -> str:
-    depth: list[str] = []
-    in_str = esc = False
-    for c in doc[:pos]:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth.append(c)
-        elif c in "}]" and depth:
-            depth.pop()
-    return depth[-1] if depth else ""
-
-
-async def read_json(request: Request, go_type: str) -> dict[str, Any]:
-    """The request body as a JSON object: 400 `missing request body` when empty, Go's decoder text
-    when malformed or not an object."""
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError(400, "missing request body")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ApiError(400, "invalid character in request body: not UTF-8") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ApiError(400, _decoder_message(text, e)) from None
-    if not isinstance(body, dict):
-        raise ApiError(400, f"json: cannot unmarshal {_go_json_kind(body)} into Go value of type {go_type}")
-    return body
-
-
-def jfield(go: str, default: Any = None, *, json_name: str | None = None, factory: Callable[[], Any] | None = None) -> Any:
-    """A request field: its Go type (for decoding and error texts) and JSON name (if not the field name)."""
-    meta = {"go": go, "json": json_name}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _check_go(value: Any, go: str) -> bool:
-    if go == "any":
-        return True
-    if go == "string":
-        return isinstance(value, str)
-    if go in ("bool", "*bool"):
-        return isinstance(value, bool)
-    if go == "int":
-        return isinstance(value, int) and not isinstance(value, bool)
-    if go == "float64":
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if go == "[]int":
-        return isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
-    if go == "[]string":
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    if go.startswith("map["):
-        return isinstance(value, dict)
-    if go.startswith("[]"):
-        return isinstance(value, list) and all(isinstance(v, dict) for v in value)
-    raise AssertionError(go)
-
-
-def decode_struct(cls: type, body: dict[str, Any], struct: str) -> Any:
-    """Build dataclass ``cls`` from a JSON object like Go's decoder: unknown keys ignored, null = zero
-    value, a wrong type = 400 `json: cannot unmarshal X into Go struct field S.f of type T`."""
-    values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        go = f.metadata.get("go")
-        if go is None:
-            continue
-        key = f.metadata.get("json") or f.name
-        if key not in body or body[key] is None:
-            continue
-        value = body[key]
-        if not _check_go(value, go):
-            bad = value
-            if isinstance(value, list) and go.startswith("[]"):
-                elem = go[2:]
-                bad = next((v for v in value if not _check_go(v, elem if elem in ("int", "string") else "any")), value)
-                go = elem if bad is not value else go
-            kind = _go_json_kind(bad)
-            if kind == "number" and go == "int":
-                kind = f"number {bad}"
-            raise ApiError(400, f"json: cannot unmarshal {kind} into Go struct field {struct}.{key} of type {go}")
-        values[f.name] = value
-    return cls(**values)
-
-
-def rfc3339(t: datetime | None = None) -> str:
-    """Go's time.RFC3339Nano: fraction without trailing zeros, `Z` for UTC."""
-    if t is None:
-        ns = time.time_ns()
-        t = datetime.fromtimestamp(ns // 1_000_000_000, timezone.utc)
-        frac = f"{ns % 1_000_000_000:09d}".rstrip("0")
-    else:
-        frac = f"{t.microsecond:06d}".rstrip("0") if t.microsecond else ""
-    base = t.strftime("%Y-%m-%dT%H:%M:%S")
-    offset = t.utcoffset()
-    if offset is None or offset.total_seconds() == 0:
-        zone = "Z"
-    else:
-        minutes = int(offset.total_seconds() // 60)
-        sign = "+" if minutes >= 0 else "-"
-        zone = f"{sign}{abs(minutes) // 60:02d}:{abs(minutes) % 60:02d}"
-    return f"{base}{'.' + frac if frac else ''}{zone}"
-
-
 def ctx_of(request: Request) -> "ServerContext":
     return request.app.state.ctx
-
-
-def _json_bytes(obj: Any) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-
-
-def json_response(obj: Any, status: int = 200) -> Response:
-    return Response(_json_bytes(obj), status_code=status, media_type="application/json; charset=utf-8")
-
-
-# =============================================================================================
-# Request types (api/types.go)
-# =============================================================================================
-
-
-@dataclass
-class GenerateBody:
-    """POST /api/generate."""
-
-    model: str = jfield("string", "")
-    prompt: str = jfield("string", "")
-    suffix: str = jfield("string", "")
-    system: str = jfield("string", "")
-    template: str = jfield("string", "")
-    context: list[int] | None = jfield("[]int")  # deprecated: tokens of a previous response
-    stream: bool = jfield("*bool", True)
-    raw: bool = jfield("bool", False)
-    format: Any = jfield("any")  # "json" or a JSON schema
-    keep_alive: Any = jfield("any")  # seconds or a Go duration string; negative = forever
-    images: list[str] = jfield("[]string", factory=list)  # base64
-    options: dict[str, Any] | None = jfield("map[string]interface {}")
-    think: Any = jfield("any")  # bool or "low" | "medium" | "high" | "max"
-    truncate: bool = jfield("*bool", True)
-    shift: bool = jfield("*bool", True)
-    logprobs: bool = jfield("bool", False)
-    top_logprobs: int = jfield("int", 0)
-    debug_render_only: bool = jfield("bool", False, json_name="_debug_render_only")
-
-
-@dataclass
-class ChatBody:
-    """POST /api/chat."""
-
-    model: str = jfield("string", "")
-    messages: list[dict[str, Any]] = jfield("[]api.Message", factory=list)
-    tools: list[dict[str, Any]] = jfield("[]api.Tool", factory=list)
-    format: Any = jfield("any")
-    options: dict[str, Any] | None = jfield("map[string]interface {}")
-    stream: bool = jfield("*bool", True)
-    keep_alive: Any = jfield("any")
-    think: Any = jfield("any")
-    truncate: bool = jfield("*bool", True)
-    shift: bool = jfield("*bool", True)
-    logprobs: bool = jfield("bool", False)
-    top_logprobs: int = jfield("int", 0)
-    debug_render_only: bool = jfield("bool", False, json_name="_debug_render_only")
-
-
-@dataclass
-class MessageBody:
-    """One chat message (api.Message)."""
-
-    role: str = jfield("string", "")
-    content: str = jfield("string", "")
-    thinking: str = jfield("string", "")
-    images: list[str] = jfield("[]string", factory=list)
-    tool_calls: list[dict[str, Any]] = jfield("[]api.ToolCall", factory=list)
-    tool_name: str = jfield("string", "")
-    tool_call_id: str = jfield("string", "")
-
-
-@dataclass
-class ShowBody:
-    model: str = jfield("string", "")
-    name: str = jfield("string", "")  # deprecated alias of model
-    system: str = jfield("string", "")
-    options: dict[str, Any] | None = jfield("map[string]interface {}")
-    verbose: bool = jfield("bool", False)
-
-
-@dataclass
-class CopyBody:
-    source: str = jfield("string", "")
-    destination: str = jfield("string", "")
-
-
-@dataclass
-class DeleteBody:
-    model: str = jfield("string", "")
-    name: str = jfield("string", "")
 
 
 # =============================================================================================
@@ -601,11 +372,11 @@ async def stream_or_collect(chunks: AsyncIterator[dict[str, Any]], stream: bool,
 
     async def body() -> AsyncIterator[bytes]:
         try:
-            yield _json_bytes(first)
+            yield json_bytes(first)
             async for item in it:
-                yield _json_bytes(item)
+                yield json_bytes(item)
         except ApiError as e:
-            yield _json_bytes({"error": e.message})
+            yield json_bytes({"error": e.message})
         finally:
             await _aclose(it)
 
@@ -930,7 +701,7 @@ async def create(request: Request) -> Response:
     stream = body.get("stream")
     stream = True if stream is None else stream
     if not isinstance(stream, bool):
-        raise ApiError(400, f"json: cannot unmarshal {_go_json_kind(stream)} into Go struct field CreateRequest.stream of type bool")
+        raise ApiError(400, f"json: cannot unmarshal {go_json_kind(stream)} into Go struct field CreateRequest.stream of type bool")
     old_form = body.get("modelfile") and not body.get("files") and not body.get("from")
     try:
         if old_form:

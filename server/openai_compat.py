@@ -27,21 +27,17 @@ from blobs.model import load_stored_model
 from engine.api import GenerateRequest as EngineRequest
 from engine.api import GenerateResult, TokenChunk
 
+from .gojson import ApiError, decode_struct, jfield, json_response, read_json
 from .native import (
-    ApiError,
     Generation,
     Lease,
     Message,
-    check_format,
     chat_engine_request,
+    check_format,
     ctx_of,
-    decode_struct,
-    jfield,
-    json_response,
     load_options,
     merged_options,
     parse_keep_alive,
-    read_json,
     speculation_fields,
     stored_model,
 )

@@ -24,7 +24,8 @@ from fastapi.responses import Response
 from blobs import InvalidNameError, ModelName
 from importer import CreateError, CreateRequest, ProgressEvent, create_model
 
-from .native import ApiError, ctx_of, merge_last, read_json, stream_or_collect, thread_progress
+from .gojson import ApiError, read_json
+from .native import ctx_of, merge_last, stream_or_collect, thread_progress
 
 log = logging.getLogger("tandem.pull")
 
@@ -110,7 +111,11 @@ def _endpoint() -> str | None:
 def list_repo(repo_id: str) -> tuple[list[str], dict[str, tuple[str | None, int | None]]]:
     """File names in the repo and, where the hub says, their (sha256, size). Offline: the cached snapshot."""
     from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+    )
 
     if _offline():
         try:
@@ -199,7 +204,11 @@ def pull_model(store: Any, value: str, progress: Progress) -> ModelName:
         progress(ProgressEvent("verifying sha256 digest"))
     else:
         from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+        from huggingface_hub.errors import (
+            EntryNotFoundError,
+            HfHubHTTPError,
+            LocalEntryNotFoundError,
+        )
 
         try:
             path = hf_hub_download(target.repo_id, filename, endpoint=_endpoint(), local_files_only=_offline(),

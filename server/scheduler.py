@@ -37,7 +37,7 @@ from engine.api import (
     TokenChunk,
 )
 
-from .settings import FOREVER, Settings
+from .settings import Settings
 
 log = logging.getLogger("tandem.scheduler")
 
