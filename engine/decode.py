@@ -31,6 +31,7 @@ import torch
 
 from engine.acceptance import AcceptResult, match_accept, relaxed_accept, strict_accept
 from engine.api import GenerateResult, SpeculationStats, TokenChunk, TokenLogprob
+from engine.constrain import TokenConstraint
 from engine.depth import DepthController
 from engine.drafters import EMPTY, DraftContext, Drafter, TargetOutput
 from engine.sampler import Distribution, SamplingOptions, process
@@ -94,7 +95,7 @@ class _Committed:
 class DecodeLoop:
     def __init__(self, *, target, cache, tokenizer, drafter: Drafter, controller: DepthController,
                  settings: DecodeSettings, target_gen: torch.Generator, draft_gen: torch.Generator,
-                 clock: Callable[[], float] = time.perf_counter):
+                 clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None):
         self.target = target
         self.cache = cache
         self.tokenizer = tokenizer
@@ -104,6 +105,12 @@ class DecodeLoop:
         self.gen = target_gen
         self.draft_ctx = DraftContext(settings.sampling, draft_gen, settings.p_min)
         self.clock = clock
+        # ``format`` (engine.constrain): filters each distribution, follows the committed tokens and
+        # ends the output when the JSON value closes. Only plain steps (k = 0) are constrained, so the
+        # runtime turns speculation off for such requests.
+        self.constraint = constraint
+        if constraint is not None and settings.cap > 0:
+            raise ValueError("constrained decoding needs cap 0 (drafts are not constrained)")
         self.log: list[int] = []
         self.generated: list[int] = []
         self.stats = SpeculationStats(drafter=drafter.kind if settings.cap > 0 else "none")
@@ -208,7 +215,7 @@ class DecodeLoop:
                 out = out.logits
             if last:
                 logits = out
-        dist = process(logits, self.log, (), self.s.sampling)
+        dist = self._constrain(process(logits, self.log, (), self.s.sampling))
         res = self._accept(dist, None, [])
         target_out = TargetOutput(n, torch.cat(hidden)) if need_hidden else None
         committed = self._commit(res, dist, [], len(log) - 1, target_out)
@@ -245,7 +252,7 @@ class DecodeLoop:
         else:
             logits, target_out = out, None
         t2 = self.clock()
-        dist = process(logits, self.log, drafts, s.sampling)
+        dist = self._constrain(process(logits, self.log, drafts, s.sampling))
         res = self._accept(dist, q, drafts)
         t3 = self.clock()
         committed = self._commit(res, dist, drafts, P, target_out)
@@ -259,6 +266,9 @@ class DecodeLoop:
         self._record(k, drafts, res, P)
         return committed
 
+    def _constrain(self, dist: Distribution) -> Distribution:
+        return dist if self.constraint is None else self.constraint.filter(dist)
+
     def _accept(self, dist: Distribution, q, drafts: list[int]) -> AcceptResult:
         p = dist.probs
         if self.s.rule == "match":
@@ -271,6 +281,11 @@ class DecodeLoop:
                 target_out: TargetOutput | None) -> _Committed:
         """Cut the run, truncate the cache, record the run, tell the drafter. Nothing streamed yet."""
         run, end = self._cut(res.tokens)
+        if self.constraint is not None:
+            for t in run:  # k = 0: one token
+                self.constraint.advance_token(t)
+            if end is None and self.constraint.done():
+                end = "stop"  # the JSON value is closed (llama.cpp's grammar ends there too)
         new_len = len(self.log) + len(run)
         # The cache holds positions up to P + k; keep t_last and the accepted drafts (never more
         # than the log, when the run was cut before them).

@@ -27,6 +27,7 @@ from engine.api import (
     ModelFacts,
     TokenChunk,
 )
+from engine.constrain import SchemaError, TokenConstraint, TokenPieces, compile_format
 from engine.decode import DecodeLoop, DecodeSettings, TimeBreakdown, trace_from_env
 from engine.depth import AdaptiveDepth, DepthController, FixedDepth
 from engine.drafters import (
@@ -86,6 +87,7 @@ class Engine:
         self.controllers: dict[str, AdaptiveDepth] = {}
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
         self.last_breakdown: TimeBreakdown | None = None
+        self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily
 
     # ------------------------------------------------------------------------------------------
     # load
@@ -261,8 +263,21 @@ class Engine:
         num_ctx = min(int(_opt(o, "num_ctx", self.cache.capacity)), self.cache.capacity)
         num_keep = int(_opt(o, "num_keep", 4))
         prompt = self._prompt_tokens(req, num_ctx, num_keep if num_keep >= 0 else num_ctx)
+        try:
+            node = compile_format(req.format)
+        except SchemaError as e:
+            raise EngineError(str(e), 400) from None
         drafter, cap = self.resolve_drafter(o)
+        if node is not None:
+            # Drafts are not constrained: verifying them would be correct but mostly wasted (any
+            # draft that breaks the JSON is rejected), and only the plain step carries the filter.
+            drafter, cap = NullDrafter(), 0
         s = self.settings(req, cap, len(prompt))
+        constraint = None
+        if node is not None:
+            if self.pieces is None:
+                self.pieces = TokenPieces(self.tokenizer)
+            constraint = TokenConstraint(node, self.pieces, s.eog_ids)
         controller = self.controller(drafter.kind, s.schedule, s.n_min) if cap > 0 else FixedDepth()
 
         seed = int(_opt(o, "seed", -1))
@@ -270,7 +285,7 @@ class Engine:
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         loop = DecodeLoop(target=self.target, cache=self.cache, tokenizer=self.tokenizer, drafter=drafter,
                           controller=controller, settings=s, target_gen=make_generator(seed),
-                          draft_gen=make_generator(seed, stream=1),
+                          draft_gen=make_generator(seed, stream=1), constraint=constraint,
                           **({"clock": self.clock} if self.clock is not None else {}))
         if not prompt:
             yield GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,

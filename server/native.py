@@ -150,13 +150,16 @@ def check_think(name: str, think: Any) -> None:
     raise ApiError(400, f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", true, or false)')
 
 
-def check_format(fmt: Any) -> None:
-    """tandem has no constrained decoding yet: refusing is more honest than ignoring the constraint."""
-    if fmt is None or fmt == "" or fmt == {}:
-        return
-    if fmt == "json" or isinstance(fmt, dict):
-        raise ApiError(400, "format is not supported yet: tandem cannot constrain output to JSON; omit \"format\"")
-    raise ApiError(400, f'invalid format: {json.dumps(fmt)}; expected "json" or a JSON schema')
+def check_format(fmt: Any) -> Any:
+    """Validate ``format`` (None/"", "json", or a JSON schema in engine.constrain's subset) before
+    anything is loaded; returns what the engine request carries (None: free text)."""
+    from engine.constrain import SchemaError, compile_format
+
+    try:
+        node = compile_format(fmt)
+    except SchemaError as e:
+        raise ApiError(400, str(e)) from None
+    return None if node is None else fmt
 
 
 def check_logprobs(top: int) -> None:
@@ -460,7 +463,7 @@ async def generate(request: Request) -> Response:
         raise ApiError(400, "raw mode does not support template, system, or context")
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     check_think(req.model, req.think)
-    check_format(req.format)
+    fmt = check_format(req.format)
     decode_images(req.model, req.images)
 
     if not req.prompt and req.keep_alive is not None and keep_alive == 0:
@@ -502,7 +505,8 @@ async def generate(request: Request) -> Response:
         return EngineRequest(prompt=prompt, options=options, raw_tokens=list(req.context) if req.context else None,
                              add_bos=None if req.raw else prompting.add_bos_for(prompt),
                              logprobs=req.logprobs or req.top_logprobs > 0, top_logprobs=req.top_logprobs,
-                             trace=bool(options.get("draft_trace")), shift=req.shift, truncate=req.truncate)
+                             trace=bool(options.get("draft_trace")), shift=req.shift, truncate=req.truncate,
+                             format=fmt)
 
     await gen.open(build)
 
@@ -557,7 +561,8 @@ def decode_messages(raw: list[dict[str, Any]]) -> list[Message]:
 
 async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messages: list[Message],
                               tools: list[Tool], options: dict[str, Any], *, truncate: bool, shift: bool,
-                              logprobs: bool, top_logprobs: int) -> Callable[[Lease], Awaitable[EngineRequest]]:
+                              logprobs: bool, top_logprobs: int,
+                              format: Any = None) -> Callable[[Lease], Awaitable[EngineRequest]]:
     """The `build` step of a chat: render with Ollama's truncation (oldest messages dropped until the
     prompt fits num_ctx), which needs the loaded engine's tokenizer."""
 
@@ -576,7 +581,8 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
         prompt = await anyio.to_thread.run_sync(render)
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
                              logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs,
-                             trace=bool(options.get("draft_trace")), shift=shift, truncate=truncate)
+                             trace=bool(options.get("draft_trace")), shift=shift, truncate=truncate,
+                             format=format)
 
     return build
 
@@ -595,7 +601,7 @@ async def chat(request: Request) -> Response:
     if req.tools:  # no tool-call parser yet, so no model claims the capability
         raise ApiError(400, f'"{req.model}" does not support tools')
     check_think(req.model, req.think)
-    check_format(req.format)
+    fmt = check_format(req.format)
     for m in req.messages:
         decode_images(req.model, m.get("images") or [])
 
@@ -624,7 +630,7 @@ async def chat(request: Request) -> Response:
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
 
     build = await chat_engine_request(gen, prompting, full, [], options, truncate=req.truncate, shift=req.shift,
-                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs)
+                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
     await gen.open(build)
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:

@@ -250,7 +250,7 @@ async def chat_completions(request: Request) -> Response:
         raise ApiError(400, f'"{req.model}" does not support tools', "tools")
     if any(images for _, images in decoded):
         raise ApiError(400, f'"{req.model}" does not support vision', "messages")
-    check_format(_format_of(req.response_format))
+    fmt = check_format(_format_of(req.response_format))
     if not 0 <= req.top_logprobs <= 20:
         raise ApiError(400, "top_logprobs must be between 0 and 20", "top_logprobs")
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
@@ -262,7 +262,7 @@ async def chat_completions(request: Request) -> Response:
     gen = Generation(ctx, request, "/v1/chat/completions", req.model, model, options, keep_alive, t0,
                      load_options(model, raw_options))
     build = await chat_engine_request(gen, prompting, full, [], options, truncate=True, shift=True,
-                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs)
+                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
     await gen.open(build)
     cid = _completion_id("chatcmpl")
     created = int(time.time())

@@ -261,8 +261,24 @@ def test_chat_errors_and_format(http: httpx.Client) -> None:
     for body, status, error in cases:
         r = http.post("/api/chat", json=body)
         assert (r.status_code, r.json()) == (status, {"error": error}), body
-    r = http.post("/api/chat", json={"model": "tiny", "messages": msgs, "format": "json"})
-    assert r.status_code == 400 and r.json()["error"].startswith("format is not supported yet")
+    # format: constrained decoding (engine.constrain) makes even the random tiny model answer JSON.
+    opts = {"temperature": 0, "num_predict": 200}
+    r = http.post("/api/chat", json={"model": "tiny", "messages": msgs, "format": "json", "stream": False,
+                                     "options": opts})
+    assert r.status_code == 200, r.text
+    json.loads(r.json()["message"]["content"])
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    r = http.post("/api/generate", json={"model": "tiny", "prompt": "hi", "format": schema, "stream": False,
+                                         "options": opts})
+    assert r.status_code == 200, r.text
+    out = json.loads(r.json()["response"])
+    assert list(out) == ["name", "age"] and isinstance(out["name"], str) and isinstance(out["age"], int)
+    assert r.json()["done_reason"] == "stop"
+    for fmt, error in [("xml", 'invalid format: "xml"; expected "json" or a JSON schema'),
+                       ({"type": "string", "pattern": "a+"}, 'unsupported JSON schema keyword "pattern" at schema')]:
+        r = http.post("/api/generate", json={"model": "tiny", "prompt": "hi", "format": fmt})
+        assert (r.status_code, r.json()) == (400, {"error": error})
 
 
 def test_blobs(http: httpx.Client, srv: ServerThread) -> None:

@@ -37,6 +37,18 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model"
 
 
+def test_chat_completion_response_format(client: openai.OpenAI) -> None:
+    c = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=200, temperature=0,
+                                       response_format={"type": "json_object"})
+    json.loads(c.choices[0].message.content)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    c = client.chat.completions.create(model="tiny", messages=MSGS, max_tokens=200, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    assert isinstance(json.loads(c.choices[0].message.content)["ok"], bool)
+    assert c.choices[0].finish_reason == "stop"
+    assert c.model_extra["speculative_decoding"]["drafter"] == "none"  # format turns speculation off
+
+
 def test_chat_completion_stream(client: openai.OpenAI) -> None:
     kwargs = dict(model="tiny", messages=MSGS, max_tokens=6, temperature=0, seed=3)
     whole = client.chat.completions.create(**kwargs).choices[0].message.content
@@ -84,8 +96,9 @@ def test_errors(client: openai.OpenAI, srv: ServerThread) -> None:
     assert e.value.body["message"] == "[] is too short - 'messages'"
     assert e.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError) as e:
-        client.chat.completions.create(model="tiny", messages=MSGS, response_format={"type": "json_object"})
-    assert e.value.body["message"].startswith("format is not supported yet")
+        client.chat.completions.create(model="tiny", messages=MSGS, response_format={
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "minLength": 2}}})
+    assert e.value.body["message"] == 'unsupported JSON schema keyword "minLength" at schema'
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://example.com/cat.png"}}]}])
