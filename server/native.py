@@ -510,34 +510,43 @@ async def generate(request: Request) -> Response:
 
     await gen.open(build)
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
-        async for item in gen.events():
-            if isinstance(item, TokenChunk):
-                if not item.text and not item.logprobs:
-                    continue
-                out: dict[str, Any] = {"model": req.model, "created_at": rfc3339(), "response": item.text,
-                                       "done": False}
-                if item.logprobs:
-                    out["logprobs"] = logprobs_json(item.logprobs)
-                yield out
-            else:
-                final: dict[str, Any] = {"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
-                                         "done_reason": item.done_reason}
-                if not req.raw:
-                    final["context"] = item.context
-                final.update(gen.stats(item))
-                final.update(speculation_fields(item))
-                yield final
-
     def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
-        final = dict(items[-1])
-        final["response"] = "".join(i.get("response", "") for i in items)
-        lps = [lp for i in items for lp in i.get("logprobs", [])]
-        if lps:
-            final["logprobs"] = lps
-        return _reorder(final, ["model", "created_at", "response", "logprobs", "done"])
+        return merge_native(items, "response", "".join(i.get("response", "") for i in items))
 
-    return await stream_or_collect(chunks(), req.stream, merge)
+    return await stream_or_collect(native_events(gen, req.model, lambda text: {"response": text},
+                                                 with_context=not req.raw), req.stream, merge)
+
+
+async def native_events(gen: "Generation", model: str, payload: Callable[[str], dict[str, Any]],
+                        with_context: bool) -> AsyncIterator[dict[str, Any]]:
+    """The NDJSON objects of /api/generate and /api/chat, which differ only in how text is carried
+    (``payload``: `response` or `message`) and whether the final one has `context`."""
+    async for item in gen.events():
+        if isinstance(item, TokenChunk):
+            if not item.text and not item.logprobs:
+                continue
+            out: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(item.text), "done": False}
+            if item.logprobs:
+                out["logprobs"] = logprobs_json(item.logprobs)
+            yield out
+        else:
+            final: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(""), "done": True,
+                                     "done_reason": item.done_reason}
+            if with_context:
+                final["context"] = item.context
+            final.update(gen.stats(item))
+            final.update(speculation_fields(item))
+            yield final
+
+
+def merge_native(items: list[dict[str, Any]], key: str, value: Any) -> dict[str, Any]:
+    """The `stream:false` answer: the final object with the whole text under ``key`` and every logprob."""
+    final = dict(items[-1])
+    final[key] = value
+    lps = [lp for i in items for lp in i.get("logprobs", [])]
+    if lps:
+        final["logprobs"] = lps
+    return _reorder(final, ["model", "created_at", key, "logprobs", "done"])
 
 
 def _reorder(obj: dict[str, Any], first: list[str]) -> dict[str, Any]:
@@ -633,33 +642,13 @@ async def chat(request: Request) -> Response:
                                       logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
     await gen.open(build)
 
-    async def chunks() -> AsyncIterator[dict[str, Any]]:
-        async for item in gen.events():
-            if isinstance(item, TokenChunk):
-                if not item.text and not item.logprobs:
-                    continue
-                out: dict[str, Any] = {"model": req.model, "created_at": rfc3339(),
-                                       "message": {"role": "assistant", "content": item.text}, "done": False}
-                if item.logprobs:
-                    out["logprobs"] = logprobs_json(item.logprobs)
-                yield out
-            else:
-                final: dict[str, Any] = {"model": req.model, "created_at": rfc3339(),
-                                         "message": {"role": "assistant", "content": ""}, "done": True,
-                                         "done_reason": item.done_reason}
-                final.update(gen.stats(item))
-                final.update(speculation_fields(item))
-                yield final
-
     def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
-        final = dict(items[-1])
-        final["message"] = {"role": "assistant", "content": "".join(i["message"]["content"] for i in items)}
-        lps = [lp for i in items for lp in i.get("logprobs", [])]
-        if lps:
-            final["logprobs"] = lps
-        return _reorder(final, ["model", "created_at", "message", "logprobs", "done"])
+        text = "".join(i["message"]["content"] for i in items)
+        return merge_native(items, "message", {"role": "assistant", "content": text})
 
-    return await stream_or_collect(chunks(), req.stream, merge)
+    return await stream_or_collect(
+        native_events(gen, req.model, lambda text: {"message": {"role": "assistant", "content": text}},
+                      with_context=False), req.stream, merge)
 
 
 # =============================================================================================
