@@ -7,3 +7,8 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"llama", "qwen2", "gemma3"}
 SUPPORTED_TENSOR_TYPES: frozenset[str] = frozenset(
     {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
 )
+
+
+def has_mtp_head(tensor_names) -> bool:
+    """Whether a GGUF carries a DeepSeek/GLM NextN (MTP) head: its tensors are `blk.N.nextn.*`."""
+    return any(".nextn." in name for name in tensor_names)

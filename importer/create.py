@@ -35,6 +35,7 @@ from blobs import (
     ModelNotFoundError,
     marshal_json,
 )
+from engine.gotemplate import TemplateError, parse_template
 
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
 from .quantize import parse_quant_type, quantize_gguf
@@ -228,10 +229,6 @@ def _text_layers(store: BlobStore, req: CreateRequest, base_layers: list[Layer],
 
 def _check_template(text: str) -> None:
     """Ollama refuses a TEMPLATE that does not parse (400 `template error: ...`)."""
-    try:
-        from engine.gotemplate import TemplateError, parse_template
-    except ImportError:  # the template engine is optional for creating models
-        return
     try:
         parse_template(text)
     except TemplateError as e:

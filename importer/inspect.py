@@ -6,7 +6,11 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from engine.capabilities import SUPPORTED_ARCHITECTURES, SUPPORTED_TENSOR_TYPES
+from engine.capabilities import (
+    SUPPORTED_ARCHITECTURES,
+    SUPPORTED_TENSOR_TYPES,
+    has_mtp_head,
+)
 from engine.gguf import GGUFError, GGUFFile, format_parameter_count
 
 from .request import CreateError
@@ -62,7 +66,7 @@ def summarize_gguf(path: str | os.PathLike) -> GGUFSummary:
             vocab_size=len(tokens),
             vocab_digest=h.hexdigest(),
             tensor_types=frozenset(t.type_name for t in f.tensors.values()),
-            has_nextn=any(".nextn." in name for name in f.tensors),
+            has_nextn=has_mtp_head(f.tensors),
         )
 
 

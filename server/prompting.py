@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from blobs.model import StoredModel
+from engine.capabilities import has_mtp_head
 from engine.gguf import GGUFFile
 from engine.gotemplate import GoTemplate, TemplateError, parse_template
 from engine.prompt import (
@@ -79,7 +80,7 @@ def read_prompt_facts(path: Path) -> GGUFPromptFacts:
             eos_token=token("tokenizer.ggml.eos_token_id"),
             add_bos=bool(add_bos),
             token_strings=tokens,
-            has_mtp_head=any(".nextn." in name for name in f.tensors),
+            has_mtp_head=has_mtp_head(f.tensors),
         )
 
 

@@ -285,7 +285,6 @@ def test_bad_parameter_is_refused_before_anything_is_stored(store: BlobStore, fi
 
 
 def test_bad_template_is_refused(store: BlobStore, files) -> None:
-    pytest.importorskip("engine.gotemplate")
     with pytest.raises(CreateError, match="template error"):
         create_from_text(store, 'FROM ./target.gguf\nTEMPLATE "{{ if .Prompt }}unclosed"\n', files["target"].parent)
 
