@@ -257,7 +257,8 @@ class DecodeLoop:
         t3 = self.clock()
         committed = self._commit(res, dist, drafts, P, target_out)
         t4 = self.clock()
-        self.controller.observe(k, len(drafts), res.n_accepted, (t4 - t0) - prop.catchup_seconds)
+        drafting = (t1 - t0) - prop.catchup_seconds + self._last_commit_drafting
+        self.controller.observe(k, len(drafts), res.n_accepted, (t4 - t0) - prop.catchup_seconds, drafting)
 
         self.times.drafting += t1 - t0
         self.times.verify += t2 - t1

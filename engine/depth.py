@@ -15,10 +15,14 @@ the depth it actually used.
   not from a fixed 0.5 whose product over 8 positions would keep a perfect drafter shallow.
   A position the drafter did not fill (n-gram miss, ``draft_p_min`` stop) counts as a rejection:
   it yields nothing either way.
-* ``cost(k)`` is a moving average of the measured wall time of a whole step at depth ``k``
-  (drafting, the verification forward, acceptance, bookkeeping); ``cost(0)`` comes from plain steps.
-  A depth never measured gets an optimistic estimate interpolated (or extrapolated with a
-  non-negative slope) from the measured ones, so a promising depth is tried once and then known.
+* ``cost(k)`` is built from parts that every round measures, so one round informs every depth:
+  ``cost(k) = verify(k + 1) + k * draft_token``. ``verify(w)`` is the wall time of a step minus its
+  drafting (the verification forward over ``w`` tokens, acceptance, bookkeeping), kept per width;
+  plain steps measure ``verify(1)``. ``draft_token`` is the drafter's time per drafted token. Each is
+  a low quantile of its recent samples: on a shared machine noise only ever adds time, and a single
+  slow round (a cold kernel shape, another process) must not condemn a depth for good, which a
+  moving average did. A width never measured is interpolated (or extrapolated with a non-negative
+  slope) from the measured ones: optimistic, so a promising depth is tried once and then known.
 * ``choose`` returns ``argmax_k E[committed(k)] / cost(k)``, ``E[committed(k)] = 1 + sum_{i<=k}
   prod_{j<=i} a_j``. Every ``explore_every``-th step it probes a neighbour of the best depth instead
   (the one measured least recently), which keeps the costs fresh and lets acceptance at the next
@@ -31,6 +35,7 @@ The state lives on the Engine, one controller per loaded model and drafter kind,
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -38,7 +43,8 @@ from typing import Callable, Protocol
 class DepthController(Protocol):
     def choose(self, cap: int) -> int: ...
 
-    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float) -> None: ...
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None: ...
 
 
 @dataclass
@@ -51,7 +57,8 @@ class FixedDepth:
     def choose(self, cap: int) -> int:
         return max(0, cap)
 
-    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float) -> None:
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None:
         pass
 
 
@@ -59,28 +66,53 @@ CostModel = Callable[[int, int], float]  # (depth, n_drafted) -> seconds; replac
 
 
 @dataclass
+class RecentTimes:
+    """The last ``window`` measurements of one quantity; its estimate is their ``quantile``."""
+
+    window: int = 8
+    quantile: float = 0.25
+    values: deque = field(default_factory=deque)
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+        while len(self.values) > self.window:
+            self.values.popleft()
+
+    def estimate(self) -> float:
+        ordered = sorted(self.values)
+        return ordered[int(self.quantile * (len(ordered) - 1))]
+
+
+@dataclass
 class AdaptiveDepth:
     prior: float = 0.5  # prior acceptance at every position
     prior_weight: float = 2.0  # pseudo-trials behind the prior
     decay: float = 0.95  # per observation: an effective memory of ~20 rounds per position
-    cost_decay: float = 0.8  # per measurement of the same depth
     explore_every: int = 16
     cost_model: CostModel | None = None
     n_min: int = 0  # unused by this schedule; present so both controllers read the same
 
     _succ: list[float] = field(default_factory=list)
     _trials: list[float] = field(default_factory=list)
-    _cost: dict[int, float] = field(default_factory=dict)
+    _verify: dict[int, RecentTimes] = field(default_factory=dict)  # width -> step time minus drafting
+    _draft_token: RecentTimes = field(default_factory=lambda: RecentTimes(window=16))
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
 
     # -- learning ------------------------------------------------------------------------------
-    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float) -> None:
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None:
+        """One step: ``depth`` asked, ``n_drafted`` proposed, ``n_accepted`` kept; ``seconds`` the
+        step's wall time, of which ``drafting`` was spent by the drafter."""
         if self.cost_model is not None:
-            seconds = self.cost_model(depth, n_drafted)
-        old = self._cost.get(depth)
-        self._cost[depth] = seconds if old is None else self.cost_decay * old + (1 - self.cost_decay) * seconds
-        self._measured_at[depth] = self.step
+            seconds, drafting = self.cost_model(depth, n_drafted), 0.0
+        drafting = min(max(drafting, 0.0), seconds)
+        # The verification width is what was drafted, not what was asked: an n-gram miss or a
+        # draft_p_min stop verifies fewer tokens and costs less.
+        self._verify.setdefault(n_drafted + 1, RecentTimes()).add(seconds - drafting)
+        if n_drafted > 0:
+            self._draft_token.add(drafting / n_drafted)
+        self._measured_at[n_drafted] = self.step
         # Positions 0..a are observed (a accepted, then the first failure); deeper ones are not.
         for j in range(min(n_accepted + 1, depth)):
             self._grow(j + 1)
@@ -113,25 +145,35 @@ class AdaptiveDepth:
             total += run
         return total
 
-    def cost(self, k: int) -> float | None:
-        """Measured cost of depth k, or an optimistic estimate from the measured depths."""
-        if k in self._cost:
-            return self._cost[k]
-        if not self._cost:
+    def verify_cost(self, width: int) -> float | None:
+        """Measured step time (drafting excluded) at ``width``, or an optimistic estimate."""
+        if width in self._verify:
+            return self._verify[width].estimate()
+        if not self._verify:
             return None
-        ks = sorted(self._cost)
-        lo = [d for d in ks if d < k]
-        hi = [d for d in ks if d > k]
+        measured = {w: r.estimate() for w, r in self._verify.items()}
+        ws = sorted(measured)
+        lo = [w for w in ws if w < width]
+        hi = [w for w in ws if w > width]
         if lo and hi:
             a, b = lo[-1], hi[0]
-            return self._cost[a] + (self._cost[b] - self._cost[a]) * (k - a) / (b - a)
+            return measured[a] + (measured[b] - measured[a]) * (width - a) / (b - a)
         if lo:
             if len(lo) >= 2:
                 a, b = lo[-2], lo[-1]
-                slope = max(0.0, (self._cost[b] - self._cost[a]) / (b - a))
-                return self._cost[b] + slope * (k - b)
-            return self._cost[lo[-1]]
-        return self._cost[hi[0]]
+                slope = max(0.0, (measured[b] - measured[a]) / (b - a))
+                return measured[b] + slope * (width - b)
+            return measured[lo[-1]]
+        return measured[hi[0]]
+
+    def draft_token_cost(self) -> float:
+        """The drafter's time per drafted token (0 until measured: optimistic)."""
+        return self._draft_token.estimate() if self._draft_token.values else 0.0
+
+    def cost(self, k: int) -> float | None:
+        """Expected wall time of a step at depth k: verification over k + 1 tokens plus k drafts."""
+        v = self.verify_cost(k + 1)
+        return None if v is None else v + k * self.draft_token_cost()
 
     def throughput(self, k: int) -> float:
         c = self.cost(k)
@@ -159,7 +201,7 @@ class AdaptiveDepth:
         cap = max(0, cap)
         if cap == 0:
             return 0
-        if not self._cost:
+        if not self._verify:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         if self.explore_every > 0 and self.step % self.explore_every == 0:
@@ -178,5 +220,7 @@ class AdaptiveDepth:
         return {
             "step": self.step,
             "acceptance": [round(a, 4) for a in self.acceptances(len(self._succ))],
-            "cost_ms": {k: round(v * 1e3, 3) for k, v in sorted(self._cost.items())},
+            "verify_ms": {w: round(r.estimate() * 1e3, 3) for w, r in sorted(self._verify.items())},
+            "draft_token_ms": round(self.draft_token_cost() * 1e3, 3),
+            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self._verify, default=1))},
         }

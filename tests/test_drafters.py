@@ -242,8 +242,41 @@ def test_adaptive_is_deterministic_and_uses_measured_costs():
     ctl.observe(0, 0, 0, 0.010)
     ctl.observe(4, 4, 4, 0.014)
     assert ctl.cost(0) == 0.010 and ctl.cost(4) == 0.014
-    assert ctl.cost(2) == pytest.approx(0.012)  # interpolated between measured depths
+    assert ctl.cost(2) == pytest.approx(0.012)  # interpolated between measured widths
     assert ctl.cost(6) == pytest.approx(0.016)  # extrapolated with the measured slope
+    # Noise only adds time: one slow round does not move the estimate, a lasting change does.
     ctl.observe(4, 4, 4, 0.024)
-    assert 0.014 < ctl.cost(4) < 0.024  # a moving average
+    assert ctl.cost(4) == 0.014
+    for _ in range(8):
+        ctl.observe(4, 4, 4, 0.024)
+    assert ctl.cost(4) == pytest.approx(0.024)
     assert AdaptiveDepth().choose(0) == 0
+
+
+def test_adaptive_cost_is_verification_plus_drafting_per_token():
+    """Every round teaches the drafter's per-token cost, so depths never tried are priced with it."""
+    ctl = AdaptiveDepth()
+    ctl.observe(0, 0, 0, 0.150)  # a plain step: verification at width 1
+    ctl.observe(2, 2, 2, 0.300, drafting=0.130)  # 65 ms per draft, 170 ms to verify 3 tokens
+    assert ctl.draft_token_cost() == pytest.approx(0.065)
+    assert ctl.cost(2) == pytest.approx(0.300)
+    assert ctl.cost(1) == pytest.approx(0.160 + 0.065)  # verify(2) interpolated between widths 1 and 3
+    assert ctl.cost(4) == pytest.approx(0.190 + 4 * 0.065)  # verify(5) extrapolated from widths 1 and 3
+    # A proposal shorter than asked (an n-gram miss) is priced at the width it verified.
+    ctl.observe(4, 1, 1, 0.200, drafting=0.0)
+    assert ctl.verify_cost(2) == pytest.approx(0.200)
+
+
+def test_adaptive_recovers_from_a_slow_first_round():
+    """A cold first round at a depth (measured here as 6x its real cost) must not keep the controller
+    from that depth for good: the moving average of the old controller did exactly that."""
+    real = {0: 0.150, 1: 0.230, 2: 0.300}
+    ctl = AdaptiveDepth()
+    ctl.observe(0, 0, 0, real[0])
+    ctl.observe(2, 2, 2, 6 * real[2], drafting=0.130)
+    chosen = []
+    for step in range(200):
+        k = min(ctl.choose(2), 2)
+        chosen.append(k)
+        ctl.observe(k, k, k, real[k], drafting=0.065 * k)  # a perfect drafter
+    assert chosen[-20:].count(2) >= 18
