@@ -31,22 +31,10 @@ from typing import Any
 import torch
 
 from engine.api import GenerateRequest, GenerateResult, LoadSpec
+from engine.bench_prompts import PROMPTS, TEMPERATURES
 from engine.runtime import Engine
 
-PROMPTS = {
-    "code": "Write a Python function `merge_intervals(intervals)` that merges overlapping intervals. "
-            "Include type hints and a docstring.",
-    "prose": "Write a short paragraph about the history of the printing press in Europe.",
-    "repetitive": (
-        "Here is a function:\n```python\ndef total_price(items):\n    total = 0\n    for item in items:\n"
-        "        total += item.price * item.quantity\n    if total > 100:\n        total = total * 0.9\n"
-        "    return total\n```\nRewrite it exactly, but rename the variable `total` to `acc`."),
-}
-
-TEMPERATURES = {
-    "0": dict(temperature=0.0),
-    "0.6": dict(temperature=0.6, min_p=0.01),
-}
+# PROMPTS and TEMPERATURES are shared with `tandem bench` (server/bench/).
 
 
 @dataclass(frozen=True)

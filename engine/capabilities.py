@@ -12,3 +12,10 @@ SUPPORTED_TENSOR_TYPES: frozenset[str] = frozenset(
 def has_mtp_head(tensor_names) -> bool:
     """Whether a GGUF carries a DeepSeek/GLM NextN (MTP) head: its tensors are `blk.N.nextn.*`."""
     return any(".nextn." in name for name in tensor_names)
+
+
+def is_mtp_head_only(tensor_names) -> bool:
+    """Whether a GGUF is an MTP head alone (NextN tensors, no model of its own: no token embeddings),
+    which drafts for a target as a DRAFT layer."""
+    names = list(tensor_names)
+    return has_mtp_head(names) and "token_embd.weight" not in names

@@ -373,6 +373,9 @@ class MtpDrafter(Drafter):
         self.vocab_size = cfg.vocab_size
         self.device, self.dtype = device, dtype
         self.block_index = block
+        # The head's own output projection and norm (a separate head file has them) use memory the
+        # target's do not account for.
+        self._own_head = [m for m in (self.head, self.head_norm) if m is not target.output and m is not target.norm]
         self._t0: int | None = None  # token 0 (pairs record t_{j+1}; h_j also depends on t_0)
         self._last: Tensor | None = None
 
@@ -464,5 +467,5 @@ class MtpDrafter(Drafter):
 
     def memory_bytes(self) -> int:
         own = model_bytes(self.block) + model_bytes(self.eh_proj) + model_bytes(self.enorm) + \
-            model_bytes(self.hnorm)
+            model_bytes(self.hnorm) + sum(model_bytes(m) for m in self._own_head)
         return own + self.cache.nbytes()

@@ -27,6 +27,7 @@ from engine.api import (
     ModelFacts,
     TokenChunk,
 )
+from engine.capabilities import is_mtp_head_only
 from engine.constrain import SchemaError, TokenConstraint, TokenPieces, compile_format
 from engine.decode import DecodeLoop, DecodeSettings, TimeBreakdown, trace_from_env
 from engine.depth import AdaptiveDepth, DepthController, FixedDepth
@@ -68,6 +69,31 @@ def _vocab_check(target_tokens, draft_tokens, draft_path: str) -> None:
                           f"has {len(target_tokens)}", 400)
 
 
+def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity: int) -> tuple[MtpDrafter, str]:
+    """An MtpDrafter over a DRAFT file holding only an MTP head; the head must fit the target."""
+    from engine.model import UnsupportedModelError, default_format
+
+    block = find_nextn_block(df.tensors)
+    hidden = df.tensors[f"blk.{block}.nextn.eh_proj.weight"].shape[0]
+    arch = df.metadata.get("general.architecture")
+    problem = None
+    if arch != target.config.arch:
+        problem = f"MTP head architecture {arch} does not match the target's {target.config.arch}"
+    elif hidden != target.config.n_embd:
+        problem = f"MTP head hidden size {hidden} does not match the target's {target.config.n_embd}"
+    if problem is not None:
+        df.close()
+        raise EngineError(f"draft model {spec.draft_path}: {problem}", 400)
+    fmt = spec.draft_weight_format
+    if fmt == "auto":
+        fmt = default_format(df, device, role="drafter")
+    try:
+        return MtpDrafter(target, df, block, fmt, capacity), fmt
+    except (UnsupportedModelError, KeyError) as e:
+        df.close()
+        raise EngineError(f"draft model {spec.draft_path}: MTP head: {e}", 400) from None
+
+
 def _opt(options: Mapping[str, Any], name: str, default: Any) -> Any:
     v = options.get(name)
     return default if v is None else v
@@ -75,7 +101,7 @@ def _opt(options: Mapping[str, Any], name: str, default: Any) -> Any:
 
 class Engine:
     def __init__(self, *, spec: LoadSpec, target, gguf, tokenizer, cache, drafters: dict[str, Drafter],
-                 facts: ModelFacts):
+                 facts: ModelFacts, draft_kind: str | None = None, owned_files=()):
         self.spec = spec
         self.target = target
         self.gguf = gguf
@@ -83,6 +109,8 @@ class Engine:
         self.cache = cache
         self.drafters = drafters
         self.facts = facts
+        self.draft_kind = draft_kind  # what the DRAFT layer became: "model", "mtp" (a head) or None
+        self.owned_files = list(owned_files)
         # Learned per drafter kind, kept for the lifetime of the loaded model.
         self.controllers: dict[str, AdaptiveDepth] = {}
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
@@ -115,7 +143,8 @@ class Engine:
         vocab = target.config.vocab_size
 
         drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
-        draft_arch = draft_fmt = None
+        draft_arch = draft_fmt = draft_kind = None
+        owned = []  # GGUF mappings a drafter reads from, closed with the engine
         if spec.draft_path:
             df = GGUFFile(spec.draft_path)
             try:
@@ -124,15 +153,23 @@ class Engine:
             except EngineError:
                 df.close()
                 raise
-            try:
-                draft = load_model(df, spec.draft_weight_format, device, role="drafter")
-            except UnsupportedModelError as e:
-                raise EngineError(f"draft model: {e}", 400) from None
-            draft_fmt = draft.fmt
-            draft_arch = draft.config.arch
-            drafters["model"] = DraftModelDrafter(draft, num_ctx, vocab)
+            if is_mtp_head_only(df.tensors):
+                # A DRAFT that is an MTP head drafts from the target's hidden states; it takes the
+                # place of any head the target carries itself.
+                drafters["mtp"], draft_fmt = _mtp_head_drafter(target, df, spec, device, num_ctx)
+                owned.append(df)
+                draft_arch, draft_kind = target.config.arch, "mtp"
+            else:
+                try:
+                    draft = load_model(df, spec.draft_weight_format, device, role="drafter")
+                except UnsupportedModelError as e:
+                    raise EngineError(f"draft model: {e}", 400) from None
+                draft_fmt = draft.fmt
+                draft_arch = draft.config.arch
+                drafters["model"] = DraftModelDrafter(draft, num_ctx, vocab)
+                draft_kind = "model"
         nextn = find_nextn_block(f.tensors)
-        if nextn is not None:
+        if nextn is not None and "mtp" not in drafters:
             drafters["mtp"] = MtpDrafter(target, f, nextn, fmt, num_ctx)
 
         memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
@@ -155,7 +192,7 @@ class Engine:
             add_bos=bool(tokenizer.add_bos),
         )
         return cls(spec=spec, target=target, gguf=f, tokenizer=tokenizer, cache=cache, drafters=drafters,
-                   facts=facts)
+                   facts=facts, draft_kind=draft_kind, owned_files=owned)
 
     def close(self) -> None:
         """Release the GGUF mappings (unload). The engine cannot generate afterwards."""
@@ -165,6 +202,8 @@ class Engine:
                 m.close()
             elif getattr(m, "gguf", None) is not None:
                 m.gguf.close()
+        for f in self.owned_files:
+            f.close()
 
     # ------------------------------------------------------------------------------------------
     # text
@@ -186,6 +225,8 @@ class Engine:
             raise EngineError(f"unknown drafter {kind!r} (expected one of {', '.join(DRAFTER_KINDS)})", 400)
         if kind == "auto":
             kind = "model" if "model" in self.drafters else "mtp" if "mtp" in self.drafters else "none"
+        if kind == "model" and self.draft_kind == "mtp":
+            kind = "mtp"  # the DRAFT layer is an MTP head: asking for the DRAFT drafter gets the head
         if kind == "model" and "model" not in self.drafters:
             raise EngineError("drafter 'model' was requested but this model has no draft model (DRAFT)", 400)
         if kind == "mtp" and "mtp" not in self.drafters:

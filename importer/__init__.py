@@ -1,5 +1,6 @@
 """Building models into the blob store: from a Modelfile or an `/api/create` body, GGUF in, layers out."""
 
+from . import hf_source
 from .create import create_model
 from .from_modelfile import BlobSink, request_from_modelfile
 from .request import CreateError, CreateRequest, ProgressEvent
@@ -12,5 +13,6 @@ __all__ = [
     "LocalBlobSink",
     "ProgressEvent",
     "create_model",
+    "hf_source",
     "request_from_modelfile",
 ]

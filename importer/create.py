@@ -14,7 +14,8 @@ import os
 import re
 import tempfile
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from blobs import (
     MEDIA_TYPE_ADAPTER,
@@ -35,8 +36,11 @@ from blobs import (
     ModelNotFoundError,
     marshal_json,
 )
+from engine.gguf import read_metadata
 from engine.gotemplate import TemplateError, parse_template
 
+from .hf_to_gguf import convert_folder
+from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
 from .quantize import parse_quant_type, quantize_gguf
 from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
@@ -102,10 +106,15 @@ def _load_base(store: BlobStore, from_: str) -> tuple[list[Layer], dict[str, Any
     return layers, config
 
 
-def _gguf_from_files(store: BlobStore, files: dict[str, str], role: str) -> str:
-    """The digest of the one GGUF among uploaded files; safetensors come with a later importer."""
+def _gguf_from_files(store: BlobStore, files: dict[str, str], role: str, progress: Progress = no_progress,
+                     check: Callable[[GGUFSummary], None] | None = None, donor_digest: str | None = None) -> str:
+    """The digest of the one GGUF among uploaded files; a safetensors folder is converted into one.
+
+    ``check`` vets a converted GGUF before it enters the store; ``donor_digest`` is the GGUF whose
+    tokenizer an MTP head uploaded without tokenizer files adopts (the target's).
+    """
     ggufs: list[str] = []
-    other: list[str] = []
+    safetensors: list[str] = []
     for fname, digest in files.items():
         if not store.has_blob(digest):
             raise CreateError(f'blob "{digest}" not found; upload it with POST /api/blobs/{digest} first')
@@ -113,17 +122,42 @@ def _gguf_from_files(store: BlobStore, files: dict[str, str], role: str) -> str:
             magic = fh.read(4)
         if magic == _GGUF_MAGIC:
             ggufs.append(digest)
-        elif fname.endswith((".safetensors", ".bin", ".pt", ".pth")):
-            raise CreateError(f"{role} {fname}: importing safetensors/PyTorch weights is not supported yet; convert to GGUF first")
+        elif fname.endswith(".safetensors"):
+            safetensors.append(fname)
+        elif fname.endswith((".bin", ".pt", ".pth")):
+            raise CreateError(f"{role} {fname}: PyTorch pickle weights are not supported; use safetensors or GGUF")
         elif fname.endswith(".gguf"):
             raise CreateError(f"{role} {fname}: not a GGUF file (bad magic {magic!r}, expected b'GGUF')")
-        else:
-            other.append(fname)
+    if ggufs and safetensors:
+        raise CreateError(f"{role}: both GGUF and safetensors weights were given; give one model")
+    if safetensors:
+        return _converted_gguf(store, files, role, progress, check, donor_digest)
     if not ggufs:
         raise CreateError(f"no GGUF file among the {role} files ({', '.join(sorted(files))})")
     if len(set(ggufs)) > 1:
         raise CreateError(f"{role}: expected one GGUF file, got {len(ggufs)} (split GGUFs are not supported; merge them first)")
     return ggufs[0]
+
+
+def _converted_gguf(store: BlobStore, files: dict[str, str], role: str, progress: Progress,
+                    check: Callable[[GGUFSummary], None] | None, donor_digest: str | None) -> str:
+    """Convert an uploaded Hugging Face folder to GGUF and add it to the store (atomically, once vetted)."""
+    paths = {os.path.basename(name): store.blob_path(digest) for name, digest in files.items()}
+    donor = None
+    if donor_digest is not None and not has_tokenizer(paths):
+        donor, _ = read_metadata(store.blob_path(donor_digest))
+    status = "converting model" if role == "FROM" else "converting draft model"
+    # As for quantizing: the GGUF is written outside the store and copied in through add_file, which
+    # verifies and renames atomically; a failure before that leaves the store as it was.
+    with tempfile.TemporaryDirectory(prefix="tandem-convert-") as tmp_dir:
+        tmp = Path(tmp_dir) / "model.gguf"
+        progress(ProgressEvent(status, total=0, completed=0))
+        convert_folder(paths, tmp, role, tokenizer_donor=donor,
+                       progress=lambda done, total: progress(ProgressEvent(status, total=total, completed=done)))
+        if check is not None:
+            check(summarize_gguf(tmp))
+        digest, _ = store.add_file(tmp)
+    return digest
 
 
 def _quantized_layer(store: BlobStore, digest: str, quant: str, media_type: str, progress: Progress) -> tuple[str, int]:
@@ -154,7 +188,7 @@ def _weights(store: BlobStore, digest: str, media_type: str, quant: str | None, 
 
 def _target_weights(store: BlobStore, req: CreateRequest, base_layers: list[Layer], progress: Progress) -> _Weights:
     if req.files:
-        digest = _gguf_from_files(store, req.files, "FROM")
+        digest = _gguf_from_files(store, req.files, "FROM", progress, check=lambda s: check_runnable(s, "model"))
         return _weights(store, digest, MEDIA_TYPE_MODEL, req.quantize, "model", progress)
     model = next((l for l in base_layers if l.media_type == MEDIA_TYPE_MODEL), None)
     if model is None:
@@ -166,7 +200,12 @@ def _target_weights(store: BlobStore, req: CreateRequest, base_layers: list[Laye
 def _draft_weights(store: BlobStore, req: CreateRequest, base_layers: list[Layer], target: _Weights,
                    progress: Progress) -> _Weights | None:
     if req.draft_files:
-        digest = _gguf_from_files(store, req.draft_files, "DRAFT")
+        def vet(summary: GGUFSummary) -> None:
+            check_runnable(summary, "draft")
+            check_draft_pair(target.summary, summary)
+
+        digest = _gguf_from_files(store, req.draft_files, "DRAFT", progress, check=vet,
+                                  donor_digest=target.layer.digest)
         if digest == target.layer.digest or (req.files and digest in req.files.values()):
             raise CreateError("DRAFT must not reference the same model as FROM")
         draft = _weights(store, digest, MEDIA_TYPE_DRAFT, req.draft_quantize, "draft", progress)

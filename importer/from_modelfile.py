@@ -3,6 +3,13 @@
 Local files named by FROM / DRAFT are hashed and handed to a `BlobSink` first: the local store when
 the CLI works on disk, or `/api/blobs` when a server runs. The request then refers to them by digest,
 exactly like the JSON an Ollama client sends.
+
+`FROM hf.co/<org>/<repo>[:<tag>]` names the stored model of that name when the sink's side has one (a
+pulled model), and otherwise a Hugging Face repo: the GGUF for the tag, or the safetensors folder, is
+downloaded through huggingface_hub (`importer.hf_source`, with pull's progress events) and then handed to
+the sink like a local file. `DRAFT hf.co/...` always resolves on Hugging Face (a DRAFT never names a
+stored model). Everything is checked and downloaded before the first file reaches the sink, so a
+failing Modelfile leaves the store untouched.
 """
 
 from __future__ import annotations
@@ -14,7 +21,8 @@ from typing import Protocol
 
 from modelfile import Command, ParamError, format_params
 
-from .request import CreateError, CreateRequest
+from . import hf_source
+from .request import CreateError, CreateRequest, Progress, no_progress
 
 _PATH_HINT = re.compile(r"^(\.{1,2}/|/|~)|\.(gguf|safetensors)$", re.IGNORECASE)
 # Files Ollama's client collects from a FROM directory besides the weights.
@@ -27,6 +35,9 @@ class BlobSink(Protocol):
     def upload_file(self, path: Path) -> str:
         """Store the file; return its digest `sha256:<hex>`."""
         ...
+
+    # Optional: `has_model(name) -> bool`, whether the store the create runs against holds the model
+    # `name` (so that `FROM hf.co/...` of a pulled model uses it). Without it, hf.co names are downloaded.
 
 
 def expand_path(value: str, base_dir: Path) -> Path:
@@ -42,46 +53,67 @@ def _collect_files(path: Path, role: str) -> list[Path]:
         weights = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _WEIGHT_SUFFIXES)
         if not weights:
             raise CreateError(f"{role} {path}: no GGUF or safetensors file in this directory")
-        extras = sorted(p for p in path.iterdir() if p.is_file() and (p.suffix == ".json" or p.name.startswith("tokenizer")))
+        extras = sorted(p for p in path.iterdir()
+                        if p.is_file() and (p.suffix in (".json", ".jinja") or p.name.startswith("tokenizer")))
         return weights + (extras if any(w.suffix == ".safetensors" for w in weights) else [])
     return [path]
 
 
-def _upload(paths: list[Path], sink: BlobSink) -> dict[str, str]:
-    files: dict[str, str] = {}
-    for p in paths:
-        files[p.name] = sink.upload_file(p)
-    return files
+def _stored(sink: BlobSink, name: str) -> bool:
+    has_model = getattr(sink, "has_model", None)
+    return bool(has_model(name)) if has_model is not None else False
+
+
+def _from_hf(value: str, role: str, progress: Progress) -> list[tuple[Path, str | None]]:
+    """The files of an hf.co name, downloaded (CreateError when it cannot be resolved)."""
+    try:
+        _, fetched = hf_source.fetch(value, progress)
+    except CreateError as e:
+        raise CreateError(f"{role} {value}: {e}", e.status) from None
+    return [(path, f.digest) for path, f in fetched]
 
 
 def request_from_modelfile(commands: list[Command], model: str, base_dir: Path, sink: BlobSink,
-                           warnings: list[str] | None = None) -> CreateRequest:
-    """Build the create request for ``model`` from Modelfile ``commands`` (paths relative to ``base_dir``)."""
+                           warnings: list[str] | None = None, progress: Progress = no_progress) -> CreateRequest:
+    """Build the create request for ``model`` from Modelfile ``commands`` (paths relative to ``base_dir``).
+    ``progress`` gets the download progress of Hugging Face sources."""
     req = CreateRequest(model=model)
     from_paths: list[Path] = []
     raw_params: dict[str, list[str]] = {}
+    # (files map to fill, [(local path, expected digest or None)]): uploaded once everything checked out.
+    uploads: list[tuple[dict[str, str], list[tuple[Path, str | None]]]] = []
     for cmd in commands:
         if cmd.name == "model":
             path = expand_path(cmd.args, base_dir)
             if cmd.args and path.exists():
                 from_paths.append(path.resolve())
-                req.files.update(_upload(_collect_files(path, "FROM"), sink))
+                uploads.append((req.files, [(p, None) for p in _collect_files(path, "FROM")]))
             elif _PATH_HINT.search(cmd.args):
                 raise CreateError(f"FROM {cmd.args}: no such file or directory")
+            elif hf_source.is_hf_name(cmd.args) and not _stored(sink, cmd.args):
+                files = _from_hf(cmd.args, "FROM", progress)
+                from_paths += [p.resolve() for p, _ in files]
+                uploads.append((req.files, files))
             else:
                 req.from_ = cmd.args
         elif cmd.name == "draft":
             path = expand_path(cmd.args, base_dir)
-            if not path.exists():
+            if path.exists():
+                if path.resolve() in from_paths:
+                    raise CreateError(f"DRAFT must not reference the same local path as FROM: {path}")
+                uploads.append((req.draft_files, [(p, None) for p in _collect_files(path, "DRAFT")]))
+            elif hf_source.is_hf_name(cmd.args) and not _PATH_HINT.search(cmd.args):
+                files = _from_hf(cmd.args, "DRAFT", progress)
+                if any(p.resolve() in from_paths for p, _ in files):
+                    raise CreateError(f"DRAFT must not reference the same model as FROM: {cmd.args}")
+                uploads.append((req.draft_files, files))
+            else:
                 raise CreateError(f"stat {path}: no such file or directory")
-            if path.resolve() in from_paths:
-                raise CreateError(f"DRAFT must not reference the same local path as FROM: {path}")
-            req.draft_files.update(_upload(_collect_files(path, "DRAFT"), sink))
         elif cmd.name == "adapter":
             path = expand_path(cmd.args, base_dir)
             if not path.exists():
                 raise CreateError(f"stat {path}: no such file or directory")
-            req.adapters.update(_upload(_collect_files(path, "ADAPTER"), sink))
+            uploads.append((req.adapters, [(p, None) for p in _collect_files(path, "ADAPTER")]))
         elif cmd.name == "template":
             req.template = cmd.args
         elif cmd.name == "system":
@@ -99,16 +131,26 @@ def request_from_modelfile(commands: list[Command], model: str, base_dir: Path, 
             req.messages.append({"role": role, "content": content})
         else:
             raw_params.setdefault(cmd.name, []).append(cmd.args)
-    # A DRAFT named before FROM in the file is checked here too.
-    for digest in req.draft_files.values():
-        if digest in req.files.values():
-            raise CreateError("DRAFT must not reference the same local path as FROM")
     try:
         params, warns = format_params(raw_params)
     except ParamError as e:
         raise CreateError(str(e)) from None
+    req.parameters = params
+    if not req.from_ and not any(items for _, items in uploads):
+        req.check()  # neither FROM nor files: refused before anything is uploaded
+    for files, items in uploads:
+        for p, expected in items:
+            digest = sink.upload_file(p)
+            if expected and digest != expected:
+                raise CreateError(f'{p.name}: digest mismatch, expected "{expected}", got "{digest}"')
+            files[p.name] = digest
+    # A DRAFT named before FROM in the file is checked here too. Only weights count: a drafter folder
+    # usually ships the very tokenizer.json (and often config files) of its target.
+    target_weights = {d for name, d in req.files.items() if name.lower().endswith(_WEIGHT_SUFFIXES)}
+    for name, digest in req.draft_files.items():
+        if name.lower().endswith(_WEIGHT_SUFFIXES) and digest in target_weights:
+            raise CreateError("DRAFT must not reference the same local path as FROM")
     if warnings is not None:
         warnings.extend(warns)
-    req.parameters = params
     req.check()
     return req

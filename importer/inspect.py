@@ -10,6 +10,7 @@ from engine.capabilities import (
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TENSOR_TYPES,
     has_mtp_head,
+    is_mtp_head_only,
 )
 from engine.gguf import GGUFError, GGUFFile, format_parameter_count
 
@@ -29,6 +30,7 @@ class GGUFSummary:
     vocab_digest: str  # sha256 over the token strings: equal digests = identical vocabularies
     tensor_types: frozenset[str]
     has_nextn: bool  # carries an MTP (NextN) head
+    is_mtp_head: bool = False  # nothing but an MTP head (a DRAFT that drafts from the target's hidden states)
 
     @property
     def parameter_size(self) -> str:
@@ -67,6 +69,7 @@ def summarize_gguf(path: str | os.PathLike) -> GGUFSummary:
             vocab_digest=h.hexdigest(),
             tensor_types=frozenset(t.type_name for t in f.tensors.values()),
             has_nextn=has_mtp_head(f.tensors),
+            is_mtp_head=is_mtp_head_only(f.tensors),
         )
 
 
@@ -75,13 +78,24 @@ def check_runnable(summary: GGUFSummary, role: str) -> None:
     if summary.architecture not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         raise CreateError(f'unsupported {role} architecture "{summary.architecture}" (tandem runs: {supported})')
+    if summary.is_mtp_head and role == "model":
+        raise CreateError("the model is only an MTP (NextN) head, which drafts for a target: name it in DRAFT, "
+                          "with its target in FROM")
     unknown = sorted(summary.tensor_types - SUPPORTED_TENSOR_TYPES)
     if unknown:
         raise CreateError(f"unsupported tensor type(s) in {role}: {', '.join(unknown)}")
 
 
 def check_draft_pair(target: GGUFSummary, draft: GGUFSummary) -> None:
-    """A drafter proposes token ids the target verifies, so both must use one vocabulary."""
+    """A drafter proposes token ids the target verifies, so both must use one vocabulary; an MTP head
+    also runs on the target's hidden states, so it must be built for the target's width and kind."""
+    if draft.is_mtp_head:
+        if draft.embedding_length != target.embedding_length:
+            raise CreateError(f"MTP head hidden size {draft.embedding_length} does not match the target's "
+                              f"{target.embedding_length}")
+        if draft.architecture != target.architecture:
+            raise CreateError(f"MTP head architecture {draft.architecture} does not match the target's "
+                              f"{target.architecture}")
     if draft.vocab_size != target.vocab_size:
         raise CreateError(
             f"draft model vocabulary ({draft.vocab_size} tokens) does not match the target's "

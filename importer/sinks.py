@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from blobs import BlobStore
+from blobs import BlobsError, BlobStore
 
 
 class LocalBlobSink:
@@ -20,3 +20,10 @@ class LocalBlobSink:
         if self.on_copy:
             self.on_copy(path, digest)
         return digest
+
+    def has_model(self, name: str) -> bool:
+        try:
+            self.store.read_manifest(name)
+        except BlobsError:  # not found, or not a valid name
+            return False
+        return True

@@ -1,6 +1,6 @@
 """The `tandem` command line: Ollama's verbs.
 
-`serve` runs the server; `run`, `ps`, `stop` and `pull` talk to it over the API (TANDEM_HOST); `create`
+`serve` runs the server; `run`, `ps`, `stop`, `pull` and `bench` talk to it over the API (TANDEM_HOST); `create`
 goes through `/api/blobs` + `/api/create` when a tandem server answers and works on the local store
 otherwise; `list`, `show`, `cp` and `rm` work on the local store.
 
@@ -26,6 +26,7 @@ from importer import (
 )
 from modelfile import ParseError, parse
 
+from .bench.command import add_arguments as bench_arguments
 from .client import APIError, Client, ServerBlobSink
 from .show import modelfile_text, parameters_text
 
@@ -106,7 +107,7 @@ def _create_remote(args: argparse.Namespace, client: Client) -> None:
 
     warnings: list[str] = []
     req = request_from_modelfile(commands, args.model, modelfile_path.resolve().parent, ServerBlobSink(client, uploaded),
-                                 warnings)
+                                 warnings, progress)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     body = create_body(req)
@@ -143,7 +144,7 @@ def _create_local(args: argparse.Namespace, store: BlobStore) -> None:
     progress(ProgressEvent("gathering model components"))
     sink = LocalBlobSink(store, on_copy=lambda path, digest: progress(ProgressEvent(f"copying file {digest} 100%")))
     warnings: list[str] = []
-    req = request_from_modelfile(commands, args.model, modelfile_path.resolve().parent, sink, warnings)
+    req = request_from_modelfile(commands, args.model, modelfile_path.resolve().parent, sink, warnings, progress)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.quantize:
@@ -622,6 +623,15 @@ def cmd_pull(args: argparse.Namespace, store: BlobStore) -> None:
             raise CLIError(str(e)) from None
 
 
+def cmd_bench(args: argparse.Namespace, store: BlobStore) -> None:
+    from .bench.command import BenchError, run_bench
+
+    try:
+        run_bench(args)
+    except BenchError as e:
+        raise CLIError(str(e)) from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tandem", description="An Ollama-compatible model server with speculative decoding")
     sub = p.add_subparsers(dest="command", required=True)
@@ -643,6 +653,10 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("stop", help="Stop a running model")
     st.add_argument("model")
     st.set_defaults(func=cmd_stop)
+
+    b = sub.add_parser("bench", help="Benchmark speculation settings (speed, or --quality) against a running server")
+    bench_arguments(b)
+    b.set_defaults(func=cmd_bench)
 
     pl = sub.add_parser("pull", help="Pull a GGUF model from Hugging Face (hf.co/<org>/<repo>[:<quant>])")
     pl.add_argument("model")

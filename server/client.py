@@ -153,3 +153,12 @@ class ServerBlobSink:
         if self.on_upload:
             self.on_upload(path, digest, not present)
         return digest
+
+    def has_model(self, name: str) -> bool:
+        try:
+            self.client.show(name)
+        except APIError as e:
+            if e.status in (400, 404):  # not there, or not a name the server takes
+                return False
+            raise
+        return True

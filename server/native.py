@@ -45,6 +45,7 @@ from importer import (
     LocalBlobSink,
     ProgressEvent,
     create_model,
+    hf_source,
     request_from_modelfile,
 )
 from modelfile import (
@@ -708,6 +709,12 @@ async def create(request: Request) -> Response:
         raise _as_api_error(e) from None
 
     def work(progress: Callable[[ProgressEvent], None]) -> None:
+        if req.from_ and not req.files and hf_source.is_hf_name(req.from_) and not LocalBlobSink(ctx.store).has_model(req.from_):
+            # `"from": "hf.co/org/repo:tag"` of a model not pulled yet: pulled first, as Ollama does.
+            from .pull import fetch_into_store
+
+            req.files = fetch_into_store(ctx.store, hf_source.parse_hf_name(req.from_), progress)
+            req.from_ = None
         name = create_model(ctx.store, req, progress)
         log.info("created %s", name.display())
 

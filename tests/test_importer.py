@@ -264,13 +264,13 @@ def test_quantize_target_and_draft(store: BlobStore, files) -> None:
         assert abs(a.reshape(b.shape) - b).max() < 0.2 * abs(a).max()
 
 
-def test_quantize_refuses_quantized_source_and_k_quants(store: BlobStore, tmp_path: Path) -> None:
+def test_quantize_refuses_quantized_source_and_unsupported_types(store: BlobStore, tmp_path: Path) -> None:
     write_tiny_gguf(tmp_path / "q.gguf", TinySpec(dtype="Q8_0"))
     with pytest.raises(CreateError, match="quantization is only supported for F16, BF16 and F32 models"):
         create_from_text(store, "FROM ./q.gguf", tmp_path, quantize="q4_0")
     write_tiny_gguf(tmp_path / "f.gguf", TinySpec(dtype="F16"))
-    with pytest.raises(CreateError, match="quantization type q4_K_M is not supported yet"):
-        create_from_text(store, "FROM ./f.gguf", tmp_path, quantize="q4_K_M")
+    with pytest.raises(CreateError, match="quantization type q3_K_M is not supported yet"):
+        create_from_text(store, "FROM ./f.gguf", tmp_path, quantize="q3_K_M")
     with pytest.raises(CreateError, match="unsupported quantization type q3_x"):
         create_from_text(store, "FROM ./f.gguf", tmp_path, quantize="q3_x")
     _assert_untouched(store)

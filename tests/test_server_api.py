@@ -1,7 +1,7 @@
 """The native API over real HTTP: a uvicorn server in a background thread, tiny GGUF models (a qwen2
 target and a 1-layer drafter with the same vocabulary), the real engine process behind them.
 
-Also the shared helpers of the server tests (`ServerThread`, `make_store`, `HFMock`).
+Also the shared helpers of the server tests (`ServerThread`, `make_store`; `HFMock` lives in tests/hf_mock.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import socket
 import threading
 import time
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,6 +27,7 @@ from blobs import BlobStore
 from importer import CreateRequest, create_model
 from server.app import create_app
 from server.settings import Settings, parse_host
+from tests.hf_mock import HFMock
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 # --- helpers shared by the server test modules -----------------------------------------------------
@@ -88,69 +88,6 @@ def make_store(d: Path, name: str = "tiny") -> BlobStore:
     create_model(store, CreateRequest(model=name, files={"target.gguf": t}, draft_files={"draft.gguf": dr},
                                       parameters={"temperature": 0.0, "num_predict": 8}))
     return store
-
-
-class HFMock:
-    """Just enough of the Hugging Face Hub for huggingface_hub's `model_info` and `hf_hub_download`:
-    `/api/models/{repo}` listing siblings (with LFS sha256), and `/{repo}/resolve/{rev}/{file}` answering
-    HEAD and GET with ETag, X-Repo-Commit and Content-Length."""
-
-    COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-    def __init__(self, repos: dict[str, dict[str, bytes]]):
-        self.repos = repos
-        self.requests: list[tuple[str, str]] = []
-        mock = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _send(self, code: int, body: bytes, headers: dict[str, str], head: bool) -> None:
-                self.send_response(code)
-                for k, v in headers.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if not head:
-                    self.wfile.write(body)
-
-            def _handle(self, head: bool) -> None:
-                mock.requests.append((self.command, self.path))
-                parts = self.path.split("?")[0].strip("/").split("/")
-                if parts[:2] == ["api", "models"]:
-                    repo = "/".join(parts[2:4])
-                    if repo not in mock.repos:
-                        return self._send(404, b'{"error":"Repository not found"}',
-                                          {"Content-Type": "application/json", "X-Error-Code": "RepoNotFound"}, head)
-                    siblings = [{"rfilename": f, "size": len(b),
-                                 "lfs": {"sha256": hashlib.sha256(b).hexdigest(), "size": len(b), "pointerSize": 130}}
-                                for f, b in mock.repos[repo].items()]
-                    body = json.dumps({"id": repo, "modelId": repo, "sha": mock.COMMIT, "private": False,
-                                       "siblings": siblings, "tags": []}).encode()
-                    return self._send(200, body, {"Content-Type": "application/json"}, head)
-                if len(parts) >= 5 and parts[2] == "resolve":
-                    data = mock.repos.get("/".join(parts[:2]), {}).get("/".join(parts[4:]))
-                    if data is None:
-                        return self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound"}, head)
-                    sha = hashlib.sha256(data).hexdigest()
-                    return self._send(200, data, {"ETag": f'"{sha}"', "X-Linked-Etag": f'"{sha}"',
-                                                  "X-Linked-Size": str(len(data)), "X-Repo-Commit": mock.COMMIT,
-                                                  "Content-Type": "application/octet-stream"}, head)
-                return self._send(404, b"not found", {}, head)
-
-            def do_GET(self) -> None:
-                self._handle(False)
-
-            def do_HEAD(self) -> None:
-                self._handle(True)
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self._server.shutdown()
 
 
 def ndjson(response: httpx.Response) -> list[dict[str, Any]]:

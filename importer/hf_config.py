@@ -1,0 +1,234 @@
+"""A Hugging Face config.json read into the hyper-parameters a GGUF carries, or refused with a reason.
+
+Both config layouts are read: transformers 4's (``rope_theta``, ``rope_scaling``,
+``rope_local_base_freq``) and transformers 5's (``rope_parameters``, per layer type for gemma3).
+Anything the engine would run differently from the reference (an unknown architecture, a RoPE
+scaling it lacks, an activation it does not implement, an already-quantized checkpoint) is refused
+here, before a byte of weights is read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .request import CreateError
+
+# Hugging Face model class -> GGUF architecture. The multimodal gemma3 class contributes its text
+# model only (its vision tower is skipped).
+ARCHITECTURES: Mapping[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+}
+_MODEL_TYPES: Mapping[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                                   "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
+
+# transformers' Gemma3TextConfig defaults: the text_config of a multimodal gemma3 lists only what
+# differs from them.
+_GEMMA3_DEFAULTS: Mapping[str, Any] = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0, "sliding_window": 4096,
+    "query_pre_attn_scalar": 256, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+}
+_ACTIVATIONS: Mapping[str, frozenset[str]] = {
+    "llama": frozenset({"silu", "swish"}),
+    "qwen2": frozenset({"silu", "swish"}),
+    "gemma3": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
+}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """``linear`` (positions divided by ``factor``) or ``llama3`` (per-frequency factors)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_context: int = 8192
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    """What the converter needs from config.json, already checked for what the engine can run."""
+
+    hf_arch: str
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    vocab_size: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+    rope_scaling: RopeScaling | None
+    tied_output: bool
+    n_nextn: int  # num_nextn_predict_layers: MTP heads stored as layers n_layer.. (may be absent)
+    # gemma3 only
+    sliding_window: int | None = None
+    sliding_layers: tuple[bool, ...] = ()  # per layer: True = sliding-window attention
+    rope_base_local: float | None = None
+    attn_scale: float | None = None  # set when query_pre_attn_scalar differs from head_dim
+    final_softcap: float | None = None
+
+
+def _fail(role: str, message: str) -> CreateError:
+    return CreateError(f"{role}: {message}")
+
+
+def _hf_arch(config: Mapping[str, Any], role: str) -> str:
+    names = config.get("architectures") or []
+    if isinstance(names, str):
+        names = [names]
+    if not names and isinstance(config.get("model_type"), str):
+        names = [_MODEL_TYPES.get(config["model_type"], config["model_type"])]
+    for name in names:
+        if name in ARCHITECTURES:
+            return name
+    what = ", ".join(map(str, names)) or "none given"
+    raise _fail(role, f"unsupported architecture {what} in config.json (tandem imports: {', '.join(ARCHITECTURES)})")
+
+
+def _refuse_quantized(config: Mapping[str, Any], role: str) -> None:
+    for cfg in (config, config.get("text_config") or {}):
+        q = cfg.get("quantization_config")
+        if q:
+            method = q.get("quant_method", "unknown") if isinstance(q, dict) else q
+            raise _fail(role, f"the checkpoint is already quantized (quantization_config: {method}); import its "
+                              "unquantized F32/F16/BF16 weights (then --quantize) or a GGUF")
+
+
+def _int(cfg: Mapping[str, Any], key: str, role: str, default: Any = None) -> int:
+    v = cfg.get(key)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or int(v) != v or v < 0:
+        raise _fail(role, f"config.json: {key} must be a non-negative integer (got {v!r})")
+    return int(v)
+
+
+def _rope_entry(cfg: Mapping[str, Any], layer_type: str | None) -> tuple[dict[str, Any], float | None]:
+    """(scaling dict, theta) for a layer type (None = the model's one RoPE), in either config layout."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict):
+        if layer_type is not None and isinstance(params.get(layer_type), dict):
+            params = params[layer_type]
+        elif any(isinstance(v, dict) for v in params.values()):
+            params = params.get("full_attention") or {}
+        return dict(params), params.get("rope_theta")
+    if layer_type == "sliding_attention":
+        return {}, cfg.get("rope_local_base_freq")
+    scaling = cfg.get("rope_scaling")
+    return (dict(scaling) if isinstance(scaling, dict) else {}), cfg.get("rope_theta")
+
+
+def _rope_scaling(entry: Mapping[str, Any], arch: str, role: str) -> RopeScaling | None:
+    kind = str(entry.get("rope_type") or entry.get("type") or "default").lower()
+    factor = float(entry.get("factor") or 1.0)
+    if kind == "default" or (kind == "linear" and factor == 1.0):
+        return None
+    if kind == "linear":
+        return RopeScaling("linear", factor)
+    if kind == "llama3" and arch == "llama":
+        return RopeScaling("llama3", factor, float(entry.get("low_freq_factor", 1.0)),
+                           float(entry.get("high_freq_factor", 4.0)),
+                           int(entry.get("original_max_position_embeddings", 8192)))
+    raise _fail(role, f"RoPE scaling {kind!r} is not supported for {arch} (tandem runs: linear"
+                      f"{', llama3' if arch == 'llama' else ''})")
+
+
+def _text_config(config: Mapping[str, Any], hf_arch: str) -> dict[str, Any]:
+    if hf_arch == "Gemma3ForConditionalGeneration":
+        return {**_GEMMA3_DEFAULTS, **(config.get("text_config") or {})}
+    if hf_arch == "Gemma3ForCausalLM":
+        return {**_GEMMA3_DEFAULTS, **config}
+    return dict(config)
+
+
+def _check_supported(cfg: Mapping[str, Any], arch: str, role: str) -> None:
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("silu" if arch != "gemma3" else "gelu_pytorch_tanh")
+    if act not in _ACTIVATIONS[arch]:
+        raise _fail(role, f"activation {act!r} is not supported for {arch} (tandem runs: "
+                          f"{', '.join(sorted(_ACTIVATIONS[arch]))})")
+    if arch == "qwen2" and cfg.get("use_sliding_window"):
+        raise _fail(role, "qwen2 with use_sliding_window is not supported")
+    if cfg.get("mlp_bias"):
+        raise _fail(role, "MLP biases (mlp_bias) are not supported")
+
+
+def _gemma3_layers(cfg: Mapping[str, Any], n_layer: int, role: str) -> tuple[bool, ...]:
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        if len(types) != n_layer:
+            raise _fail(role, f"config.json: layer_types lists {len(types)} layers, num_hidden_layers is {n_layer}")
+        return tuple(t == "sliding_attention" for t in types)
+    period = int(cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern") or 6)
+    return tuple((i + 1) % period != 0 for i in range(n_layer))
+
+
+def read_params(config: Mapping[str, Any], role: str) -> ModelParams:
+    """The validated hyper-parameters of ``config`` (a parsed config.json)."""
+    _refuse_quantized(config, role)
+    hf_arch = _hf_arch(config, role)
+    arch = ARCHITECTURES[hf_arch]
+    cfg = _text_config(config, hf_arch)
+    _check_supported(cfg, arch, role)
+    n_embd = _int(cfg, "hidden_size", role)
+    n_head = _int(cfg, "num_attention_heads", role)
+    if n_head == 0:
+        raise _fail(role, "config.json: num_attention_heads is 0")
+    n_layer = _int(cfg, "num_hidden_layers", role)
+    head_dim = _int(cfg, "head_dim", role, n_embd // n_head)
+    rope_entry, theta = _rope_entry(cfg, "full_attention" if arch == "gemma3" else None)
+    # Tied unless said otherwise, as transformers' PretrainedConfig defaults (a multimodal gemma3 keeps
+    # the flag on its outer config).
+    tied = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    params = ModelParams(
+        hf_arch=hf_arch,
+        arch=arch,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_ff=_int(cfg, "intermediate_size", role),
+        n_head=n_head,
+        n_head_kv=_int(cfg, "num_key_value_heads", role, n_head),
+        head_dim=head_dim,
+        vocab_size=_int(cfg, "vocab_size", role),
+        context_length=_int(cfg, "max_position_embeddings", role, 4096),
+        rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_base=float(theta if theta is not None else 10_000.0),
+        rope_scaling=_rope_scaling(rope_entry, arch, role),
+        tied_output=bool(tied),
+        n_nextn=_int(cfg, "num_nextn_predict_layers", role, 0),
+    )
+    if arch != "gemma3":
+        return params
+    return _gemma3_params(params, cfg, role)
+
+
+def _gemma3_params(params: ModelParams, cfg: Mapping[str, Any], role: str) -> ModelParams:
+    from dataclasses import replace
+
+    local_entry, local_theta = _rope_entry(cfg, "sliding_attention")
+    if _rope_scaling(local_entry, "gemma3", role) is not None:
+        raise _fail(role, "RoPE scaling on gemma3's sliding-window layers is not supported")
+    scalar = cfg.get("query_pre_attn_scalar")
+    attn_scale = None
+    if scalar and float(scalar) != params.head_dim:
+        attn_scale = 1.0 / math.sqrt(float(scalar))
+    window = cfg.get("sliding_window")
+    softcap = cfg.get("final_logit_softcapping")
+    return replace(
+        params,
+        sliding_window=int(window) if window else None,
+        sliding_layers=_gemma3_layers(cfg, params.n_layer, role) if window else (),
+        rope_base_local=float(local_theta if local_theta is not None else 10_000.0),
+        attn_scale=attn_scale,
+        final_softcap=float(softcap) if softcap else None,
+    )
