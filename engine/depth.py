@@ -24,11 +24,13 @@ the depth it actually used.
   moving average did. A width never measured is interpolated (or extrapolated with a non-negative
   slope) from the measured ones: optimistic, so a promising depth is tried once and then known.
 * ``choose`` returns ``argmax_k E[committed(k)] / cost(k)``, ``E[committed(k)] = 1 + sum_{i<=k}
-  prod_{j<=i} a_j``. Every ``explore_every``-th step it probes a neighbour of the best depth instead
-  (the one measured least recently), which keeps the costs fresh and lets acceptance at the next
-  position be observed. Exploration is a deterministic function of the step count, so runs with a
-  fixed cost model are reproducible. A useless drafter therefore costs one probe of depth 1 every
-  ``explore_every`` steps.
+  prod_{j<=i} a_j``. Every ``explore_every``-th step it probes instead, among the best depth's
+  neighbours and plain decoding (depth 0), the one measured least recently: that keeps the costs
+  fresh (plain steps included, which a controller settled on drafting would otherwise never
+  re-measure, so one slow early plain step made drafting look good for ever) and lets acceptance at
+  the next position be observed. Exploration is a deterministic function of the step count, so runs
+  with a fixed cost model are reproducible. A useless drafter therefore costs one probe of depth 1
+  every ``explore_every`` steps.
 
 The state lives on the Engine, one controller per loaded model and drafter kind, across requests.
 """
@@ -209,7 +211,7 @@ class AdaptiveDepth:
         return best
 
     def _probe(self, best: int, cap: int) -> int:
-        candidates = [k for k in (best + 1, best - 1) if 0 <= k <= cap]
+        candidates = sorted({k for k in (best + 1, best - 1, 0) if 0 <= k <= cap and k != best})
         if not candidates:
             return best
         # Least recently measured first (never measured = oldest); ties: the deeper one.

@@ -267,6 +267,24 @@ def test_adaptive_cost_is_verification_plus_drafting_per_token():
     assert ctl.verify_cost(2) == pytest.approx(0.200)
 
 
+def test_adaptive_remeasures_plain_steps():
+    """Settled on drafting, the controller still re-measures plain decoding now and then: a first plain
+    step measured 6x too slow (a cold start) must not make a mediocre drafter look good for ever."""
+    real = {0: 0.150, 1: 0.320, 2: 0.390}  # drafting 70 ms a token; verifying 2 or 3 tokens 250 ms
+    ctl = AdaptiveDepth()
+    ctl.observe(0, 0, 0, 6 * real[0])
+    chosen = []
+    for step in range(300):
+        k = min(ctl.choose(2), 2)
+        chosen.append(k)
+        a = 0
+        while a < k and ((step * 7 + a * 13) % 100) < 70:  # 70% accepted: plain is still best
+            a += 1
+        ctl.observe(k, k, a, real[k], drafting=0.070 * k)
+    assert ctl.verify_cost(1) == pytest.approx(real[0])
+    assert chosen[-50:].count(0) >= 45
+
+
 def test_adaptive_recovers_from_a_slow_first_round():
     """A cold first round at a depth (measured here as 6x its real cost) must not keep the controller
     from that depth for good: the moving average of the old controller did exactly that."""
