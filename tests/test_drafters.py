@@ -91,7 +91,10 @@ def test_draft_model_rolls_back_to_the_committed_prefix(engine):
     assert int(logits.argmax()) == prop.tokens[0]
 
 
-def test_draft_model_times_catch_up_after_plain_steps_apart(engine):
+@pytest.mark.parametrize("plain_steps, fused", [(1, True), (8, False)])
+def test_draft_model_catch_up(engine, monkeypatch, plain_steps, fused):
+    """Tokens committed by a few plain steps are forwarded with the round's tail in one call (no
+    separate whole-step forward); a long run is forwarded first and timed apart for the controller."""
     d: DraftModelDrafter = engine.drafters["model"]
     prompt = engine.tokenize("def fib(n):")
     d.begin(prompt)
@@ -100,11 +103,21 @@ def test_draft_model_times_catch_up_after_plain_steps_apart(engine):
     d.commit(first.tokens + [7], len(prompt) + 4)  # a full acceptance: last draft + bonus to forward
     assert d.propose(3, ctx()).catchup_seconds == 0.0
     d.commit([5], len(d.tokens) + 1)
-    for t in (9, 10, 11, 12):  # plain steps: the drafter only hears about them
+    for t in range(9, 9 + plain_steps):  # plain steps: the drafter only hears about them
         d.commit([t], len(d.tokens) + 1)
+    widths = []
+    forward = d.model.forward
+    monkeypatch.setattr(d.model, "forward", lambda toks, *a, **kw: widths.append(len(toks)) or forward(toks, *a, **kw))
     late = d.propose(3, ctx())
-    assert late.catchup_seconds > 0.0 and len(late.tokens) == 3
+    assert len(late.tokens) == 3
+    if fused:
+        assert late.catchup_seconds == 0.0 and widths == [plain_steps + 1, 1, 1]  # 5, the plain tokens
+    else:
+        assert late.catchup_seconds > 0.0 and widths == [plain_steps - 1, 2, 1, 1]
     assert d.cache.tokens == d.tokens + late.tokens[:2]
+    # Drafts after the catch-up equal the draft model's greedy continuation of the whole log.
+    ref = d.model.new_cache(64)
+    assert int(forward(d.tokens, ref, logits_for="last").argmax()) == late.tokens[0]
 
 
 def test_draft_model_prefix_survives_across_sessions(engine):

@@ -24,10 +24,26 @@ def _plt():
     return plt
 
 
-def _grid(plt, temps: list[float], prompts: list[str]):
+def _panels(report: dict[str, Any], path: Path, title: str, xlabel: str, ylabel: str, draw) -> None:
+    """One panel per (temperature, prompt): ``draw(ax, prompt, temp)`` plots into it; labels, grid,
+    legend, the figure title and the PNG file are the same for every speed figure."""
+    temps, prompts, _, _ = _cells(report)
+    plt = _plt()
     fig, axes = plt.subplots(len(temps), len(prompts), figsize=(4.6 * len(prompts), 3.6 * len(temps)),
                              squeeze=False)
-    return fig, axes
+    for i, temp in enumerate(temps):
+        for j, prompt in enumerate(prompts):
+            ax = axes[i][j]
+            draw(ax, prompt, temp)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{prompt}, temperature {temp:g}")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{report['model']}: {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _cells(report: dict[str, Any]) -> tuple[list[float], list[str], dict, dict]:
@@ -52,45 +68,35 @@ def _plain_line(ax, cell, prompt, temp):
 
 
 def speed_vs_relaxed(report: dict[str, Any], path: Path) -> bool:
-    temps, prompts, cell, meta = _cells(report)
+    _, _, cell, meta = _cells(report)
     relaxed = [s for s in meta.values() if s["kind"] == "relaxed"]
     if not relaxed:
         return False
     tops = sorted({s["relaxed_top_n"] for s in relaxed})
     depths = sorted({s["n_max"] for s in relaxed})
-    plt = _plt()
-    fig, axes = _grid(plt, temps, prompts)
     xs_all = [0] + tops
-    for i, temp in enumerate(temps):
-        for j, prompt in enumerate(prompts):
-            ax = axes[i][j]
-            for n in depths:
-                pts = []
-                st = next((s for s in meta.values() if s["kind"] == "strict" and s["n_max"] == n), None)
-                if st and (prompt, temp, st["name"]) in cell:
-                    pts.append((0, cell[(prompt, temp, st["name"])]))
-                for s in relaxed:
-                    if s["n_max"] == n and (prompt, temp, s["name"]) in cell:
-                        pts.append((s["relaxed_top_n"], cell[(prompt, temp, s["name"])]))
-                pts.sort(key=lambda p: p[0])
-                if pts:
-                    _errbar(ax, [xs_all.index(x) for x, _ in pts], [r for _, r in pts], f"n_max {n}")
-            _plain_line(ax, cell, prompt, temp)
-            ax.set_xticks(range(len(xs_all)), ["strict"] + [str(t) for t in tops])
-            ax.set_xlabel("relaxed_top_n")
-            ax.set_ylabel("tokens/s")
-            ax.set_title(f"{prompt}, temperature {temp:g}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{report['model']}: decode speed against relaxed_top_n")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+    def draw(ax, prompt, temp):
+        for n in depths:
+            pts = []
+            st = next((s for s in meta.values() if s["kind"] == "strict" and s["n_max"] == n), None)
+            if st and (prompt, temp, st["name"]) in cell:
+                pts.append((0, cell[(prompt, temp, st["name"])]))
+            for s in relaxed:
+                if s["n_max"] == n and (prompt, temp, s["name"]) in cell:
+                    pts.append((s["relaxed_top_n"], cell[(prompt, temp, s["name"])]))
+            pts.sort(key=lambda p: p[0])
+            if pts:
+                _errbar(ax, [xs_all.index(x) for x, _ in pts], [r for _, r in pts], f"n_max {n}")
+        _plain_line(ax, cell, prompt, temp)
+        ax.set_xticks(range(len(xs_all)), ["strict"] + [str(t) for t in tops])
+
+    _panels(report, path, "decode speed against relaxed_top_n", "relaxed_top_n", "tokens/s", draw)
     return True
 
 
 def speed_vs_n_max(report: dict[str, Any], path: Path) -> bool:
-    temps, prompts, cell, meta = _cells(report)
+    _, _, cell, meta = _cells(report)
     families: dict[str, list[dict]] = {}
     for s in meta.values():
         if s["kind"] == "strict":
@@ -99,58 +105,38 @@ def speed_vs_n_max(report: dict[str, Any], path: Path) -> bool:
             families.setdefault(f"relaxed top-{s['relaxed_top_n']}", []).append(s)
     if not families:
         return False
-    plt = _plt()
-    fig, axes = _grid(plt, temps, prompts)
-    for i, temp in enumerate(temps):
-        for j, prompt in enumerate(prompts):
-            ax = axes[i][j]
-            for label, members in families.items():
-                pts = sorted((s["n_max"], cell[(prompt, temp, s["name"])]) for s in members
-                             if (prompt, temp, s["name"]) in cell)
-                if pts:
-                    _errbar(ax, [n for n, _ in pts], [r for _, r in pts], label)
-            _plain_line(ax, cell, prompt, temp)
-            ax.set_xticks(sorted({s["n_max"] for m in families.values() for s in m}))
-            ax.set_xlabel("n_max (draft length)")
-            ax.set_ylabel("tokens/s")
-            ax.set_title(f"{prompt}, temperature {temp:g}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{report['model']}: decode speed against n_max")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+    def draw(ax, prompt, temp):
+        for label, members in families.items():
+            pts = sorted((s["n_max"], cell[(prompt, temp, s["name"])]) for s in members
+                         if (prompt, temp, s["name"]) in cell)
+            if pts:
+                _errbar(ax, [n for n, _ in pts], [r for _, r in pts], label)
+        _plain_line(ax, cell, prompt, temp)
+        ax.set_xticks(sorted({s["n_max"] for m in families.values() for s in m}))
+
+    _panels(report, path, "decode speed against n_max", "n_max (draft length)", "tokens/s", draw)
     return True
 
 
 def acceptance_by_position(report: dict[str, Any], path: Path) -> bool:
-    temps, prompts, cell, meta = _cells(report)
+    _, _, cell, meta = _cells(report)
     shown = [s for s in meta.values() if s["kind"] in ("strict", "adaptive", "ngram")]
     if not any(cell[k]["acceptance_by_position"] for k in cell):
         return False
-    plt = _plt()
-    fig, axes = _grid(plt, temps, prompts)
-    for i, temp in enumerate(temps):
-        for j, prompt in enumerate(prompts):
-            ax = axes[i][j]
-            width = 1
-            for s in shown:
-                r = cell.get((prompt, temp, s["name"]))
-                if r and r["acceptance_by_position"]:
-                    xs = list(range(1, len(r["acceptance_by_position"]) + 1))
-                    ax.plot(xs, r["acceptance_by_position"], marker="o", label=s["name"])
-                    width = max(width, len(xs))
-            ax.set_xticks(range(1, width + 1))
-            ax.set_ylim(0, 1.05)
-            ax.set_xlabel("draft position")
-            ax.set_ylabel("acceptance rate")
-            ax.set_title(f"{prompt}, temperature {temp:g}")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{report['model']}: acceptance by draft position")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+
+    def draw(ax, prompt, temp):
+        width = 1
+        for s in shown:
+            r = cell.get((prompt, temp, s["name"]))
+            if r and r["acceptance_by_position"]:
+                xs = list(range(1, len(r["acceptance_by_position"]) + 1))
+                ax.plot(xs, r["acceptance_by_position"], marker="o", label=s["name"])
+                width = max(width, len(xs))
+        ax.set_xticks(range(1, width + 1))
+        ax.set_ylim(0, 1.05)
+
+    _panels(report, path, "acceptance by draft position", "draft position", "acceptance rate", draw)
     return True
 
 
