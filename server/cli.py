@@ -658,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_arguments(b)
     b.set_defaults(func=cmd_bench)
 
-    pl = sub.add_parser("pull", help="Pull a GGUF model from Hugging Face (hf.co/<org>/<repo>[:<quant>])")
+    pl = sub.add_parser("pull", help="Pull a model from Hugging Face (hf.co/<org>/<repo>[:<quant>]): the GGUF of that quant, or a safetensors repo")
     pl.add_argument("model")
     pl.set_defaults(func=cmd_pull)
 
