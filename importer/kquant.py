@@ -321,14 +321,21 @@ def q6_k_parts(blocks: np.ndarray) -> dict[str, np.ndarray]:
     return {"d": d16, "scales": sc, "q": q}
 
 
+def _k4_header(parts: dict[str, np.ndarray], block_bytes: int) -> np.ndarray:
+    """Blocks of ``block_bytes`` with the header Q4_K and Q5_K share filled in: d, dmin, scales[12]."""
+    nb = parts["q"].shape[0]
+    out = np.empty((nb, block_bytes), dtype=np.uint8)
+    out[:, 0:2] = parts["d"].view(np.uint8).reshape(nb, 2)
+    out[:, 2:4] = parts["dmin"].view(np.uint8).reshape(nb, 2)
+    out[:, 4:16] = _pack_scale_min_k4(parts["scales"], parts["mins"])
+    return out
+
+
 def pack_q4_k(parts: dict[str, np.ndarray]) -> np.ndarray:
     """block_q4_K bytes [nb, 144]: d, dmin, scales[12], qs[128]."""
     L = parts["q"]
     nb = L.shape[0]
-    out = np.empty((nb, 144), dtype=np.uint8)
-    out[:, 0:2] = parts["d"].view(np.uint8).reshape(nb, 2)
-    out[:, 2:4] = parts["dmin"].view(np.uint8).reshape(nb, 2)
-    out[:, 4:16] = _pack_scale_min_k4(parts["scales"], parts["mins"])
+    out = _k4_header(parts, 144)
     L = L.reshape(nb, 4, 2, 32)                  # 64-value groups: low nibble first 32, high nibble next 32
     out[:, 16:] = (L[:, :, 0] | (L[:, :, 1] << 4)).reshape(nb, 128)
     return out
@@ -338,10 +345,7 @@ def pack_q5_k(parts: dict[str, np.ndarray]) -> np.ndarray:
     """block_q5_K bytes [nb, 176]: d, dmin, scales[12], qh[32], qs[128]."""
     L = parts["q"]
     nb = L.shape[0]
-    out = np.empty((nb, 176), dtype=np.uint8)
-    out[:, 0:2] = parts["d"].view(np.uint8).reshape(nb, 2)
-    out[:, 2:4] = parts["dmin"].view(np.uint8).reshape(nb, 2)
-    out[:, 4:16] = _pack_scale_min_k4(parts["scales"], parts["mins"])
+    out = _k4_header(parts, 176)
     L = L.reshape(nb, 8, 32)                     # sub-block j -> bit j of qh[l]
     hi = L >> 4
     qh = np.zeros((nb, 32), dtype=np.uint8)

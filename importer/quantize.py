@@ -275,6 +275,21 @@ def _default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def copy_metadata(f: GGUFFile, writer: gguf.GGUFWriter, file_type: int) -> None:
+    """Every metadata key of ``f`` into ``writer`` with its original type, ``general.file_type`` set to
+    ``file_type``. GGUFWriter adds general.architecture (and the alignment) itself."""
+    for key, value in f.metadata.items():
+        if key in ("general.architecture", "general.alignment"):
+            continue
+        vtype, etype = f.metadata_types[key]
+        if key == "general.file_type":
+            value = file_type
+        if isinstance(value, np.ndarray):
+            value = value.tolist()
+        writer.add_key_value(key, value, gguf.GGUFValueType(vtype),
+                             sub_type=gguf.GGUFValueType(etype) if etype is not None else None)
+
+
 def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, plan: QuantizePlan,
                   progress: Callable[[int, int], None] | None = None, threads: int | None = None) -> None:
     """Write ``src`` requantized to ``plan`` at ``dst``.
@@ -296,17 +311,7 @@ def quantize_gguf(src: str | os.PathLike, dst: str | os.PathLike, plan: Quantize
             targets = {t.name: _tensor_target(t.name, t.shape, plan.target) for t in infos}
 
         writer = gguf.GGUFWriter(os.fspath(dst), f.architecture, use_temp_file=False)
-        # GGUFWriter adds general.architecture itself; copy every other key with its original type.
-        for key, value in f.metadata.items():
-            if key in ("general.architecture", "general.alignment"):
-                continue
-            vtype, etype = f.metadata_types[key]
-            if key == "general.file_type":
-                value = plan.file_type_id
-            if isinstance(value, np.ndarray):
-                value = value.tolist()
-            writer.add_key_value(key, value, gguf.GGUFValueType(vtype),
-                                 sub_type=gguf.GGUFValueType(etype) if etype is not None else None)
+        copy_metadata(f, writer, plan.file_type_id)
         if "general.file_type" not in f.metadata:
             writer.add_file_type(plan.file_type_id)
 

@@ -23,6 +23,7 @@ from engine.dequant import load_tensor
 from engine.gguf import GGUFFile, TensorInfo
 from importer import kquant
 from importer.quantize import (
+    copy_metadata,
     k_tensor_types,
     parse_quant_type,
     quantize_gguf,
@@ -500,16 +501,7 @@ def write_f16_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
     """An F16 GGUF of ``src`` (any type gguf-py dequantizes): 2-D tensors F16, the rest F32."""
     with GGUFFile(src) as f:
         w = gguf.GGUFWriter(os.fspath(dst), f.architecture, use_temp_file=False)
-        for key, value in f.metadata.items():
-            if key in ("general.architecture", "general.alignment"):
-                continue
-            vtype, etype = f.metadata_types[key]
-            if key == "general.file_type":
-                value = 1
-            if isinstance(value, np.ndarray):
-                value = value.tolist()
-            w.add_key_value(key, value, gguf.GGUFValueType(vtype),
-                            sub_type=gguf.GGUFValueType(etype) if etype is not None else None)
+        copy_metadata(f, w, 1)  # general.file_type 1 = mostly F16
         infos = list(f.tensors.values())
         for info in infos:
             dt = np.float16 if len(info.dims) >= 2 else np.float32

@@ -20,10 +20,11 @@ an explicit list of settings (``{"settings": [{"name": "mine", "options": {"draf
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+from .files import read_json
 
 
 class GridError(ValueError):
@@ -137,12 +138,7 @@ def infer_setting(name: str, options: dict[str, Any]) -> Setting:
 
 
 def load_grid(path: str | Path) -> list[Setting]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise GridError(f"cannot read the grid file: {e}") from None
-    except ValueError as e:
-        raise GridError(f"the grid file {path} is not valid JSON: {e}") from None
+    data = read_json(path, "grid", GridError)
     if isinstance(data, dict) and "settings" in data:
         data = data["settings"]
     if isinstance(data, list):

@@ -9,11 +9,12 @@ the file has none).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench_prompts import PROMPTS, PROSE_PROMPTS
+
+from .files import read_json
 
 
 class PromptsError(ValueError):
@@ -36,12 +37,7 @@ def builtin_prose() -> list[Prompt]:
 
 
 def load_prompts(path: str | Path) -> list[Prompt]:
-    try:
-        data = json.loads(Path(path).read_text())
-    except OSError as e:
-        raise PromptsError(f"cannot read the prompts file: {e}") from None
-    except ValueError as e:
-        raise PromptsError(f"the prompts file {path} is not valid JSON: {e}") from None
+    data = read_json(path, "prompts", PromptsError)
     out: list[Prompt] = []
     if isinstance(data, dict):
         for name, text in data.items():
