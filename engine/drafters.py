@@ -201,17 +201,16 @@ class DraftModelDrafter(Drafter):
         super().commit(tokens_committed, n_total, target)
         self._sync()
 
-    def _forward_tail(self, upto: int, want_logits: bool) -> Tensor | bool | None:
-        """Forward ``tokens[cache.length:upto]``; the last position's logits if asked, else True when
-        anything was forwarded, None when there was nothing to do."""
+    def _forward_tail(self, upto: int, want_logits: bool) -> Tensor | None:
+        """Forward ``tokens[cache.length:upto]``; the last position's logits if asked (None when there
+        was nothing to forward or none were asked)."""
         tail = self.tokens[self.cache.length:upto]
-        out = None
+        logits = None
         for i in range(0, len(tail), self.prefill_chunk):
             part = tail[i:i + self.prefill_chunk]
             last = i + self.prefill_chunk >= len(tail)
             logits = self.model.forward(part, self.cache, logits_for="last" if (last and want_logits) else "none")
-            out = logits if want_logits else True
-        return out
+        return logits
 
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         k = min(k, self.cache.capacity - len(self.tokens) + 1)
