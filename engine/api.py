@@ -39,7 +39,7 @@ class LoadSpec:
     num_ctx: int = 4096
     num_thread: int = 0  # 0 = the machine's cores
     device: str = "auto"  # auto | cpu | cuda
-    weight_format: str = "auto"  # target weights: auto | f32 | bf16 | bf16-packed | int8 | int4 | auto-int4
+    weight_format: str = "auto"  # target weights: auto | f32 | bf16 | bf16-packed | int8 | int4 | auto-int4 | qdot
     draft_weight_format: str = "auto"
 
 

@@ -60,7 +60,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-TANDEM_FORMATS = ("auto", "f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4")
+TANDEM_FORMATS = ("auto", "f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot")
 DEFAULT_FORMATS = ("auto", "bf16-packed", "int8")
 DEFAULT_WIDTHS = (1, 2, 4, 8, 16)
 

@@ -16,6 +16,7 @@ groups that share one scale.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -374,3 +375,111 @@ def q4_to_int4_groups(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]
         scales[r0:r1] = s.reshape(r1 - r0, g)
         zeros[r0:r1] = z.reshape(r1 - r0, g)
     return q, scales.t().contiguous(), zeros.t().contiguous()
+
+
+# --------------------------------------------------------------------------------------------
+# integer codes for the qdot kernel (engine/kernels/qdot.cpp)
+
+
+@dataclass(frozen=True)
+class IntegerCodes:
+    """A tensor [N, K] as unsigned integer codes with one scale (and zero) per group along K.
+
+    ``w[n, k] = scales[n, g] * codes[n, k] + zeros[n, g]`` when ``zeros`` is given, else
+    ``scales[n, g] * (codes[n, k] - offset)``, with ``g = k // group``. ``bits`` is 4 (codes 0..15)
+    or 8 (codes 0..255)."""
+
+    codes: torch.Tensor  # uint8 [N, K]
+    bits: int
+    group: int
+    scales: torch.Tensor  # f32 [N, K // group]
+    zeros: torch.Tensor | None  # f32 [N, K // group]
+    offset: int
+
+    def dequantize(self) -> torch.Tensor:
+        """f32 weights from the codes (the tests' check of the mapping)."""
+        n, k = self.codes.shape
+        q = self.codes.float().view(n, k // self.group, self.group)
+        if self.zeros is None:
+            w = (q - self.offset) * self.scales[..., None]
+        else:
+            w = q * self.scales[..., None] + self.zeros[..., None]
+        return w.reshape(n, k)
+
+
+# type -> (bits, group, offset or None when the type has per-group zeros)
+INTEGER_CODE_LAYOUTS = {
+    Q4_0: (4, 32, 8), Q4_1: (4, 32, None), Q4_K: (4, 32, None),
+    Q5_0: (8, 32, 16), Q5_1: (8, 32, None), Q5_K: (8, 32, None),
+    Q6_K: (8, 16, 32), Q8_0: (8, 32, 128),
+}
+
+
+def _integer_blocks(blocks: torch.Tensor, ggml_type: int):
+    """One chunk of blocks -> (codes [nb, block], scales [nb, groups], zeros [nb, groups] | None)."""
+    nb = blocks.shape[0]
+    if ggml_type == Q4_0:
+        return _nibbles(blocks[:, 2:18]), _f16(blocks, 0, 2), None
+    if ggml_type == Q4_1:
+        return _nibbles(blocks[:, 4:20]), _f16(blocks, 0, 2), _f16(blocks, 2, 4)
+    if ggml_type == Q4_K:
+        dsc, dm = _q4k_scales(blocks)
+        return _q4k_codes(blocks).reshape(nb, QK_K), dsc.reshape(nb, 8), -dm.reshape(nb, 8)
+    if ggml_type == Q5_0:
+        q = _nibbles(blocks[:, 6:22]) | (_q5_high_bits(blocks[:, 2:6]) << 4)
+        return q, _f16(blocks, 0, 2), None
+    if ggml_type == Q5_1:
+        q = _nibbles(blocks[:, 8:24]) | (_q5_high_bits(blocks[:, 4:8]) << 4)
+        return q, _f16(blocks, 0, 2), _f16(blocks, 2, 4)
+    if ggml_type == Q5_K:
+        dsc, dm = _q4k_scales(blocks)
+        qh = _bits(blocks[:, 16:48], 1, dim=1)
+        ql = _bits(blocks[:, 48:176].reshape(nb, 4, 32), 4, dim=2).reshape(nb, 8, 32)
+        return (ql | (qh << 4)).reshape(nb, QK_K), dsc.reshape(nb, 8), -dm.reshape(nb, 8)
+    if ggml_type == Q6_K:
+        scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
+        ql = _bits(blocks[:, 0:128].reshape(nb, 2, 64), 4, dim=2).reshape(nb, 8, 32)
+        qh = _bits(blocks[:, 128:192].reshape(nb, 2, 32), 2, dim=2).reshape(nb, 8, 32)
+        return (ql | (qh << 4)).reshape(nb, QK_K), _f16(blocks, 208, 210) * scales, None
+    if ggml_type == Q8_0:
+        q = (blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
+        return q, _f16(blocks, 0, 2), None
+    raise ValueError(f"{GGML_TYPES[ggml_type][0]} has no integer-code layout")
+
+
+def integer_codes(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> IntegerCodes:
+    """The codes and group scales of a quantized tensor [N, K], without loss.
+
+    Q4_0/Q4_1/Q4_K keep their 4-bit codes (groups of 32); Q5_0/Q5_1/Q5_K/Q8_0 their 5- or 8-bit
+    codes as bytes (groups of 32; Q8_0's signed codes shifted by 128); Q6_K its 6-bit codes
+    (groups of 16). Scales and zeros are the f32 products ggml computes (d·sc, −dmin·m)."""
+    if ggml_type not in INTEGER_CODE_LAYOUTS:
+        raise ValueError(f"{GGML_TYPES.get(ggml_type, (ggml_type,))[0]} has no integer-code layout")
+    bits, group, offset = INTEGER_CODE_LAYOUTS[ggml_type]
+    raw2, n, k = _rows_view(raw, ggml_type, shape)
+    if len(shape) != 2:
+        raise ValueError("integer_codes needs a 2-D tensor")
+    g = k // group
+    codes = torch.empty(n, k, dtype=torch.uint8)
+    scales = torch.empty(n, g, dtype=torch.float32)
+    zeros = None if offset is not None else torch.empty(n, g, dtype=torch.float32)
+    _, _, block_bytes = GGML_TYPES[ggml_type]
+    chunk = max(1, CHUNK_ELEMS // k)
+    for r0 in range(0, n, chunk):
+        r1 = min(n, r0 + chunk)
+        q, s, z = _integer_blocks(raw2[r0:r1].reshape(-1, block_bytes), ggml_type)
+        codes[r0:r1] = q.reshape(r1 - r0, k)
+        scales[r0:r1] = s.reshape(r1 - r0, g)
+        if zeros is not None:
+            zeros[r0:r1] = z.reshape(r1 - r0, g)
+    return IntegerCodes(codes, bits, group, scales, zeros, offset or 0)
+
+
+def requantize_q8(w: torch.Tensor) -> IntegerCodes:
+    """Symmetric 8-bit codes per 32 values (Q8_0's rule) for weights that have no exact layout."""
+    n, k = w.shape
+    g = w.reshape(n, k // 32, 32)
+    d = (g.abs().amax(dim=-1) / 127.0).to(torch.float16).float()
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    q = (g / safe[..., None]).round_().clamp_(-127, 127).add_(128).to(torch.uint8)
+    return IntegerCodes(q.reshape(n, k), 8, 32, d, None, 128)

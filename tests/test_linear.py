@@ -285,8 +285,16 @@ def test_default_format():
     for role in ("target", "drafter"):
         for types in (q4km, ["Q5_0", "Q8_0", "Q6_K"], ["F16"], ["Q4_1", "Q8_0"]):
             for amx in (True, False):
-                assert L.default_format(role, types, amx=amx) in L.FORMATS
-    assert L.default_format("drafter", q4km) == "auto-int4"
+                for qdot in (True, False):
+                    assert L.default_format(role, types, amx=amx, qdot=qdot) in L.FORMATS
+    assert L.default_format("drafter", q4km, qdot=False) == "auto-int4"
+    # the qdot kernel keeps every quantized tensor's codes: the choice wherever its fast path exists,
+    # except a non-Q4 target on an AMX CPU (bf16-packed verifies 16 tokens for the price of 1)
+    assert L.default_format("drafter", q4km, qdot=True) == "qdot"
+    assert L.default_format("target", q4km, amx=True, qdot=True) == "qdot"
+    assert L.default_format("target", ["F16"], amx=False, qdot=True) == "qdot"
+    assert L.default_format("target", ["F16"], amx=True, qdot=True) == "bf16-packed"
+    assert L.default_format("target", ["F16"], amx=False, qdot=False) == "auto-int4"
     with pytest.raises(ValueError):
         L.default_format("oracle", q4km)
 

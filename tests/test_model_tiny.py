@@ -13,6 +13,7 @@ from tests import hf_tiny  # noqa: E402
 
 from engine.gguf import GGUFFile  # noqa: E402
 from engine.kvcache import ContextOverflowError  # noqa: E402
+from engine.kernels import qdot_fast, qdot_status
 from engine.model import (SUPPORTED_ARCHITECTURES, ForwardOutput, UnsupportedArchitectureError,  # noqa: E402
                           UnsupportedModelError, load_model, read_config)
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
@@ -166,7 +167,7 @@ def _agreement(out, ref):
 
 
 @pytest.mark.parametrize("fmt,dtype", [("bf16", None), ("bf16-packed", None), ("int8", None),
-                                       ("bf16-packed", torch.bfloat16)])
+                                       ("bf16-packed", torch.bfloat16), ("qdot", None)])
 def test_formats_from_f32(pair, model, fmt, dtype):
     """bf16 / int8 weights (requantized from the f32 file) against f32: top-1 >= 90 %, logits close.
     dtype=bf16: activations and KV cache in bf16 too."""
@@ -185,15 +186,18 @@ def q4_path(pair, tmp_path_factory):
     return hf_tiny.write_variant(pair, "Q4_0", tmp_path_factory.mktemp("q4"))
 
 
-@pytest.mark.parametrize("fmt", ["int4", "auto-int4", "auto"])
+@pytest.mark.parametrize("fmt", ["int4", "auto-int4", "auto", "qdot"])
 def test_int4_from_q4_file(pair, q4_path, fmt):
-    """A Q4_0 file maps onto the int4 kernel exactly: only bf16 activations separate it from f32."""
+    """A Q4_0 file maps onto the int4 kernel exactly: only bf16 activations separate it from f32
+    (qdot: the same codes, activations rounded to int8 per 32 values)."""
+    if fmt == "qdot" and not qdot_status().available:
+        pytest.skip(f"qdot kernel not available: {qdot_status().detail}")
     ids = _ids(pair, SEQ[pair.arch])
     m32 = load_model(q4_path, fmt="f32")
     ref = m32(ids, m32.new_cache(64))
     m = load_model(q4_path, fmt=fmt)
     if fmt == "auto":
-        assert m.fmt == "auto-int4"
+        assert m.fmt == ("qdot" if qdot_fast() else "auto-int4")
     out = m(ids, m.new_cache(64))
     assert _agreement(out, ref) >= 0.9
     assert _close(out, ref.double()) < 0.05

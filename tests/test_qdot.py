@@ -1,0 +1,234 @@
+"""The qdot kernel (engine/kernels/qdot.cpp) and its weight layout: GGUF integer codes dotted
+against int8-quantized activations.
+
+* the codes and group scales of every quantized type reproduce ggml's dequantization exactly;
+* the kernel computes exactly (to f32 rounding) what its definition says: the f16-scaled codes
+  times the activations quantized to int8 per 32 values, for 4- and 8-bit codes, groups of 16
+  and 32, zeros or an offset, K with and without a last lone 64-value chunk, 1-9 rows, bias;
+* the vector (AVX512-VNNI) path and the portable C++ path agree;
+* as a linear layer it stays within activation-quantization error of the f32 matmul, fuses
+  sources of different types, and a whole model in qdot follows the f32 model.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine import dequant as dq
+from engine import linear as L
+from engine.gguf import GGUFFile
+from engine.kernels import load_qdot, qdot_status
+from tests.test_dequant import random_kquant_blocks
+
+GT = gguf.GGMLQuantizationType
+
+pytestmark = pytest.mark.skipif(not qdot_status().available,
+                                reason=f"qdot kernel not available here: {qdot_status().detail}")
+
+CODE_TYPES = [GT.Q4_0, GT.Q4_1, GT.Q4_K, GT.Q5_0, GT.Q5_1, GT.Q5_K, GT.Q6_K, GT.Q8_0]
+K_QUANTS = (GT.Q4_K, GT.Q5_K, GT.Q6_K)
+
+
+def quantized(qtype, n: int, k: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    if qtype in K_QUANTS:
+        return random_kquant_blocks(qtype, n, k, rng, scale=0.002)
+    return gguf.quants.quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32), qtype)
+
+
+@pytest.mark.parametrize("qtype", CODE_TYPES, ids=lambda t: t.name)
+def test_integer_codes_reproduce_dequantization(qtype):
+    n, k = 24, 512
+    raw = torch.from_numpy(quantized(qtype, n, k).reshape(-1).copy())
+    ic = dq.integer_codes(raw, int(qtype), (n, k))
+    bits, group, offset = dq.INTEGER_CODE_LAYOUTS[int(qtype)]
+    assert (ic.bits, ic.group) == (bits, group)
+    assert int(ic.codes.max()) < (16 if bits == 4 else 256)
+    ref = dq.dequantize(raw, int(qtype), (n, k))
+    # same values; Q4_1/Q4_K/Q5_1/Q5_K re-associate (scale*q + zero), about an ulp of the group
+    assert torch.allclose(ic.dequantize(), ref, rtol=0, atol=float(ref.abs().max()) * 2e-6)
+    if offset is not None:
+        assert torch.equal(ic.dequantize(), ref)
+
+
+# -- the kernel against its definition -----------------------------------------------------------
+
+
+def quantize_activations_ref(x: torch.Tensor) -> torch.Tensor:
+    """The kernel's activation rounding, in Python: int8 per 32 values, dx = max|x| / 127."""
+    m, k = x.shape
+    g = x.view(m, k // 32, 32)
+    amax = g.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(g * inv)  # round half to even, as nearbyint
+    return (q.double() * (amax.double() / 127.0).float().double()).view(m, k)
+
+
+def reference(x, codes_u8, bits, group, scales16, zeros16, offset, bias=None):
+    n, k = codes_u8.shape
+    q = codes_u8.double().view(n, k // group, group)
+    s = scales16.double()[..., None]
+    w = q * s + zeros16.double()[..., None] if zeros16.numel() else (q - offset) * s
+    y = quantize_activations_ref(x) @ w.view(n, k).t()
+    return y if bias is None else y + bias.double()
+
+
+def random_layout(n, k, bits, group, with_zeros, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16 if bits == 4 else 256, (n, k), generator=g, dtype=torch.uint8)
+    scales = (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half()
+    zeros = ((torch.rand(n, k // group, generator=g) - 0.5) * 0.1).half() if with_zeros \
+        else torch.empty(0, k // group, dtype=torch.half)
+    packed = L.pack_nibbles(codes) if bits == 4 else codes
+    return codes, packed, scales, zeros
+
+
+LAYOUTS = [(4, 32, True), (4, 32, False), (8, 32, False), (8, 32, True), (8, 16, False)]
+
+
+@pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
+@pytest.mark.parametrize("k", [256, 192, 64])  # 192 and 64 end with a lone 64-value chunk
+def test_kernel_matches_definition(bits, group, with_zeros, k):
+    op = load_qdot()
+    n = 37
+    codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=k + bits)
+    offset = 8 if bits == 4 else 32
+    bias = torch.randn(n)
+    for m in (1, 2, 3, 4, 5, 8, 9):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        x[0, :32] = 0.0  # an all-zero activation group (dx = 0)
+        for b in (None, bias):
+            y = op(x, packed, scales, zeros, bits, group, offset, b)
+            ref = reference(x, codes, bits, group, scales, zeros, offset, b)
+            assert y.shape == (m, n) and y.dtype == torch.float32
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err < 2e-6, (m, err)
+
+
+@pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
+def test_portable_path_agrees_with_vector_path(bits, group, with_zeros):
+    portable = load_qdot(portable=True)
+    if portable is None:
+        pytest.skip(f"portable build failed: {qdot_status(True).detail}")
+    assert qdot_status(True).isa == "scalar"
+    op = load_qdot()
+    k, n = 320, 29
+    codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=3)
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
+    a = op(x, packed, scales, zeros, bits, group, 8, None)
+    b = portable(x, packed, scales, zeros, bits, group, 8, None)
+    assert float((a - b).abs().max() / b.abs().max()) < 2e-6
+
+
+def test_kernel_refuses_bad_shapes():
+    op = load_qdot()
+    codes, packed, scales, zeros = random_layout(8, 128, 4, 32, True)
+    with pytest.raises(RuntimeError, match="multiple of 64"):
+        op(torch.randn(1, 96), packed, scales, zeros, 4, 32, 8, None)
+    with pytest.raises(RuntimeError, match="bytes per row"):
+        op(torch.randn(1, 128), codes, scales, zeros, 4, 32, 8, None)  # unpacked codes for 4 bits
+    with pytest.raises(RuntimeError, match="f32"):
+        op(torch.randn(1, 128).bfloat16(), packed, scales, zeros, 4, 32, 8, None)
+
+
+def test_pack_nibbles_layout():
+    codes = (torch.arange(192) % 16).to(torch.uint8).view(1, 192)
+    p = L.pack_nibbles(codes)
+    assert p.shape == (1, 96)
+    assert int(p[0, 0]) == int(codes[0, 0]) | int(codes[0, 64]) << 4  # 128-value pair
+    assert int(p[0, 64]) == int(codes[0, 128]) | int(codes[0, 160]) << 4  # lone last chunk
+
+
+# -- as a linear layer ---------------------------------------------------------------------------
+
+TENSORS = {  # name -> (type, rows, K)
+    "q4k.weight": (GT.Q4_K, 48, 256),
+    "q4k2.weight": (GT.Q4_K, 40, 256),
+    "q6k.weight": (GT.Q6_K, 32, 256),
+    "q40.weight": (GT.Q4_0, 24, 256),
+    "q41.weight": (GT.Q4_1, 40, 256),
+    "q50.weight": (GT.Q5_0, 16, 256),
+    "q80.weight": (GT.Q8_0, 32, 256),
+    "f16.weight": (GT.F16, 32, 256),
+    "q40_tail.weight": (GT.Q4_0, 24, 192),
+    "q80_odd.weight": (GT.Q8_0, 8, 96),  # K not a multiple of 64: falls back to torch's int8
+}
+BIASES = {"q4k.bias": 48, "q6k.bias": 32}
+
+
+@pytest.fixture(scope="module")
+def f(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qdot") / "qdot.gguf"
+    rng = np.random.default_rng(11)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for i, (name, (qtype, n, k)) in enumerate(TENSORS.items()):
+        if qtype == GT.F16:
+            w.add_tensor(name, (rng.standard_normal((n, k)) * 0.1).astype(np.float16))
+            continue
+        data = quantized(qtype, n, k, seed=i)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+    for name, n in BIASES.items():
+        w.add_tensor(name, (rng.standard_normal(n) * 0.5).astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(path) as fh:
+        yield fh
+
+
+def matmul_error(lin, w_ref, bias=None, widths=(1, 4, 5, 16)) -> float:
+    worst = 0.0
+    for m in widths:
+        x = torch.randn(m, lin.in_features, generator=torch.Generator().manual_seed(m))
+        ref = x.double() @ w_ref.double().t()
+        if bias is not None:
+            ref = ref + bias.double()
+        out = lin(x)
+        assert out.shape == (m, lin.out_features) and out.dtype == torch.float32
+        worst = max(worst, float((out.double() - ref).abs().max() / ref.abs().max()))
+    return worst
+
+
+def ref_weight(f, names):
+    return torch.cat([dq.load_tensor(f, n) for n in names])
+
+
+@pytest.mark.parametrize("name", [n for n in TENSORS if n != "q80_odd.weight"])
+def test_linear_close_to_f32(f, name):
+    lin = L.load_linear(f, name, "qdot")
+    assert lin.format == "qdot"
+    # int8 activations per 32 values (up to 0.4 % per value): torch's int8 format gets 2e-2 here
+    assert matmul_error(lin, ref_weight(f, [name])) < 3e-2
+
+
+def test_exact_sources_keep_their_codes(f):
+    lin = L.load_linear(f, "q6k.weight", "qdot")
+    assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (8, 16, 32, 0)
+    lin = L.load_linear(f, "q4k.weight", "qdot")
+    assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (48, 8)
+    # Q4_K's weight bytes: 4-bit codes plus f16 scale and zero per 32 = 5 bits a weight
+    assert lin.weight_nbytes() == 48 * 256 // 2 + 2 * 48 * 8 * 2
+
+
+def test_fusion_and_bias(f):
+    names = ["q4k.weight", "q40.weight", "q41.weight", "q6k.weight"]
+    bias_names = ["q4k.bias", None, None, "q6k.bias"]
+    lin = L.load_linear(f, names, "qdot", bias_names=bias_names)
+    # Q4_K + Q4_0 + Q4_1 fuse (the offset-8 codes get explicit zeros); Q6_K's groups of 16 do not
+    assert isinstance(lin, L.SplitLinear) and [p.out_features for p in lin.parts] == [112, 32]
+    bias = torch.cat([dq.load_tensor(f, "q4k.bias"), torch.zeros(64), dq.load_tensor(f, "q6k.bias")])
+    assert matmul_error(lin, ref_weight(f, names), bias) < 3e-2
+    x = torch.randn(3, 256)
+    separate = torch.cat([L.load_linear(f, n, "qdot", bias_names=[b])(x) for n, b in zip(names, bias_names)], -1)
+    assert torch.allclose(lin(x), separate, rtol=0, atol=1e-5 * float(separate.abs().max()))
+
+
+def test_k_not_multiple_of_64_falls_back(f):
+    lin = L.load_linear(f, "q80_odd.weight", "qdot")
+    assert lin.format == "int8"
+    x = torch.randn(2, 96)
+    assert lin(x).dtype == torch.float32
