@@ -67,12 +67,16 @@ def quantize_activations_ref(x: torch.Tensor) -> torch.Tensor:
     return (q.double() * (amax.double() / 127.0).float().double()).view(m, k)
 
 
-def reference(x, codes_u8, bits, group, scales16, zeros16, offset, bias=None):
+def reference_weight(codes_u8, group, scales16, zeros16, offset):
     n, k = codes_u8.shape
     q = codes_u8.double().view(n, k // group, group)
     s = scales16.double()[..., None]
     w = q * s + zeros16.double()[..., None] if zeros16.numel() else (q - offset) * s
-    y = quantize_activations_ref(x) @ w.view(n, k).t()
+    return w.view(n, k)
+
+
+def reference(x, codes_u8, bits, group, scales16, zeros16, offset, bias=None):
+    y = quantize_activations_ref(x) @ reference_weight(codes_u8, group, scales16, zeros16, offset).t()
     return y if bias is None else y + bias.double()
 
 
@@ -89,6 +93,10 @@ def random_layout(n, k, bits, group, with_zeros, seed=0):
 LAYOUTS = [(4, 32, True), (4, 32, False), (8, 32, False), (8, 32, True), (8, 16, False)]
 
 
+INTEGER_PATH = 10**9  # gemm_min_rows that keeps every call on the integer path
+GEMM_PATH = 1
+
+
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
 @pytest.mark.parametrize("k", [256, 192, 64])  # 192 and 64 end with a lone 64-value chunk
 def test_kernel_matches_definition(bits, group, with_zeros, k):
@@ -101,11 +109,33 @@ def test_kernel_matches_definition(bits, group, with_zeros, k):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         x[0, :32] = 0.0  # an all-zero activation group (dx = 0)
         for b in (None, bias):
-            y = op(x, packed, scales, zeros, bits, group, offset, b)
+            y = op(x, packed, scales, zeros, bits, group, offset, b, INTEGER_PATH)
             ref = reference(x, codes, bits, group, scales, zeros, offset, b)
             assert y.shape == (m, n) and y.dtype == torch.float32
             err = float((y.double() - ref).abs().max() / ref.abs().max())
             assert err < 2e-6, (m, err)
+
+
+@pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
+@pytest.mark.parametrize("k", [256, 192])
+def test_gemm_path_is_the_exact_matmul(bits, group, with_zeros, k):
+    """Many rows (a prompt) go through f32 weights and MKL: no activation rounding at all."""
+    op = load_qdot()
+    n = 300  # tiles of 2^20 / K rows: several tiles and a partial last one only for large K; see below
+    codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=9)
+    offset = 8 if bits == 4 else 32
+    w = torch.ops.tandem.qdot_dequantize(packed, scales, zeros, bits, group, offset)
+    x = torch.randn(50, k, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(n)
+    ref = x.double() @ reference_weight(codes, group, scales, zeros, offset).t() + bias.double()
+    w_ref = reference_weight(codes, group, scales, zeros, offset)
+    assert torch.allclose(w.double(), w_ref, rtol=0, atol=float(w_ref.abs().max()) * 2e-7)  # f32 rounding
+    y = op(x, packed, scales, zeros, bits, group, offset, bias, GEMM_PATH)
+    assert y.shape == (50, n)
+    assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+    # and the layer switches paths by itself at QDOT_GEMM_MIN_ROWS rows
+    y_int = op(x[:2], packed, scales, zeros, bits, group, offset, bias, L.QDOT_GEMM_MIN_ROWS)
+    assert torch.allclose(y_int, op(x[:2], packed, scales, zeros, bits, group, offset, bias, INTEGER_PATH))
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
@@ -118,8 +148,8 @@ def test_portable_path_agrees_with_vector_path(bits, group, with_zeros):
     k, n = 320, 29
     codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=3)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
-    a = op(x, packed, scales, zeros, bits, group, 8, None)
-    b = portable(x, packed, scales, zeros, bits, group, 8, None)
+    a = op(x, packed, scales, zeros, bits, group, 8, None, INTEGER_PATH)
+    b = portable(x, packed, scales, zeros, bits, group, 8, None, INTEGER_PATH)
     assert float((a - b).abs().max() / b.abs().max()) < 2e-6
 
 
@@ -127,11 +157,11 @@ def test_kernel_refuses_bad_shapes():
     op = load_qdot()
     codes, packed, scales, zeros = random_layout(8, 128, 4, 32, True)
     with pytest.raises(RuntimeError, match="multiple of 64"):
-        op(torch.randn(1, 96), packed, scales, zeros, 4, 32, 8, None)
+        op(torch.randn(1, 96), packed, scales, zeros, 4, 32, 8, None, INTEGER_PATH)
     with pytest.raises(RuntimeError, match="bytes per row"):
-        op(torch.randn(1, 128), codes, scales, zeros, 4, 32, 8, None)  # unpacked codes for 4 bits
+        op(torch.randn(1, 128), codes, scales, zeros, 4, 32, 8, None, INTEGER_PATH)  # unpacked codes for 4 bits
     with pytest.raises(RuntimeError, match="f32"):
-        op(torch.randn(1, 128).bfloat16(), packed, scales, zeros, 4, 32, 8, None)
+        op(torch.randn(1, 128).bfloat16(), packed, scales, zeros, 4, 32, 8, None, INTEGER_PATH)
 
 
 def test_pack_nibbles_layout():

@@ -47,12 +47,13 @@ namespace {
 constexpr int64_t kActGroup = 32;  // activation quantization group
 constexpr int64_t kChunk = 64;     // values per inner step (one 512-bit register of bytes)
 constexpr int kMaxRows = 4;        // activation rows sharing one pass over a weight row
+constexpr int64_t kPrefetchRows = 2;  // weight rows ahead that the vector path prefetches
 
 // One activation block quantized for the kernel.
 struct QuantizedActivations {
   int64_t m = 0, k = 0, n_groups = 0;  // n_groups: weight groups along K (K / G)
   std::vector<int8_t> q;               // [m, k]
-  std::vector<float> dx_lanes;         // [m, k/64, 16]: dx of the 32 values each 32-bit lane sums
+  std::vector<float> dx;               // [m, k/32]: the scale of each 32 quantized values
   std::vector<float> group_term;       // [m, K/G]: dx * sum of q over each weight group
 };
 
@@ -66,7 +67,7 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
   a.k = k;
   a.n_groups = k / group;
   a.q.resize(m * k);
-  a.dx_lanes.resize(m * (k / kChunk) * 16);
+  a.dx.resize(m * (k / kActGroup));
   a.group_term.resize(m * a.n_groups);
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * k;
@@ -79,9 +80,7 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
       int8_t* qb = qr + b * kActGroup;
       for (int i = 0; i < kActGroup; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
-      // lanes 0-7 of a 64-value chunk sum values 0-31, lanes 8-15 values 32-63
-      float* lanes = a.dx_lanes.data() + r * (k / kChunk) * 16 + (b / 2) * 16 + (b % 2) * 8;
-      for (int i = 0; i < 8; ++i) lanes[i] = dx;
+      a.dx[r * (k / kActGroup) + b] = dx;
       for (int64_t g0 = b * kActGroup; g0 < (b + 1) * kActGroup; g0 += group) {
         int32_t sum = 0;
         for (int64_t i = g0; i < g0 + group; ++i) sum += qr[i];
@@ -125,7 +124,8 @@ inline __m512i load_code_single(const uint8_t* row, int64_t c) {
   }
 }
 
-// Lane index vectors: which of the chunk's scales each int32 lane (4 values) uses.
+// Lane index vectors: which of a chunk's scales each int32 lane (4 values) uses, the chunk's
+// scales starting at register lane `first`.
 template <int G>
 inline __m512i scale_index(int first) {
   if constexpr (G == 32) {
@@ -135,11 +135,14 @@ inline __m512i scale_index(int first) {
   }
 }
 
-// The weight scales of chunks c and c + 1 (2 x 64 / G f16 values), spread over lanes.
-// 2 x 64 / G consecutive f16 values from p, widened into the low lanes of a zeroed register.
-template <int G>
-inline __m512 load_pair_halves(const uint16_t* p) {
-  if constexpr (G == 32) {
+// n f16 values (n = 2, 4 or 8) from p, widened into the low lanes of a zeroed register.
+template <int n>
+inline __m512 load_halves(const uint16_t* p) {
+  if constexpr (n == 2) {
+    uint32_t bits;
+    std::memcpy(&bits, p, 4);
+    return _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits))));
+  } else if constexpr (n == 4) {
     uint64_t bits;
     std::memcpy(&bits, p, 8);
     return _mm512_zextps128_ps512(_mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits))));
@@ -148,94 +151,106 @@ inline __m512 load_pair_halves(const uint16_t* p) {
   }
 }
 
-// 2 x 64 / G consecutive f32 values from p in the low lanes of a zeroed register.
-template <int G>
-inline __m512 load_pair_floats(const float* p) {
-  if constexpr (G == 32) {
+// n f32 values (n = 2, 4 or 8) from p in the low lanes of a zeroed register.
+template <int n>
+inline __m512 load_floats(const float* p) {
+  if constexpr (n == 2) {
+    return _mm512_zextps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p))));
+  } else if constexpr (n == 4) {
     return _mm512_zextps128_ps512(_mm_loadu_ps(p));
   } else {
     return _mm512_zextps256_ps512(_mm256_loadu_ps(p));
   }
 }
 
-// The weight scales of chunks c and c + 1 spread over the lanes of each chunk.
-template <int G>
-inline void scale_pair(__m512 s, __m512& s0, __m512& s1) {
-  s0 = _mm512_permutexvar_ps(scale_index<G>(0), s);
-  s1 = _mm512_permutexvar_ps(scale_index<G>(64 / G), s);
-}
-
-template <int G>
-inline __m512 scale_single(const uint16_t* s_row, int64_t c) {
-  __m128 s;
+// Weight scales (one per group, in the low lanes) times the activation scales of the same
+// values (one per 32): for groups of 16, each activation scale covers two weight groups.
+template <int G, int n_dx>
+inline __m512 times_dx(__m512 s, const float* dx) {
+  const __m512 d = load_floats<n_dx>(dx);
   if constexpr (G == 32) {
-    uint32_t bits;
-    std::memcpy(&bits, s_row + 2 * c, 4);
-    s = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(bits)));
+    return _mm512_mul_ps(s, d);
   } else {
-    uint64_t bits;
-    std::memcpy(&bits, s_row + 4 * c, 8);
-    s = _mm_cvtph_ps(_mm_cvtsi64_si128(static_cast<long long>(bits)));
+    const __m512i dup = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    return _mm512_mul_ps(s, _mm512_permutexvar_ps(dup, d));
   }
-  return _mm512_permutexvar_ps(scale_index<G>(0), _mm512_castps128_ps512(s));
 }
 
-// acc += f32(sum of 4 products per lane) * weight scale * activation scale
-inline __m512 dot_step(__m512 acc, __m512i w, const int8_t* xq, __m512 sv, const float* dxl) {
+// acc += f32(sum of 4 products per lane) * combined scale of the lane
+inline __m512 dot_step(__m512 acc, __m512i w, const int8_t* xq, __m512 scale) {
   const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_loadu_si512(xq));
-  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sv, _mm512_loadu_ps(dxl)), acc);
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc);
 }
 
-// MB activation rows against one weight row: y[m, n] without bias. The zero term
-// (sum_g zero_g * dx * sum q, or -offset * sum_g scale_g * dx * sum q) is accumulated in the same
-// pass, so each row ends with a single horizontal sum.
+// MB activation rows against one weight row: y[m, n] without bias. K is walked in pairs of
+// 64-value chunks (128 values: one 512-bit load of 4-bit codes), then a last single chunk when K
+// is an odd multiple of 64. The zero term (sum_g zero_g * dx * sum q, or -offset * sum_g
+// scale_g * dx * sum q) is accumulated in the same pass, so each row ends with one horizontal sum.
 template <int BITS, int G, int MB>
 inline void row_dots(const uint8_t* w_row, const uint16_t* s_row, const uint16_t* z_row, int64_t offset,
-                     const QuantizedActivations& a, int64_t m0, float* out) {
+                     const QuantizedActivations& a, int64_t m0, float* out, int64_t prefetch_distance) {
   const int64_t chunks = a.k / kChunk;
   constexpr int groups_per_chunk = 64 / G;
+  const int64_t dx_per_row = a.k / kActGroup;
   __m512 acc0[MB], acc1[MB], accz[MB];
   const int8_t* xq[MB];
-  const float* dxl[MB];
+  const float* dx[MB];
   const float* term[MB];
   for (int i = 0; i < MB; ++i) {
     acc0[i] = _mm512_setzero_ps();
     acc1[i] = _mm512_setzero_ps();
     accz[i] = _mm512_setzero_ps();
     xq[i] = a.q.data() + (m0 + i) * a.k;
-    dxl[i] = a.dx_lanes.data() + (m0 + i) * chunks * 16;
+    dx[i] = a.dx.data() + (m0 + i) * dx_per_row;
     term[i] = a.group_term.data() + (m0 + i) * a.n_groups;
   }
+  const __m512i first = scale_index<G>(0), second = scale_index<G>(groups_per_chunk);
   int64_t c = 0;
   for (; c + 2 <= chunks; c += 2) {
+    // Software prefetch of the same place a few rows ahead: one core's hardware prefetchers
+    // alone keep too few lines in flight (measured +15-20 % GB/s with 2 threads).
+    _mm_prefetch(reinterpret_cast<const char*>(w_row + prefetch_distance + c * BITS * 8), _MM_HINT_T0);
+    if constexpr (BITS == 8) {
+      _mm_prefetch(reinterpret_cast<const char*>(w_row + prefetch_distance + c * 64 + 64), _MM_HINT_T0);
+    }
     __m512i w0, w1;
-    __m512 s0, s1;
     load_code_pair<BITS>(w_row, c, w0, w1);
-    const __m512 s = load_pair_halves<G>(s_row + c * groups_per_chunk);
-    const __m512 z = z_row ? load_pair_halves<G>(z_row + c * groups_per_chunk) : s;
-    scale_pair<G>(s, s0, s1);
+    const __m512 s = load_halves<2 * groups_per_chunk>(s_row + c * groups_per_chunk);
+    const __m512 z = z_row ? load_halves<2 * groups_per_chunk>(z_row + c * groups_per_chunk) : s;
     for (int i = 0; i < MB; ++i) {
-      acc0[i] = dot_step(acc0[i], w0, xq[i] + c * kChunk, s0, dxl[i] + c * 16);
-      acc1[i] = dot_step(acc1[i], w1, xq[i] + (c + 1) * kChunk, s1, dxl[i] + (c + 1) * 16);
-      accz[i] = _mm512_fmadd_ps(z, load_pair_floats<G>(term[i] + c * groups_per_chunk), accz[i]);
+      // scales times activation scales first, then spread over lanes: the activation scales stay
+      // one float per 32 values (four rows of lane-expanded ones measured no faster, and at
+      // K = 8960 they no longer fit in L1 next to the codes)
+      const __m512 sd = times_dx<G, 4>(s, dx[i] + c * 2);
+      acc0[i] = dot_step(acc0[i], w0, xq[i] + c * kChunk, _mm512_permutexvar_ps(first, sd));
+      acc1[i] = dot_step(acc1[i], w1, xq[i] + (c + 1) * kChunk, _mm512_permutexvar_ps(second, sd));
+      accz[i] = _mm512_fmadd_ps(z, load_floats<2 * groups_per_chunk>(term[i] + c * groups_per_chunk), accz[i]);
     }
   }
-  float tail_z[MB] = {};
   if (c < chunks) {
     const __m512i w0 = load_code_single<BITS>(w_row, c);
-    const __m512 s0 = scale_single<G>(s_row, c);
+    const __m512 s = load_halves<groups_per_chunk>(s_row + c * groups_per_chunk);
+    const __m512 z = z_row ? load_halves<groups_per_chunk>(z_row + c * groups_per_chunk) : s;
     for (int i = 0; i < MB; ++i) {
-      acc0[i] = dot_step(acc0[i], w0, xq[i] + c * kChunk, s0, dxl[i] + c * 16);
-      for (int g = 0; g < groups_per_chunk; ++g) {
-        const int64_t gi = c * groups_per_chunk + g;
-        tail_z[i] += half_to_float(z_row ? z_row[gi] : s_row[gi]) * term[i][gi];
-      }
+      const __m512 sd = _mm512_permutexvar_ps(first, times_dx<G, 2>(s, dx[i] + c * 2));
+      acc0[i] = dot_step(acc0[i], w0, xq[i] + c * kChunk, sd);
+      accz[i] = _mm512_fmadd_ps(z, load_floats<groups_per_chunk>(term[i] + c * groups_per_chunk), accz[i]);
     }
   }
   const __m512 zcoef = _mm512_set1_ps(z_row ? 1.f : -static_cast<float>(offset));
   for (int i = 0; i < MB; ++i) {
-    const __m512 total = _mm512_fmadd_ps(accz[i], zcoef, _mm512_add_ps(acc0[i], acc1[i]));
-    out[i] = _mm512_reduce_add_ps(total) + (z_row ? tail_z[i] : -static_cast<float>(offset) * tail_z[i]);
+    out[i] = _mm512_reduce_add_ps(_mm512_fmadd_ps(accz[i], zcoef, _mm512_add_ps(acc0[i], acc1[i])));
+  }
+}
+
+template <int BITS, int G>
+inline void dispatch_rows(int mb, const uint8_t* w_row, const uint16_t* s_row, const uint16_t* z_row, int64_t offset,
+                          const QuantizedActivations& a, int64_t m0, float* out, int64_t prefetch_distance) {
+  switch (mb) {
+    case 4: row_dots<BITS, G, 4>(w_row, s_row, z_row, offset, a, m0, out, prefetch_distance); break;
+    case 3: row_dots<BITS, G, 3>(w_row, s_row, z_row, offset, a, m0, out, prefetch_distance); break;
+    case 2: row_dots<BITS, G, 2>(w_row, s_row, z_row, offset, a, m0, out, prefetch_distance); break;
+    default: row_dots<BITS, G, 1>(w_row, s_row, z_row, offset, a, m0, out, prefetch_distance); break;
   }
 }
 
@@ -259,7 +274,7 @@ void row_dots_scalar(const uint8_t* w_row, const uint16_t* s_row, const uint16_t
                      const QuantizedActivations& a, int64_t m0, int mb, float* out) {
   for (int i = 0; i < mb; ++i) {
     const int8_t* xq = a.q.data() + (m0 + i) * a.k;
-    const float* dxl = a.dx_lanes.data() + (m0 + i) * (a.k / kChunk) * 16;
+    const float* dx = a.dx.data() + (m0 + i) * (a.k / kActGroup);
     float acc = 0.f;
     for (int64_t g = 0; g < a.k / G; ++g) {
       int32_t sum = 0;
@@ -272,9 +287,7 @@ void row_dots_scalar(const uint8_t* w_row, const uint16_t* s_row, const uint16_t
         }
         sum += u * xq[k];
       }
-      const int64_t k0 = g * G;
-      const float dx = dxl[(k0 / kChunk) * 16 + ((k0 % kChunk) / 32) * 8];
-      acc += half_to_float(s_row[g]) * dx * static_cast<float>(sum);
+      acc += half_to_float(s_row[g]) * dx[g * G / kActGroup] * static_cast<float>(sum);
       const float term = a.group_term[(m0 + i) * a.n_groups + g];
       acc += (z_row ? half_to_float(z_row[g]) : -static_cast<float>(offset) * half_to_float(s_row[g])) * term;
     }
@@ -295,15 +308,18 @@ void run(const QuantizedActivations& a, const uint8_t* codes, const uint16_t* sc
       const uint8_t* w_row = codes + r * row_bytes;
       const uint16_t* s_row = scales + r * n_groups;
       const uint16_t* z_row = zeros ? zeros + r * n_groups : nullptr;
+      // prefetching past the last row is harmless (prefetches never fault) but pointless
+      const int64_t ahead = r + kPrefetchRows < end ? kPrefetchRows : 0;
+#if QDOT_AVX512_VNNI
+      for (int64_t b = 0; b < n_groups * 2; b += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(s_row + ahead * n_groups) + b, _MM_HINT_T0);
+        if (z_row) _mm_prefetch(reinterpret_cast<const char*>(z_row + ahead * n_groups) + b, _MM_HINT_T0);
+      }
+#endif
       for (int64_t m0 = 0; m0 < a.m; m0 += kMaxRows) {
         const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, a.m - m0));
 #if QDOT_AVX512_VNNI
-        switch (mb) {
-          case 4: row_dots<BITS, G, 4>(w_row, s_row, z_row, offset, a, m0, dots); break;
-          case 3: row_dots<BITS, G, 3>(w_row, s_row, z_row, offset, a, m0, dots); break;
-          case 2: row_dots<BITS, G, 2>(w_row, s_row, z_row, offset, a, m0, dots); break;
-          default: row_dots<BITS, G, 1>(w_row, s_row, z_row, offset, a, m0, dots); break;
-        }
+        dispatch_rows<BITS, G>(mb, w_row, s_row, z_row, offset, a, m0, dots, ahead * row_bytes);
 #else
         row_dots_scalar<BITS, G>(w_row, s_row, z_row, offset, a, m0, mb, dots);
 #endif
@@ -313,9 +329,75 @@ void run(const QuantizedActivations& a, const uint8_t* codes, const uint16_t* sc
   });
 }
 
+// Weight rows [r0, r1) as f32 [r1 - r0, K] (the GEMM path and the tests' check of the layout).
+template <int BITS, int G>
+void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros, int64_t offset, int64_t k,
+                     int64_t r0, int64_t r1, float* out) {
+  const int64_t row_bytes = BITS == 8 ? k : k / 2;
+  const int64_t n_groups = k / G;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* w = codes + r * row_bytes;
+    float* o = out + (r - r0) * k;
+    if constexpr (BITS == 8) {
+      for (int64_t i = 0; i < k; ++i) o[i] = static_cast<float>(w[i]);
+    } else {
+      const int64_t full = k / 128 * 128;
+      for (int64_t p = 0; p < full; p += 128) {
+        for (int j = 0; j < 64; ++j) {
+          const uint8_t byte = w[p / 2 + j];
+          o[p + j] = static_cast<float>(byte & 0x0F);
+          o[p + 64 + j] = static_cast<float>(byte >> 4);
+        }
+      }
+      if (full < k) {
+        for (int j = 0; j < 32; ++j) {
+          const uint8_t byte = w[full / 2 + j];
+          o[full + j] = static_cast<float>(byte & 0x0F);
+          o[full + 32 + j] = static_cast<float>(byte >> 4);
+        }
+      }
+    }
+    for (int64_t g = 0; g < n_groups; ++g) {
+      const float sc = half_to_float(scales[r * n_groups + g]);
+      const float zr = zeros ? half_to_float(zeros[r * n_groups + g]) : -static_cast<float>(offset) * sc;
+      float* og = o + g * G;
+      for (int i = 0; i < G; ++i) og[i] = og[i] * sc + zr;
+    }
+  }
+}
+
+void dequantize_dispatch(int64_t bits, int64_t group, const uint8_t* c, const uint16_t* s, const uint16_t* z,
+                         int64_t offset, int64_t k, int64_t r0, int64_t r1, float* out) {
+  if (bits == 4) dequantize_rows<4, 32>(c, s, z, offset, k, r0, r1, out);
+  else if (group == 32) dequantize_rows<8, 32>(c, s, z, offset, k, r0, r1, out);
+  else dequantize_rows<8, 16>(c, s, z, offset, k, r0, r1, out);
+}
+
+// Many activation rows (a prompt): the integer path's cost grows with every row, so instead
+// tiles of weight rows are dequantized to f32 and multiplied with MKL's GEMM, whose cost per row
+// is a small fraction of a weight pass. y^T[tile] = W[tile] @ x^T, tile by tile.
+at::Tensor gemm_path(const at::Tensor& x, const uint8_t* c, const uint16_t* s, const uint16_t* z, int64_t bits,
+                     int64_t group, int64_t offset, int64_t n) {
+  const int64_t k = x.size(1);
+  const int64_t tile = std::max<int64_t>(64, (int64_t{1} << 20) / k);  // about 4 MB of f32 weights
+  at::Tensor yt = at::empty({n, x.size(0)}, x.options());
+  at::Tensor w = at::empty({std::min(tile, n), k}, x.options());
+  const at::Tensor xt = x.t();
+  for (int64_t r0 = 0; r0 < n; r0 += tile) {
+    const int64_t r1 = std::min(n, r0 + tile);
+    float* wp = w.data_ptr<float>();
+    at::parallel_for(r0, r1, 8, [&](int64_t b, int64_t e) {
+      dequantize_dispatch(bits, group, c, s, z, offset, k, b, e, wp + (b - r0) * k);
+    });
+    at::Tensor yt_tile = yt.narrow(0, r0, r1 - r0);
+    at::mm_out(yt_tile, w.narrow(0, 0, r1 - r0), xt);
+  }
+  return yt.t().contiguous();
+}
+
 at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& zeros, int64_t bits, int64_t group, int64_t offset,
-                       const std::optional<at::Tensor>& bias) {
+                       const std::optional<at::Tensor>& bias, int64_t gemm_min_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "qdot: x must be contiguous f32 [M, K]");
   TORCH_CHECK(bits == 4 || bits == 8, "qdot: bits must be 4 or 8");
   TORCH_CHECK(group == 16 || group == 32, "qdot: group must be 16 or 32");
@@ -336,6 +418,13 @@ at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "qdot: bias must be f32 [N]");
     bias_ptr = bias->data_ptr<float>();
   }
+  if (m >= gemm_min_rows && m > 0 && n > 0) {
+    at::Tensor y = gemm_path(x, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
+                             has_zeros ? reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::Half>()) : nullptr,
+                             bits, group, offset, n);
+    if (bias_ptr) y.add_(*bias);
+    return y;
+  }
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   const QuantizedActivations a = quantize_activations(x.data_ptr<float>(), m, k, group);
@@ -348,6 +437,19 @@ at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   else if (bits == 8 && group == 16) run<8, 16>(a, c, s, z, offset, bias_ptr, n, out);
   else TORCH_CHECK(false, "qdot: 4-bit codes need groups of 32");
   return y;
+}
+
+// The weights as f32 [N, K], straight from the kernel's layout (tests and debugging).
+at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
+                           int64_t group, int64_t offset) {
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2, "qdot: codes must be contiguous uint8 [N, *]");
+  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous(), "qdot: scales must be contiguous f16");
+  const int64_t n = codes.size(0), k = codes.size(1) * (bits == 4 ? 2 : 1);
+  at::Tensor out = at::empty({n, k}, codes.options().dtype(at::kFloat));
+  dequantize_dispatch(bits, group, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
+                      zeros.numel() ? reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::Half>()) : nullptr, offset, k,
+                      0, n, out.data_ptr<float>());
+  return out;
 }
 
 // Which code path this build runs: the loader reports it and picks defaults from it.
@@ -364,10 +466,12 @@ std::string qdot_isa() {
 #endif
 
 TORCH_LIBRARY(QDOT_NAMESPACE, m) {
-  m.def("qdot_linear(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int bits, int group, int offset, Tensor? bias) -> Tensor");
+  m.def("qdot_linear(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int bits, int group, int offset, Tensor? bias, int gemm_min_rows) -> Tensor");
+  m.def("qdot_dequantize(Tensor codes, Tensor scales, Tensor zeros, int bits, int group, int offset) -> Tensor");
   m.def("qdot_isa() -> str", &qdot_isa);
 }
 
 TORCH_LIBRARY_IMPL(QDOT_NAMESPACE, CPU, m) {
   m.impl("qdot_linear", &qdot_linear);
+  m.impl("qdot_dequantize", &qdot_dequantize);
 }
