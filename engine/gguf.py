@@ -300,6 +300,20 @@ class GGUFFile:
         info = self.tensors[name]
         return np.frombuffer(self._mmap, dtype=np.uint8, count=info.n_bytes, offset=info.offset)
 
+    def release_pages(self) -> None:
+        """Drop this process's resident pages of the mapping (they stay in the page cache).
+
+        Loading reads every tensor once to build the compute weights; afterwards only the
+        embedding rows a request asks for are read again, and those fault back in on demand.
+        Without this the whole file stays counted in the process's resident memory next to the
+        converted weights (RSS ~2.2 GB instead of ~1.3 GB for the 1.5B Q4_K_M)."""
+        mm = getattr(self, "_mmap", None)
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):  # not supported here: only memory accounting is lost
+                pass
+
     def close(self) -> None:
         mm = getattr(self, "_mmap", None)
         if mm is not None:

