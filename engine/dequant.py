@@ -386,8 +386,8 @@ class IntegerCodes:
     """A tensor [N, K] as unsigned integer codes with one scale (and zero) per group along K.
 
     ``w[n, k] = scales[n, g] * codes[n, k] + zeros[n, g]`` when ``zeros`` is given, else
-    ``scales[n, g] * (codes[n, k] - offset)``, with ``g = k // group``. ``bits`` is 4 (codes 0..15)
-    or 8 (codes 0..255)."""
+    ``scales[n, g] * (codes[n, k] - offset)``, with ``g = k // group``. ``bits`` is 4, 5, 6 or 8:
+    the codes are below ``2 ** bits``."""
 
     codes: torch.Tensor  # uint8 [N, K]
     bits: int
@@ -410,8 +410,8 @@ class IntegerCodes:
 # type -> (bits, group, offset or None when the type has per-group zeros)
 INTEGER_CODE_LAYOUTS = {
     Q4_0: (4, 32, 8), Q4_1: (4, 32, None), Q4_K: (4, 32, None),
-    Q5_0: (8, 32, 16), Q5_1: (8, 32, None), Q5_K: (8, 32, None),
-    Q6_K: (8, 16, 32), Q8_0: (8, 32, 128),
+    Q5_0: (5, 32, 16), Q5_1: (5, 32, None), Q5_K: (5, 32, None),
+    Q6_K: (6, 16, 32), Q8_0: (8, 32, 128),
 }
 
 
@@ -450,9 +450,9 @@ def _integer_blocks(blocks: torch.Tensor, ggml_type: int):
 def integer_codes(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> IntegerCodes:
     """The codes and group scales of a quantized tensor [N, K], without loss.
 
-    Q4_0/Q4_1/Q4_K keep their 4-bit codes (groups of 32); Q5_0/Q5_1/Q5_K/Q8_0 their 5- or 8-bit
-    codes as bytes (groups of 32; Q8_0's signed codes shifted by 128); Q6_K its 6-bit codes
-    (groups of 16). Scales and zeros are the f32 products ggml computes (d·sc, −dmin·m)."""
+    Q4_0/Q4_1/Q4_K keep their 4-bit codes, Q5_0/Q5_1/Q5_K their 5-bit ones and Q8_0 its 8-bit ones
+    (signed codes shifted by 128), all in groups of 32; Q6_K its 6-bit codes in groups of 16.
+    Scales and zeros are the f32 products ggml computes (d·sc, −dmin·m)."""
     if ggml_type not in INTEGER_CODE_LAYOUTS:
         raise ValueError(f"{GGML_TYPES.get(ggml_type, (ggml_type,))[0]} has no integer-code layout")
     bits, group, offset = INTEGER_CODE_LAYOUTS[ggml_type]

@@ -191,8 +191,8 @@ class Int4Linear(Linear):
 class QDotLinear(Linear):
     """GGUF integer codes dotted against int8-quantized activations (``engine/kernels/qdot.cpp``).
 
-    ``codes`` uint8 is [N, K] for 8-bit codes or [N, K/2] nibble-packed for 4-bit ones (the
-    kernel's layout, see :func:`pack_nibbles`); ``scales``/``zeros`` f16 [N, K/group]; ``zeros``
+    ``codes`` uint8 [N, K * bits / 8] in the kernel's layout (:func:`pack_codes`; bits 4, 5, 6 or
+    8); ``scales``/``zeros`` f16 [N, K/group]; ``zeros``
     is empty when every group uses ``w = scale * (code - offset)``. Activations and output are f32:
     the kernel quantizes each row to int8 per 32 values itself."""
 
@@ -200,7 +200,7 @@ class QDotLinear(Linear):
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
                  offset: int, bias: torch.Tensor | None):
-        k = codes.shape[1] * (2 if bits == 4 else 1)
+        k = codes.shape[1] * 8 // bits
         super().__init__(k, codes.shape[0], torch.float32)
         self.bits, self.group, self.offset = bits, group, offset
         self._op = load_qdot()
@@ -219,16 +219,41 @@ class QDotLinear(Linear):
         return super().extra_repr() + f", bits={self.bits}, group={self.group}"
 
 
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """4-bit codes uint8 [N, K] -> [N, K/2] in the qdot kernel's order: per 128 values, byte j =
-    value j | value 64 + j << 4; a last 64 values (K % 128 == 64): byte j = value j | value 32 + j << 4."""
+def _pack_high(high: torch.Tensor, bits: int) -> torch.Tensor:
+    """Bits 4-5 of codes [..., 64] as the kernel's plane: 5 bits -> 8 bytes (bit i = value i),
+    6 bits -> 16 bytes (byte j = values j, 16 + j, 32 + j, 48 + j in bit pairs 0-1 ... 6-7)."""
+    lead = high.shape[:-1]
+    if bits == 5:
+        b = high.reshape(*lead, 8, 8).to(torch.int32)
+        return (b << torch.arange(8, dtype=torch.int32)).sum(-1).to(torch.uint8)
+    b = high.reshape(*lead, 4, 16).to(torch.int32)
+    return (b << (2 * torch.arange(4, dtype=torch.int32))[:, None]).sum(-2).to(torch.uint8)
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes uint8 [N, K] (below 2**bits) -> the qdot kernel's layout [N, K * bits / 8].
+
+    8 bits: unchanged. 4/5/6 bits, per 128 values: 64 bytes of nibbles (byte j = value j | value
+    64 + j << 4), then the high-bit planes of values 0-63 and 64-127 (:func:`_pack_high`); a last 64
+    values (K % 128 == 64): 32 bytes of nibbles (byte j = value j | value 32 + j << 4) and their plane."""
+    if bits == 8:
+        return codes.contiguous()
     n, k = codes.shape
     full = k // 128 * 128
-    c = codes[:, :full].reshape(n, k // 128, 2, 64)
-    out = [(c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, full // 2)]
+    out = []
+    if full:
+        c = codes[:, :full].reshape(n, full // 128, 2, 64)
+        parts = [(c[:, :, 0] & 0x0F) | ((c[:, :, 1] & 0x0F) << 4)]
+        if bits > 4:
+            high = _pack_high(c >> 4, bits)  # [n, P, 2, plane bytes]
+            parts.append(high.reshape(n, full // 128, -1))
+        out.append(torch.cat(parts, dim=-1).reshape(n, full * bits // 8))
     if k > full:
-        t = codes[:, full:].reshape(n, 2, 32)
-        out.append(t[:, 0] | (t[:, 1] << 4))
+        t = codes[:, full:]
+        parts = [(t[:, :32] & 0x0F) | ((t[:, 32:] & 0x0F) << 4)]
+        if bits > 4:
+            parts.append(_pack_high(t >> 4, bits))
+        out.append(torch.cat(parts, dim=-1))
     return torch.cat(out, dim=1) if len(out) > 1 else out[0]
 
 
@@ -405,7 +430,7 @@ def _qdot_weight(srcs: Sequence[_Source]) -> QDotLinear:
     (bits, group), = {lay[:2] for lay in layouts}  # kernel_for never fuses different layouts
     offsets = {lay[2] for lay in layouts}
     offset = offsets.pop() if len(offsets) == 1 and None not in offsets else None
-    codes = torch.empty(n, k // 2 if bits == 4 else k, dtype=torch.uint8)
+    codes = torch.empty(n, k * bits // 8, dtype=torch.uint8)
     scales = torch.empty(n, k // group, dtype=torch.float16)
     zeros = torch.empty(n if offset is None else 0, k // group, dtype=torch.float16)
     step = _window_rows(k, 1)
@@ -413,7 +438,7 @@ def _qdot_weight(srcs: Sequence[_Source]) -> QDotLinear:
         r1 = min(n, r0 + step)
         parts = [_qdot_rows(s, a, b) for s, a, b in _windows(srcs, r0, r1)]
         q = torch.cat([p.codes for p in parts])
-        codes[r0:r1] = pack_nibbles(q) if bits == 4 else q
+        codes[r0:r1] = pack_codes(q, bits)
         sc = torch.cat([p.scales for p in parts])
         scales[r0:r1] = _to_f16(sc, srcs[0].name)
         if offset is None:

@@ -82,15 +82,16 @@ def reference(x, codes_u8, bits, group, scales16, zeros16, offset, bias=None):
 
 def random_layout(n, k, bits, group, with_zeros, seed=0):
     g = torch.Generator().manual_seed(seed)
-    codes = torch.randint(0, 16 if bits == 4 else 256, (n, k), generator=g, dtype=torch.uint8)
+    codes = torch.randint(0, 2 ** bits, (n, k), generator=g, dtype=torch.uint8)
     scales = (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half()
     zeros = ((torch.rand(n, k // group, generator=g) - 0.5) * 0.1).half() if with_zeros \
         else torch.empty(0, k // group, dtype=torch.half)
-    packed = L.pack_nibbles(codes) if bits == 4 else codes
+    packed = L.pack_codes(codes, bits)
     return codes, packed, scales, zeros
 
 
-LAYOUTS = [(4, 32, True), (4, 32, False), (8, 32, False), (8, 32, True), (8, 16, False)]
+LAYOUTS = [(4, 32, True), (4, 32, False), (5, 32, False), (5, 32, True), (6, 16, False), (8, 32, False),
+           (8, 32, True)]
 
 
 INTEGER_PATH = 10**9  # gemm_min_rows that keeps every call on the integer path
@@ -103,7 +104,7 @@ def test_kernel_matches_definition(bits, group, with_zeros, k):
     op = load_qdot()
     n = 37
     codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=k + bits)
-    offset = 8 if bits == 4 else 32
+    offset = 2 ** (bits - 1)
     bias = torch.randn(n)
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -123,7 +124,7 @@ def test_gemm_path_is_the_exact_matmul(bits, group, with_zeros, k):
     op = load_qdot()
     n = 300  # tiles of 2^20 / K rows: several tiles and a partial last one only for large K; see below
     codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=9)
-    offset = 8 if bits == 4 else 32
+    offset = 2 ** (bits - 1)
     w = torch.ops.tandem.qdot_dequantize(packed, scales, zeros, bits, group, offset)
     x = torch.randn(50, k, generator=torch.Generator().manual_seed(2))
     bias = torch.randn(n)
@@ -164,12 +165,28 @@ def test_kernel_refuses_bad_shapes():
         op(torch.randn(1, 128).bfloat16(), packed, scales, zeros, 4, 32, 8, None, INTEGER_PATH)
 
 
-def test_pack_nibbles_layout():
-    codes = (torch.arange(192) % 16).to(torch.uint8).view(1, 192)
-    p = L.pack_nibbles(codes)
-    assert p.shape == (1, 96)
-    assert int(p[0, 0]) == int(codes[0, 0]) | int(codes[0, 64]) << 4  # 128-value pair
-    assert int(p[0, 64]) == int(codes[0, 128]) | int(codes[0, 160]) << 4  # lone last chunk
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+def test_pack_codes_layout(bits):
+    """The byte layout the kernel reads (its header comment), spot-checked by hand; the kernel's
+    own unpacking is checked by qdot_dequantize in the GEMM test."""
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 2 ** bits, (2, 192), generator=g, dtype=torch.uint8)
+    p = L.pack_codes(codes, bits)
+    assert p.shape == (2, 192 * bits // 8)
+    c = [int(v) for v in codes[1]]
+    b = [int(v) for v in p[1]]
+    if bits == 8:
+        assert b == c
+        return
+    assert b[5] == c[5] & 15 | (c[69] & 15) << 4  # first 128 values: nibbles of j and 64 + j
+    tail = 16 * bits  # the last 64 values start here: nibbles of j and 32 + j
+    assert b[tail + 3] == c[131] & 15 | (c[163] & 15) << 4
+    if bits == 5:
+        assert (b[64 + 70 // 8] >> (70 % 8)) & 1 == c[70] >> 4  # plane bit i = bit 4 of value i
+        assert (b[tail + 32 + 40 // 8] >> (40 % 8)) & 1 == c[128 + 40] >> 4
+    if bits == 6:
+        assert (b[64 + 16 + 3] >> 4) & 3 == c[64 + 32 + 3] >> 4  # values 64-127: value 64 + 16 q + j
+        assert (b[tail + 32 + 7] >> 6) & 3 == c[128 + 48 + 7] >> 4
 
 
 # -- as a linear layer ---------------------------------------------------------------------------
@@ -237,7 +254,10 @@ def test_linear_close_to_f32(f, name):
 
 def test_exact_sources_keep_their_codes(f):
     lin = L.load_linear(f, "q6k.weight", "qdot")
-    assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (8, 16, 32, 0)
+    assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (6, 16, 32, 0)
+    assert lin.weight_nbytes() == 32 * 256 * 6 // 8 + 32 * 16 * 2  # 6-bit codes, f16 scale per 16
+    lin = L.load_linear(f, "q50.weight", "qdot")
+    assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (5, 32, 16, 0)
     lin = L.load_linear(f, "q4k.weight", "qdot")
     assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (48, 8)
     # Q4_K's weight bytes: 4-bit codes plus f16 scale and zero per 32 = 5 bits a weight

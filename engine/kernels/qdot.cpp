@@ -2,28 +2,39 @@
 // multiplies quantized weights): weights stay as their unsigned 4- or 8-bit codes with one scale
 // (and optionally one zero) per group of 16 or 32 along K; each activation row is quantized to
 // int8 per 32 values; every group's dot product is an integer sum (AVX512-VNNI vpdpbusd: unsigned
-// weight bytes x signed activation bytes), scaled once per group in f32.
+// weight bytes x signed activation bytes), scaled once per group in f32. Codes of 5 and 6 bits
+// are stored in 5 and 6 bits (a nibble plane plus a 1- or 2-bit plane) and widened in registers.
 //
 //   w[n, k] = s[n, g] * u[n, k] + z[n, g]        (zeros given)     g = k / G
 //   w[n, k] = s[n, g] * (u[n, k] - offset)       (no zeros)
 //   x[m, k] ~ dx[m, k / 32] * q[m, k]            q int8, dx = max|x| / 127 over the 32 values
 //   y[m, n] = sum_g s[n,g] * sum_{k in g} dx * u * q  +  sum_g z[n,g] * dx * sum_{k in g} q
 //
-// Layouts (built in engine/qdot.py):
-//   bits 8: codes uint8 [N, K], code k at byte k.
-//   bits 4: codes uint8 [N, K/2]; each 128 values take 64 bytes, byte j holding value j in its low
-//           nibble and value 64 + j in its high one (one 512-bit load unpacks to two 64-value
-//           chunks); a last 64 values when K % 128 == 64 take 32 bytes, byte j = values j, 32 + j.
+// Layouts (built by engine/linear.py's pack_codes from engine/dequant.py's integer_codes), codes
+// uint8 [N, K * BITS / 8], (BITS, G) one of (4, 32), (5, 32), (6, 16), (8, 32):
+//   8: code k at byte k.
+//   4, 5, 6: each 128 values take 16 * BITS bytes. First 64 bytes of nibbles: byte j holds the low
+//           4 bits of value j (low nibble) and of value 64 + j (high nibble), so one 512-bit load
+//           unpacks to two 64-value chunks. Then for 5 bits a 16-byte plane with bit i (byte i / 8,
+//           bit i % 8) = bit 4 of value i; for 6 bits two 16-byte planes (values 0-63, 64-127)
+//           where byte j holds bits 4-5 of values j, 16 + j, 32 + j, 48 + j in bit pairs 0-1 ...
+//           6-7. A last 64 values (K % 128 == 64) take 8 * BITS bytes: 32 bytes of nibbles (byte j
+//           = values j and 32 + j), then the plane for those 64 values.
 //   scales, zeros: float16 [N, K/G].
 //
-// Why this and not torch's int4/int8 weight-only kernels: those convert every weight to bf16 and
-// multiply in floating point, so on CPUs without AMX they are compute-bound at about a third of
-// the memory bandwidth; integer dot products move the same bytes with a quarter of the arithmetic.
+// Why this and not torch's int4/int8 weight-only kernels: those take bf16 activations and
+// convert every weight to floating point; on this project's 2-core AVX-512 VM (no AMX) the 1.5B's
+// linear layers ran at 8.7 GB/s with them and at 12-14 GB/s here (README "Performance"), and the
+// model no longer converts activations to bf16 around every layer. Q5_0/Q8_0/Q6_K tensors also keep
+// their own codes instead of an int8 requantization.
+//
+// From `gemm_min_rows` activation rows on (prompts), weight tiles are dequantized to f32 and
+// multiplied with MKL instead: the integer path's cost grows with every row.
 //
 // The op is registered as torch.ops.tandem.qdot_linear and parallelised with at::parallel_for
 // (torch's own thread pool, so num_thread settings apply). Without AVX512-VNNI a scalar loop
-// computes the same integer sums (correct, slow: engine/qdot.py only picks this format by default
-// where the vector path was compiled in).
+// computes the same integer sums (correct, slow: engine/kernels/__init__.py's qdot_fast() then
+// says no and the engine's default format stays on torch's kernels).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -93,34 +104,61 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
 
 #if QDOT_AVX512_VNNI
 
-// The kernel walks K in pairs of 64-value chunks (128 values: one 512-bit load of 4-bit codes),
-// then a last single chunk when K is an odd multiple of 64.
+// The kernel walks K in pairs of 64-value chunks (128 values, 16 * BITS bytes of codes), then a
+// last single chunk (8 * BITS bytes) when K is an odd multiple of 64. See the layout comment at
+// the top: low nibbles, then the 1-bit (5-bit codes) or 2-bit (6-bit codes) high planes.
 
-// Unsigned weight bytes of 64-value chunks c and c + 1.
+// The high bits (BITS 5: one, BITS 6: two) of 64 values from their plane, as byte values << 4.
+template <int BITS>
+inline __m512i high_bits(const uint8_t* plane) {
+  if constexpr (BITS == 5) {
+    uint64_t bits;
+    std::memcpy(&bits, plane, 8);  // bit j = value j
+    return _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(0x10));
+  } else {
+    // byte j of the 16 holds values j, 16 + j, 32 + j, 48 + j in bit pairs 0-1, 2-3, 4-5, 6-7: copy
+    // it to all four 128-bit lanes and shift lane l right by 2 l
+    const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane)));
+    const __m512i shifts = _mm512_set_epi32(0x60006, 0x60006, 0x60006, 0x60006, 0x40004, 0x40004, 0x40004, 0x40004,
+                                            0x20002, 0x20002, 0x20002, 0x20002, 0, 0, 0, 0);  // 16-bit counts
+    const __m512i two = _mm512_and_si512(_mm512_srlv_epi16(v, shifts), _mm512_set1_epi8(0x03));
+    return _mm512_slli_epi16(two, 4);  // per byte at most 0x30: nothing crosses into the next byte
+  }
+}
+
+// Unsigned weight bytes of 64-value chunks c and c + 1 (c even).
 template <int BITS>
 inline void load_code_pair(const uint8_t* row, int64_t c, __m512i& w0, __m512i& w1) {
+  const uint8_t* p = row + (c / 2) * 16 * BITS;
   if constexpr (BITS == 8) {
-    w0 = _mm512_loadu_si512(row + c * 64);
-    w1 = _mm512_loadu_si512(row + c * 64 + 64);
+    w0 = _mm512_loadu_si512(p);
+    w1 = _mm512_loadu_si512(p + 64);
   } else {
-    const __m512i raw = _mm512_loadu_si512(row + c * 32);
+    const __m512i raw = _mm512_loadu_si512(p);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     w0 = _mm512_and_si512(raw, m4);
     w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+    if constexpr (BITS == 5 || BITS == 6) {
+      w0 = _mm512_or_si512(w0, high_bits<BITS>(p + 64));
+      w1 = _mm512_or_si512(w1, high_bits<BITS>(p + 64 + 8 * (BITS - 4)));
+    }
   }
 }
 
 // Unsigned weight bytes of the single chunk c (the last one of a row).
 template <int BITS>
 inline __m512i load_code_single(const uint8_t* row, int64_t c) {
+  const uint8_t* p = row + (c / 2) * 16 * BITS;
   if constexpr (BITS == 8) {
-    return _mm512_loadu_si512(row + c * 64);
+    return _mm512_loadu_si512(p);
   } else {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * 32));
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i lo = _mm256_and_si256(raw, m4);
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    if constexpr (BITS == 5 || BITS == 6) return _mm512_or_si512(w, high_bits<BITS>(p + 32));
+    return w;
   }
 }
 
@@ -209,10 +247,9 @@ inline void row_dots(const uint8_t* w_row, const uint16_t* s_row, const uint16_t
   for (; c + 2 <= chunks; c += 2) {
     // Software prefetch of the same place a few rows ahead: one core's hardware prefetchers
     // alone keep too few lines in flight (measured +15-20 % GB/s with 2 threads).
-    _mm_prefetch(reinterpret_cast<const char*>(w_row + prefetch_distance + c * BITS * 8), _MM_HINT_T0);
-    if constexpr (BITS == 8) {
-      _mm_prefetch(reinterpret_cast<const char*>(w_row + prefetch_distance + c * 64 + 64), _MM_HINT_T0);
-    }
+    const uint8_t* ahead = w_row + prefetch_distance + (c / 2) * 16 * BITS;
+    _mm_prefetch(reinterpret_cast<const char*>(ahead), _MM_HINT_T0);
+    if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(ahead + 64), _MM_HINT_T0);
     __m512i w0, w1;
     load_code_pair<BITS>(w_row, c, w0, w1);
     const __m512 s = load_halves<2 * groups_per_chunk>(s_row + c * groups_per_chunk);
@@ -256,16 +293,27 @@ inline void dispatch_rows(int mb, const uint8_t* w_row, const uint16_t* s_row, c
 
 #endif  // QDOT_AVX512_VNNI
 
-// Code k of a 4-bit row: in each full 128-value pair of chunks, byte j holds values j (low nibble)
-// and 64 + j (high); a last lone 64-value chunk holds values j and 32 + j in its byte j.
-inline int32_t nibble_code(const uint8_t* row, int64_t k, int64_t row_len) {
-  const int64_t pair = k / 128, j = k % 128;
-  if ((pair + 1) * 128 <= row_len) {
-    const uint8_t byte = row[pair * 64 + (j % 64)];
-    return j < 64 ? (byte & 0x0F) : (byte >> 4);
+// Code k of a row in the layout of BITS (the portable path and dequantization).
+template <int BITS>
+inline int32_t code_at(const uint8_t* row, int64_t k, int64_t row_len) {
+  if constexpr (BITS == 8) {
+    return row[k];
+  } else {
+    const int64_t pair = k / 128;
+    const uint8_t* p = row + pair * 16 * BITS;
+    const bool full = (pair + 1) * 128 <= row_len;
+    const int64_t j = k % 128, half = full ? 64 : 32;  // nibble pairs: (j, j + half)
+    const uint8_t byte = p[j % half];
+    int32_t u = j < half ? (byte & 0x0F) : (byte >> 4);
+    const uint8_t* plane = p + (full ? 64 : 32);
+    if constexpr (BITS == 5) {
+      u |= ((plane[j / 8] >> (j % 8)) & 1) << 4;
+    } else if constexpr (BITS == 6) {
+      const int64_t jj = j % 64;  // 16 plane bytes per 64 values
+      u |= ((plane[(j / 64) * 16 + jj % 16] >> (2 * (jj / 16))) & 3) << 4;
+    }
+    return u;
   }
-  const uint8_t byte = row[pair * 64 + (j % 32)];
-  return j < 32 ? (byte & 0x0F) : (byte >> 4);
 }
 
 // Portable reference of the same sums (used where the vector path is not compiled in).
@@ -279,13 +327,7 @@ void row_dots_scalar(const uint8_t* w_row, const uint16_t* s_row, const uint16_t
     for (int64_t g = 0; g < a.k / G; ++g) {
       int32_t sum = 0;
       for (int64_t k = g * G; k < (g + 1) * G; ++k) {
-        int32_t u;
-        if constexpr (BITS == 8) {
-          u = w_row[k];
-        } else {
-          u = nibble_code(w_row, k, a.k);
-        }
-        sum += u * xq[k];
+        sum += code_at<BITS>(w_row, k, a.k) * xq[k];
       }
       acc += half_to_float(s_row[g]) * dx[g * G / kActGroup] * static_cast<float>(sum);
       const float term = a.group_term[(m0 + i) * a.n_groups + g];
@@ -298,7 +340,7 @@ void row_dots_scalar(const uint8_t* w_row, const uint16_t* s_row, const uint16_t
 template <int BITS, int G>
 void run(const QuantizedActivations& a, const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros,
          int64_t offset, const float* bias, int64_t n, float* y) {
-  const int64_t row_bytes = BITS == 8 ? a.k : a.k / 2;
+  const int64_t row_bytes = a.k * BITS / 8;
   const int64_t n_groups = a.k / G;
   // Enough rows per task that scheduling costs stay small next to the work (~64k weights).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / a.k);
@@ -333,35 +375,15 @@ void run(const QuantizedActivations& a, const uint8_t* codes, const uint16_t* sc
 template <int BITS, int G>
 void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros, int64_t offset, int64_t k,
                      int64_t r0, int64_t r1, float* out) {
-  const int64_t row_bytes = BITS == 8 ? k : k / 2;
+  const int64_t row_bytes = k * BITS / 8;
   const int64_t n_groups = k / G;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* w = codes + r * row_bytes;
     float* o = out + (r - r0) * k;
-    if constexpr (BITS == 8) {
-      for (int64_t i = 0; i < k; ++i) o[i] = static_cast<float>(w[i]);
-    } else {
-      const int64_t full = k / 128 * 128;
-      for (int64_t p = 0; p < full; p += 128) {
-        for (int j = 0; j < 64; ++j) {
-          const uint8_t byte = w[p / 2 + j];
-          o[p + j] = static_cast<float>(byte & 0x0F);
-          o[p + 64 + j] = static_cast<float>(byte >> 4);
-        }
-      }
-      if (full < k) {
-        for (int j = 0; j < 32; ++j) {
-          const uint8_t byte = w[full / 2 + j];
-          o[full + j] = static_cast<float>(byte & 0x0F);
-          o[full + 32 + j] = static_cast<float>(byte >> 4);
-        }
-      }
-    }
     for (int64_t g = 0; g < n_groups; ++g) {
       const float sc = half_to_float(scales[r * n_groups + g]);
       const float zr = zeros ? half_to_float(zeros[r * n_groups + g]) : -static_cast<float>(offset) * sc;
-      float* og = o + g * G;
-      for (int i = 0; i < G; ++i) og[i] = og[i] * sc + zr;
+      for (int64_t i = g * G; i < (g + 1) * G; ++i) o[i] = static_cast<float>(code_at<BITS>(w, i, k)) * sc + zr;
     }
   }
 }
@@ -369,8 +391,9 @@ void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_
 void dequantize_dispatch(int64_t bits, int64_t group, const uint8_t* c, const uint16_t* s, const uint16_t* z,
                          int64_t offset, int64_t k, int64_t r0, int64_t r1, float* out) {
   if (bits == 4) dequantize_rows<4, 32>(c, s, z, offset, k, r0, r1, out);
-  else if (group == 32) dequantize_rows<8, 32>(c, s, z, offset, k, r0, r1, out);
-  else dequantize_rows<8, 16>(c, s, z, offset, k, r0, r1, out);
+  else if (bits == 5) dequantize_rows<5, 32>(c, s, z, offset, k, r0, r1, out);
+  else if (bits == 6) dequantize_rows<6, 16>(c, s, z, offset, k, r0, r1, out);
+  else dequantize_rows<8, 32>(c, s, z, offset, k, r0, r1, out);
 }
 
 // Many activation rows (a prompt): the integer path's cost grows with every row, so instead
@@ -399,13 +422,13 @@ at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
                        const at::Tensor& zeros, int64_t bits, int64_t group, int64_t offset,
                        const std::optional<at::Tensor>& bias, int64_t gemm_min_rows) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "qdot: x must be contiguous f32 [M, K]");
-  TORCH_CHECK(bits == 4 || bits == 8, "qdot: bits must be 4 or 8");
-  TORCH_CHECK(group == 16 || group == 32, "qdot: group must be 16 or 32");
+  TORCH_CHECK((bits == 4 && group == 32) || (bits == 5 && group == 32) || (bits == 6 && group == 16) ||
+              (bits == 8 && group == 32), "qdot: (bits, group) must be (4, 32), (5, 32), (6, 16) or (8, 32)");
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(k % kChunk == 0, "qdot: K must be a multiple of 64, got ", k);
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2, "qdot: codes must be contiguous uint8 [N, *]");
   const int64_t n = codes.size(0);
-  TORCH_CHECK(codes.size(1) == (bits == 8 ? k : k / 2), "qdot: codes have ", codes.size(1), " bytes per row for K = ", k);
+  TORCH_CHECK(codes.size(1) == k * bits / 8, "qdot: codes have ", codes.size(1), " bytes per row for K = ", k);
   TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.size(0) == n && scales.size(1) == k / group,
               "qdot: scales must be contiguous f16 [N, K/G]");
   const bool has_zeros = zeros.numel() > 0;
@@ -432,10 +455,10 @@ at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::T
   const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
   const auto* z = has_zeros ? reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::Half>()) : nullptr;
   float* out = y.data_ptr<float>();
-  if (bits == 4 && group == 32) run<4, 32>(a, c, s, z, offset, bias_ptr, n, out);
-  else if (bits == 8 && group == 32) run<8, 32>(a, c, s, z, offset, bias_ptr, n, out);
-  else if (bits == 8 && group == 16) run<8, 16>(a, c, s, z, offset, bias_ptr, n, out);
-  else TORCH_CHECK(false, "qdot: 4-bit codes need groups of 32");
+  if (bits == 4) run<4, 32>(a, c, s, z, offset, bias_ptr, n, out);
+  else if (bits == 5) run<5, 32>(a, c, s, z, offset, bias_ptr, n, out);
+  else if (bits == 6) run<6, 16>(a, c, s, z, offset, bias_ptr, n, out);
+  else run<8, 32>(a, c, s, z, offset, bias_ptr, n, out);
   return y;
 }
 
@@ -444,7 +467,8 @@ at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, co
                            int64_t group, int64_t offset) {
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2, "qdot: codes must be contiguous uint8 [N, *]");
   TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous(), "qdot: scales must be contiguous f16");
-  const int64_t n = codes.size(0), k = codes.size(1) * (bits == 4 ? 2 : 1);
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "qdot: bits must be 4, 5, 6 or 8");
+  const int64_t n = codes.size(0), k = codes.size(1) * 8 / bits;
   at::Tensor out = at::empty({n, k}, codes.options().dtype(at::kFloat));
   dequantize_dispatch(bits, group, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
                       zeros.numel() ? reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::Half>()) : nullptr, offset, k,
