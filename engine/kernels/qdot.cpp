@@ -380,9 +380,34 @@ void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* w = codes + r * row_bytes;
     float* o = out + (r - r0) * k;
-    for (int64_t g = 0; g < n_groups; ++g) {
-      const float sc = half_to_float(scales[r * n_groups + g]);
-      const float zr = zeros ? half_to_float(zeros[r * n_groups + g]) : -static_cast<float>(offset) * sc;
+    const uint16_t* s_row = scales + r * n_groups;
+    const uint16_t* z_row = zeros ? zeros + r * n_groups : nullptr;
+    int64_t done = 0;
+#if QDOT_AVX512_VNNI
+    // the kernel's own unpacking, then 16 values at a time: bytes -> f32 -> * scale + zero
+    auto store_chunk = [&](__m512i codes64, int64_t k0) {
+      for (int q = 0; q < 4; ++q) {
+        const int64_t g = (k0 + 16 * q) / G;
+        const float sc = half_to_float(s_row[g]);
+        const float zr = z_row ? half_to_float(z_row[g]) : -static_cast<float>(offset) * sc;
+        const __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm512_extracti32x4_epi32(codes64, q)));
+        _mm512_storeu_ps(o + k0 + 16 * q, _mm512_fmadd_ps(v, _mm512_set1_ps(sc), _mm512_set1_ps(zr)));
+      }
+    };
+    const int64_t chunks = k / kChunk;
+    int64_t c = 0;
+    for (; c + 2 <= chunks; c += 2) {
+      __m512i w0, w1;
+      load_code_pair<BITS>(w, c, w0, w1);
+      store_chunk(w0, c * kChunk);
+      store_chunk(w1, (c + 1) * kChunk);
+    }
+    if (c < chunks) store_chunk(load_code_single<BITS>(w, c), c * kChunk);
+    done = k;
+#endif
+    for (int64_t g = done / G; g < n_groups; ++g) {
+      const float sc = half_to_float(s_row[g]);
+      const float zr = z_row ? half_to_float(z_row[g]) : -static_cast<float>(offset) * sc;
       for (int64_t i = g * G; i < (g + 1) * G; ++i) o[i] = static_cast<float>(code_at<BITS>(w, i, k)) * sc + zr;
     }
   }
