@@ -37,30 +37,40 @@ TENSORS = {
 BIASES = {"a.bias": 64, "b.bias": 32, "c.bias": 32}
 
 
-@pytest.fixture(scope="module")
-def gguf_path(tmp_path_factory):
-    rng = np.random.default_rng(7)
-    path = tmp_path_factory.mktemp("lin") / "lin.gguf"
+def write_tensor_gguf(path, tensors: dict) -> None:
+    """A GGUF holding only tensors: name -> float array (F32/F16 as its dtype) or (raw blocks, qtype)."""
     w = gguf.GGUFWriter(str(path), "llama")
-    for name, (qtype, n) in TENSORS.items():
-        if qtype in (GT.Q4_K, GT.Q6_K, GT.Q5_K):
-            data = random_kquant_blocks(qtype, n, K, rng, scale=0.002)
+    for name, t in tensors.items():
+        if isinstance(t, tuple):
+            data, qtype = t
             w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
         else:
-            x = (rng.standard_normal((n, K)) * 0.1).astype(np.float32)
-            if qtype == GT.F32:
-                w.add_tensor(name, x)
-            elif qtype == GT.F16:
-                w.add_tensor(name, x.astype(np.float16))
-            else:
-                data = gguf.quants.quantize(x, qtype)
-                w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
-    for name, n in BIASES.items():
-        w.add_tensor(name, (rng.standard_normal(n) * 0.5).astype(np.float32))
+            w.add_tensor(name, t)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_path(tmp_path_factory):
+    rng = np.random.default_rng(7)
+    path = tmp_path_factory.mktemp("lin") / "lin.gguf"
+    tensors = {}
+    for name, (qtype, n) in TENSORS.items():
+        if qtype in (GT.Q4_K, GT.Q6_K, GT.Q5_K):
+            tensors[name] = (random_kquant_blocks(qtype, n, K, rng, scale=0.002), qtype)
+            continue
+        x = (rng.standard_normal((n, K)) * 0.1).astype(np.float32)
+        if qtype == GT.F32:
+            tensors[name] = x
+        elif qtype == GT.F16:
+            tensors[name] = x.astype(np.float16)
+        else:
+            tensors[name] = (gguf.quants.quantize(x, qtype), qtype)
+    for name, n in BIASES.items():
+        tensors[name] = (rng.standard_normal(n) * 0.5).astype(np.float32)
+    write_tensor_gguf(path, tensors)
     return path
 
 

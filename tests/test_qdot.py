@@ -22,6 +22,7 @@ from engine import linear as L
 from engine.gguf import GGUFFile
 from engine.kernels import load_qdot, qdot_status
 from tests.test_dequant import random_kquant_blocks
+from tests.test_linear import write_tensor_gguf
 
 GT = gguf.GGMLQuantizationType
 
@@ -210,19 +211,15 @@ BIASES = {"q4k.bias": 48, "q6k.bias": 32}
 def f(tmp_path_factory):
     path = tmp_path_factory.mktemp("qdot") / "qdot.gguf"
     rng = np.random.default_rng(11)
-    w = gguf.GGUFWriter(str(path), "llama")
+    tensors = {}
     for i, (name, (qtype, n, k)) in enumerate(TENSORS.items()):
         if qtype == GT.F16:
-            w.add_tensor(name, (rng.standard_normal((n, k)) * 0.1).astype(np.float16))
-            continue
-        data = quantized(qtype, n, k, seed=i)
-        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+            tensors[name] = (rng.standard_normal((n, k)) * 0.1).astype(np.float16)
+        else:
+            tensors[name] = (quantized(qtype, n, k, seed=i), qtype)
     for name, n in BIASES.items():
-        w.add_tensor(name, (rng.standard_normal(n) * 0.5).astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        tensors[name] = (rng.standard_normal(n) * 0.5).astype(np.float32)
+    write_tensor_gguf(path, tensors)
     with GGUFFile(path) as fh:
         yield fh
 
