@@ -191,17 +191,16 @@ class Int4Linear(Linear):
 class QDotLinear(Linear):
     """GGUF integer codes dotted against int8-quantized activations (``engine/kernels/qdot.cpp``).
 
-    ``codes`` uint8 [N, K * bits / 8] in the kernel's layout (:func:`pack_codes`; bits 4, 5, 6 or
-    8); ``scales``/``zeros`` f16 [N, K/group]; ``zeros``
+    ``codes`` uint8 [ceil(N/16), 2 K bits] in the kernel's layout (:func:`pack_codes`; bits 4, 5, 6
+    or 8); ``scales``/``zeros`` f16 [ceil(N/16), K/group, 16] (:func:`pack_group_values`); ``zeros``
     is empty when every group uses ``w = scale * (code - offset)``. Activations and output are f32:
     the kernel quantizes each row to int8 per 32 values itself."""
 
     format = "qdot"
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
-                 offset: int, bias: torch.Tensor | None):
-        k = codes.shape[1] * 8 // bits
-        super().__init__(k, codes.shape[0], torch.float32)
+                 offset: int, out_features: int, bias: torch.Tensor | None):
+        super().__init__(codes.shape[1] // (2 * bits), out_features, torch.float32)
         self.bits, self.group, self.offset = bits, group, offset
         self._op = load_qdot()
         if self._op is None:
@@ -212,49 +211,58 @@ class QDotLinear(Linear):
         self.register_buffer("bias", None if bias is None else bias.float())
 
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        return self._op(x2, self.codes, self.scales, self.zeros, self.bits, self.group, self.offset, self.bias,
-                        QDOT_GEMM_MIN_ROWS)
+        return self._op(x2, self.codes, self.scales, self.zeros, self.bits, self.group, self.offset,
+                        self.out_features, self.bias, QDOT_GEMM_MIN_ROWS)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", bits={self.bits}, group={self.group}"
 
 
+QDOT_BLOCK_ROWS = 16  # the qdot kernel's weight rows per block (one per 32-bit register lane)
+
+
 def _pack_high(high: torch.Tensor, bits: int) -> torch.Tensor:
-    """Bits 4-5 of codes [..., 64] as the kernel's plane: 5 bits -> 8 bytes (bit i = value i),
-    6 bits -> 16 bytes (byte j = values j, 16 + j, 32 + j, 48 + j in bit pairs 0-1 ... 6-7)."""
+    """Bits 4-5 of 64-byte slots [..., 64] as the kernel's planes: 5 bits -> 8 bytes (bit i = byte i),
+    6 bits -> 16 bytes (byte i = bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7)."""
     lead = high.shape[:-1]
     if bits == 5:
-        b = high.reshape(*lead, 8, 8).to(torch.int32)
+        b = (high & 1).reshape(*lead, 8, 8).to(torch.int32)
         return (b << torch.arange(8, dtype=torch.int32)).sum(-1).to(torch.uint8)
-    b = high.reshape(*lead, 4, 16).to(torch.int32)
+    b = (high & 3).reshape(*lead, 4, 16).to(torch.int32)
     return (b << (2 * torch.arange(4, dtype=torch.int32))[:, None]).sum(-2).to(torch.uint8)
 
 
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes uint8 [N, K] (below 2**bits) -> the qdot kernel's layout [N, K * bits / 8].
+def _blocks_of_rows(t: torch.Tensor) -> torch.Tensor:
+    """[N, X] -> [ceil(N / 16), 16, X], padding rows with zeros."""
+    n = t.shape[0]
+    pad = -n % QDOT_BLOCK_ROWS
+    if pad:
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])])
+    return t.reshape(-1, QDOT_BLOCK_ROWS, *t.shape[1:])
 
-    8 bits: unchanged. 4/5/6 bits, per 128 values: 64 bytes of nibbles (byte j = value j | value
-    64 + j << 4), then the high-bit planes of values 0-63 and 64-127 (:func:`_pack_high`); a last 64
-    values (K % 128 == 64): 32 bytes of nibbles (byte j = value j | value 32 + j << 4) and their plane."""
-    if bits == 8:
-        return codes.contiguous()
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Codes uint8 [N, K] (below 2**bits) -> the qdot kernel's layout [ceil(N/16), 2 K bits].
+
+    Rows go in blocks of 16; for each 8 values k0..k0+7 of a block, two 64-byte slots (values
+    k0..k0+3, then k0+4..k0+7; byte 4 r + j = row r's value j). 8 bits: the slots as they are; 4/5/6
+    bits: 64 bytes of nibbles (low = first slot, high = second), then each slot's high-bit plane
+    (:func:`_pack_high`). Padding rows get code 0."""
     n, k = codes.shape
-    full = k // 128 * 128
-    out = []
-    if full:
-        c = codes[:, :full].reshape(n, full // 128, 2, 64)
-        parts = [(c[:, :, 0] & 0x0F) | ((c[:, :, 1] & 0x0F) << 4)]
-        if bits > 4:
-            high = _pack_high(c >> 4, bits)  # [n, P, 2, plane bytes]
-            parts.append(high.reshape(n, full // 128, -1))
-        out.append(torch.cat(parts, dim=-1).reshape(n, full * bits // 8))
-    if k > full:
-        t = codes[:, full:]
-        parts = [(t[:, :32] & 0x0F) | ((t[:, 32:] & 0x0F) << 4)]
-        if bits > 4:
-            parts.append(_pack_high(t >> 4, bits))
-        out.append(torch.cat(parts, dim=-1))
-    return torch.cat(out, dim=1) if len(out) > 1 else out[0]
+    blocks = _blocks_of_rows(codes)  # [B, 16, K]
+    nb = blocks.shape[0]
+    slots = blocks.reshape(nb, QDOT_BLOCK_ROWS, k // 8, 2, 4).permute(0, 2, 3, 1, 4).reshape(nb, k // 8, 2, 64)
+    if bits == 8:
+        return slots.reshape(nb, 2 * k * bits).contiguous()
+    parts = [(slots[:, :, 0] & 0x0F) | ((slots[:, :, 1] & 0x0F) << 4)]
+    if bits > 4:
+        parts.append(_pack_high(slots >> 4, bits).reshape(nb, k // 8, -1))
+    return torch.cat(parts, dim=-1).reshape(nb, 2 * k * bits).contiguous()
+
+
+def pack_group_values(values: torch.Tensor) -> torch.Tensor:
+    """Per-group scales or zeros [N, K/G] -> the kernel's [ceil(N/16), K/G, 16] (padding rows 0)."""
+    return _blocks_of_rows(values).transpose(1, 2).contiguous()
 
 
 class SplitLinear(Linear):
@@ -422,29 +430,30 @@ def _to_f16(t: torch.Tensor, what: str) -> torch.Tensor:
     return h
 
 
-def _qdot_weight(srcs: Sequence[_Source]) -> QDotLinear:
-    """Codes, f16 scales and zeros for the fused sources, built window by window."""
+def _qdot_weight(srcs: Sequence[_Source]):
+    """Codes, f16 scales and zeros for the fused sources in the kernel's layout, built window by
+    window (windows of whole 16-row blocks)."""
     k = srcs[0].k
     n = sum(s.n for s in srcs)
     layouts = {dq.INTEGER_CODE_LAYOUTS.get(s.ggml_type, (8, 32, 128)) for s in srcs}
     (bits, group), = {lay[:2] for lay in layouts}  # kernel_for never fuses different layouts
     offsets = {lay[2] for lay in layouts}
     offset = offsets.pop() if len(offsets) == 1 and None not in offsets else None
-    codes = torch.empty(n, k * bits // 8, dtype=torch.uint8)
-    scales = torch.empty(n, k // group, dtype=torch.float16)
-    zeros = torch.empty(n if offset is None else 0, k // group, dtype=torch.float16)
-    step = _window_rows(k, 1)
+    blocks = -(-n // QDOT_BLOCK_ROWS)
+    codes = torch.empty(blocks, 2 * k * bits, dtype=torch.uint8)
+    scales = torch.empty(blocks, k // group, QDOT_BLOCK_ROWS, dtype=torch.float16)
+    zeros = torch.empty(blocks if offset is None else 0, k // group, QDOT_BLOCK_ROWS, dtype=torch.float16)
+    step = _window_rows(k, QDOT_BLOCK_ROWS)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
+        b0, b1 = r0 // QDOT_BLOCK_ROWS, -(-r1 // QDOT_BLOCK_ROWS)
         parts = [_qdot_rows(s, a, b) for s, a, b in _windows(srcs, r0, r1)]
-        q = torch.cat([p.codes for p in parts])
-        codes[r0:r1] = pack_codes(q, bits)
-        sc = torch.cat([p.scales for p in parts])
-        scales[r0:r1] = _to_f16(sc, srcs[0].name)
+        codes[b0:b1] = pack_codes(torch.cat([p.codes for p in parts]), bits)
+        scales[b0:b1] = pack_group_values(_to_f16(torch.cat([p.scales for p in parts]), srcs[0].name))
         if offset is None:
             z = torch.cat([p.zeros if p.zeros is not None else -p.offset * p.scales for p in parts])
-            zeros[r0:r1] = _to_f16(z, srcs[0].name)
-    return codes, scales, zeros, bits, group, offset or 0
+            zeros[b0:b1] = pack_group_values(_to_f16(z, srcs[0].name))
+    return codes, scales, zeros, bits, group, offset or 0, n
 
 
 def _bias(f: GGUFFile, srcs: Sequence[_Source], bias_names: Sequence[str | None] | None,
@@ -486,14 +495,16 @@ def _build(srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Line
 def kernel_for(ggml_type: int, fmt: str, k: int) -> str:
     """The concrete kernel format one source tensor gets under ``fmt`` (resolves ``auto-int4``)."""
     if fmt == "qdot":
-        if k % 64:
-            return "int8"  # the kernel works on whole 64-value chunks
+        if k % 32:
+            return "f32"  # activations are quantized per 32 values; odd widths are tiny, keep them exact
         bits, group, _ = dq.INTEGER_CODE_LAYOUTS.get(ggml_type, (8, 32, 128))
         return f"qdot{bits}g{group}"  # fuse only parts with the same code layout
     if fmt == "auto-int4":
         fmt = "int4" if ggml_type in dq.INT4_EXACT_TYPES else "int8"
     if fmt == "int4" and k % INT4_GROUP:
         fmt = "int8"  # the int4 kernel needs whole groups of 32 along K
+    if fmt == "int8" and k % 16:
+        fmt = "bf16"  # torch's int8 kernel crashes (SIGSEGV) when K is not a multiple of 16
     return fmt
 
 

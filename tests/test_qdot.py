@@ -82,13 +82,16 @@ def reference(x, codes_u8, bits, group, scales16, zeros16, offset, bias=None):
 
 
 def random_layout(n, k, bits, group, with_zeros, seed=0):
+    """Random codes, scales and zeros, and the same packed for the kernel: (codes, packed codes,
+    packed scales, packed zeros, scales, zeros)."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 2 ** bits, (n, k), generator=g, dtype=torch.uint8)
     scales = (torch.rand(n, k // group, generator=g) * 0.02 + 1e-3).half()
     zeros = ((torch.rand(n, k // group, generator=g) - 0.5) * 0.1).half() if with_zeros \
         else torch.empty(0, k // group, dtype=torch.half)
     packed = L.pack_codes(codes, bits)
-    return codes, packed, scales, zeros
+    packed_zeros = L.pack_group_values(zeros) if with_zeros else torch.empty(0, dtype=torch.half)
+    return codes, packed, L.pack_group_values(scales), packed_zeros, scales, zeros
 
 
 LAYOUTS = [(4, 32, True), (4, 32, False), (5, 32, False), (5, 32, True), (6, 16, False), (8, 32, False),
@@ -100,18 +103,17 @@ GEMM_PATH = 1
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
-@pytest.mark.parametrize("k", [256, 192, 64])  # 192 and 64 end with a lone 64-value chunk
-def test_kernel_matches_definition(bits, group, with_zeros, k):
+@pytest.mark.parametrize("k,n", [(256, 37), (192, 16), (96, 5)])  # n: partial, whole and lone row blocks
+def test_kernel_matches_definition(bits, group, with_zeros, k, n):
     op = load_qdot()
-    n = 37
-    codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=k + bits)
+    codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=k + bits)
     offset = 2 ** (bits - 1)
     bias = torch.randn(n)
     for m in (1, 2, 3, 4, 5, 8, 9):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         x[0, :32] = 0.0  # an all-zero activation group (dx = 0)
         for b in (None, bias):
-            y = op(x, packed, scales, zeros, bits, group, offset, b, INTEGER_PATH)
+            y = op(x, packed, ps, pz, bits, group, offset, n, b, INTEGER_PATH)
             ref = reference(x, codes, bits, group, scales, zeros, offset, b)
             assert y.shape == (m, n) and y.dtype == torch.float32
             err = float((y.double() - ref).abs().max() / ref.abs().max())
@@ -119,25 +121,25 @@ def test_kernel_matches_definition(bits, group, with_zeros, k):
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
-@pytest.mark.parametrize("k", [256, 192])
+@pytest.mark.parametrize("k", [256, 96])
 def test_gemm_path_is_the_exact_matmul(bits, group, with_zeros, k):
     """Many rows (a prompt) go through f32 weights and MKL: no activation rounding at all."""
     op = load_qdot()
-    n = 300  # tiles of 2^20 / K rows: several tiles and a partial last one only for large K; see below
-    codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=9)
+    n = 300 if k == 256 else 4500  # K=96: more than one dequantization tile (tiles of ~2^20 / K rows)
+    codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=9)
     offset = 2 ** (bits - 1)
-    w = torch.ops.tandem.qdot_dequantize(packed, scales, zeros, bits, group, offset)
-    x = torch.randn(50, k, generator=torch.Generator().manual_seed(2))
-    bias = torch.randn(n)
-    ref = x.double() @ reference_weight(codes, group, scales, zeros, offset).t() + bias.double()
+    w = torch.ops.tandem.qdot_dequantize(packed, ps, pz, bits, group, offset, n)
     w_ref = reference_weight(codes, group, scales, zeros, offset)
     assert torch.allclose(w.double(), w_ref, rtol=0, atol=float(w_ref.abs().max()) * 2e-7)  # f32 rounding
-    y = op(x, packed, scales, zeros, bits, group, offset, bias, GEMM_PATH)
+    x = torch.randn(50, k, generator=torch.Generator().manual_seed(2))
+    bias = torch.randn(n)
+    ref = x.double() @ w_ref.t() + bias.double()
+    y = op(x, packed, ps, pz, bits, group, offset, n, bias, GEMM_PATH)
     assert y.shape == (50, n)
     assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
     # and the layer switches paths by itself at QDOT_GEMM_MIN_ROWS rows
-    y_int = op(x[:2], packed, scales, zeros, bits, group, offset, bias, L.QDOT_GEMM_MIN_ROWS)
-    assert torch.allclose(y_int, op(x[:2], packed, scales, zeros, bits, group, offset, bias, INTEGER_PATH))
+    y_int = op(x[:2], packed, ps, pz, bits, group, offset, n, bias, L.QDOT_GEMM_MIN_ROWS)
+    assert torch.allclose(y_int, op(x[:2], packed, ps, pz, bits, group, offset, n, bias, INTEGER_PATH))
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
@@ -148,46 +150,56 @@ def test_portable_path_agrees_with_vector_path(bits, group, with_zeros):
     assert qdot_status(True).isa == "scalar"
     op = load_qdot()
     k, n = 320, 29
-    codes, packed, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=3)
+    codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=3)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
-    a = op(x, packed, scales, zeros, bits, group, 8, None, INTEGER_PATH)
-    b = portable(x, packed, scales, zeros, bits, group, 8, None, INTEGER_PATH)
+    a = op(x, packed, ps, pz, bits, group, 8, n, None, INTEGER_PATH)
+    b = portable(x, packed, ps, pz, bits, group, 8, n, None, INTEGER_PATH)
     assert float((a - b).abs().max() / b.abs().max()) < 2e-6
+    wa = torch.ops.tandem.qdot_dequantize(packed, ps, pz, bits, group, 8, n)
+    wb = torch.ops.tandem_portable.qdot_dequantize(packed, ps, pz, bits, group, 8, n)
+    assert torch.equal(wa, wb)
 
 
 def test_kernel_refuses_bad_shapes():
     op = load_qdot()
-    codes, packed, scales, zeros = random_layout(8, 128, 4, 32, True)
-    with pytest.raises(RuntimeError, match="multiple of 64"):
-        op(torch.randn(1, 96), packed, scales, zeros, 4, 32, 8, None, INTEGER_PATH)
-    with pytest.raises(RuntimeError, match="bytes per row"):
-        op(torch.randn(1, 128), codes, scales, zeros, 4, 32, 8, None, INTEGER_PATH)  # unpacked codes for 4 bits
+    codes, packed, ps, pz, scales, zeros = random_layout(8, 128, 4, 32, True)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        op(torch.randn(1, 100), packed, ps, pz, 4, 32, 8, 8, None, INTEGER_PATH)
+    with pytest.raises(RuntimeError, match="bytes per block"):
+        op(torch.randn(1, 96), packed, ps, pz, 4, 32, 8, 8, None, INTEGER_PATH)
+    with pytest.raises(RuntimeError, match=r"ceil\(N/16\)"):
+        op(torch.randn(1, 128), packed, ps, pz, 4, 32, 8, 40, None, INTEGER_PATH)  # wrong row count
     with pytest.raises(RuntimeError, match="f32"):
-        op(torch.randn(1, 128).bfloat16(), packed, scales, zeros, 4, 32, 8, None, INTEGER_PATH)
+        op(torch.randn(1, 128).bfloat16(), packed, ps, pz, 4, 32, 8, 8, None, INTEGER_PATH)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_pack_codes_layout(bits):
     """The byte layout the kernel reads (its header comment), spot-checked by hand; the kernel's
-    own unpacking is checked by qdot_dequantize in the GEMM test."""
+    own unpacking is checked against the reference by qdot_dequantize in the GEMM test."""
     g = torch.Generator().manual_seed(bits)
-    codes = torch.randint(0, 2 ** bits, (2, 192), generator=g, dtype=torch.uint8)
+    codes = torch.randint(0, 2 ** bits, (20, 64), generator=g, dtype=torch.uint8)
     p = L.pack_codes(codes, bits)
-    assert p.shape == (2, 192 * bits // 8)
-    c = [int(v) for v in codes[1]]
-    b = [int(v) for v in p[1]]
+    assert p.shape == (2, 2 * 64 * bits)  # two blocks of 16 rows (the second padded)
+    c = codes.tolist()
+    b = p[0].tolist()
+    per8 = 16 * bits  # bytes per 8 values of a block
+    # row 5, values 8..15: second group of 8; slot 0 = values 8..11, slot 1 = 12..15; byte 4 r + j
     if bits == 8:
-        assert b == c
-        return
-    assert b[5] == c[5] & 15 | (c[69] & 15) << 4  # first 128 values: nibbles of j and 64 + j
-    tail = 16 * bits  # the last 64 values start here: nibbles of j and 32 + j
-    assert b[tail + 3] == c[131] & 15 | (c[163] & 15) << 4
+        assert b[per8 + 5 * 4 + 2] == c[5][10] and b[per8 + 64 + 5 * 4 + 3] == c[5][15]
+    else:
+        assert b[per8 + 5 * 4 + 2] == c[5][10] & 15 | (c[5][14] & 15) << 4
     if bits == 5:
-        assert (b[64 + 70 // 8] >> (70 % 8)) & 1 == c[70] >> 4  # plane bit i = bit 4 of value i
-        assert (b[tail + 32 + 40 // 8] >> (40 % 8)) & 1 == c[128 + 40] >> 4
+        i = 5 * 4 + 2  # slot byte of row 5, value 10 (slot 0) and of row 5, value 14 (slot 1)
+        assert (b[per8 + 64 + i // 8] >> (i % 8)) & 1 == c[5][10] >> 4
+        assert (b[per8 + 64 + 8 + i // 8] >> (i % 8)) & 1 == c[5][14] >> 4
     if bits == 6:
-        assert (b[64 + 16 + 3] >> 4) & 3 == c[64 + 32 + 3] >> 4  # values 64-127: value 64 + 16 q + j
-        assert (b[tail + 32 + 7] >> 6) & 3 == c[128 + 48 + 7] >> 4
+        i = 13 * 4 + 1  # row 13, value 9: slot byte 53 = 48 + 5 -> plane byte 5, bits 6-7
+        assert (b[per8 + 64 + i % 16] >> (2 * (i // 16))) & 3 == c[13][9] >> 4
+    first = c[16][0] if bits == 8 else c[16][0] & 15 | (c[16][4] & 15) << 4
+    assert int(p[1, 0]) == first  # the second block starts with row 16
+    # rows 20-31 are padding: zero codes
+    assert int(p[1, 4 * 4]) == 0 and int(p[1, 15 * 4 + 3]) == 0
 
 
 # -- as a linear layer ---------------------------------------------------------------------------
@@ -202,7 +214,8 @@ TENSORS = {  # name -> (type, rows, K)
     "q80.weight": (GT.Q8_0, 32, 256),
     "f16.weight": (GT.F16, 32, 256),
     "q40_tail.weight": (GT.Q4_0, 24, 192),
-    "q80_odd.weight": (GT.Q8_0, 8, 96),  # K not a multiple of 64: falls back to torch's int8
+    "q80_k96.weight": (GT.Q8_0, 8, 96),
+    "f16_odd.weight": (GT.F16, 8, 40),  # K not a multiple of 32: kept as exact f32
 }
 BIASES = {"q4k.bias": 48, "q6k.bias": 32}
 
@@ -241,7 +254,7 @@ def ref_weight(f, names):
     return torch.cat([dq.load_tensor(f, n) for n in names])
 
 
-@pytest.mark.parametrize("name", [n for n in TENSORS if n != "q80_odd.weight"])
+@pytest.mark.parametrize("name", [n for n in TENSORS if n != "f16_odd.weight"])
 def test_linear_close_to_f32(f, name):
     lin = L.load_linear(f, name, "qdot")
     assert lin.format == "qdot"
@@ -256,7 +269,7 @@ def test_exact_sources_keep_their_codes(f):
     lin = L.load_linear(f, "q50.weight", "qdot")
     assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (5, 32, 16, 0)
     lin = L.load_linear(f, "q4k.weight", "qdot")
-    assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (48, 8)
+    assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (3, 8, 16)  # 3 blocks of 16 rows
     # Q4_K's weight bytes: 4-bit codes plus f16 scale and zero per 32 = 5 bits a weight
     assert lin.weight_nbytes() == 48 * 256 // 2 + 2 * 48 * 8 * 2
 
@@ -274,8 +287,11 @@ def test_fusion_and_bias(f):
     assert torch.allclose(lin(x), separate, rtol=0, atol=1e-5 * float(separate.abs().max()))
 
 
-def test_k_not_multiple_of_64_falls_back(f):
-    lin = L.load_linear(f, "q80_odd.weight", "qdot")
-    assert lin.format == "int8"
-    x = torch.randn(2, 96)
+def test_k_not_multiple_of_32_falls_back(f):
+    lin = L.load_linear(f, "f16_odd.weight", "qdot")
+    assert lin.format == "f32"
+    assert matmul_error(lin, ref_weight(f, ["f16_odd.weight"])) < 1e-5
+    # and torch's int8 kernel, which crashes when K is not a multiple of 16, is not used for it
+    assert L.load_linear(f, "f16_odd.weight", "auto-int4").format == "bf16"
+    x = torch.randn(2, 40)
     assert lin(x).dtype == torch.float32
