@@ -20,6 +20,11 @@ Formats (``fmt``), all CPU kernels measured in docs/cpu-engine-measurements.md:
 * ``auto-int4``    ``int4`` for tensors stored as Q4_K/Q4_0/Q4_1, ``int8`` for everything else. This keeps
                    a Q4_K_M model (Q4_K + Q6_K) as close to the file as the kernels allow: the Q4_K
                    tensors are reproduced exactly (up to bf16 scales) and Q6_K ones get 8 bits.
+* ``qdot``         every Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 tensor keeps its own integer codes (4, 5,
+                   6 or 8 bits, f16 group scales) and is multiplied by tandem's native kernel
+                   (``engine/kernels/qdot.cpp``, AVX512-VNNI) against activations rounded to int8 per 32
+                   values, as llama.cpp does; other sources are requantized to 8 bits per 32 (Q8_0's
+                   rule). f32 activations. Only where the kernel builds (:func:`engine.kernels.qdot_status`).
 
 Fused loading: ``names`` may list several tensors that are concatenated along the output dim
 (fused qkv, fused gate/up). Under ``auto-int4`` the parts can map to different kernels (Q4_K_M
