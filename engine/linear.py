@@ -62,11 +62,6 @@ from .kernels import load_qdot, qdot_fast, qdot_status
 
 FORMATS = ("f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot")
 INT4_GROUP = 32
-# From this many activation rows on (prompts), the qdot kernel dequantizes weight tiles to f32 for
-# MKL's GEMM instead of running its integer path: measured on the 1.5B's 17920x1536 and 1536x8960
-# layers, the integer path costs 4 ms at 8 rows and 16 / 10 ms at 32, the GEMM path 12-19 / 10-11 ms
-# from 4 to 32 rows and 51 / 28 ms at 128 (integer: 82 / 41).
-QDOT_GEMM_MIN_ROWS = 48
 # Rows per conversion window for the int4/int8 builders: a multiple of 64 (the CPU int4 packing
 # works in independent blocks of 64 output rows) sized to keep temporaries at a few MB.
 _WINDOW_ELEMS = 1 << 21
@@ -217,7 +212,7 @@ class QDotLinear(Linear):
 
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
         return self._op(x2, self.codes, self.scales, self.zeros, self.bits, self.group, self.offset,
-                        self.out_features, self.bias, QDOT_GEMM_MIN_ROWS)
+                        self.out_features, self.bias)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", bits={self.bits}, group={self.group}"
