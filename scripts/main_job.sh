@@ -21,6 +21,7 @@ FROM $target
 DRAFT $draft
 PARAMETER temperature 0
 PARAMETER num_ctx 4096
+PARAMETER num_predict 512
 MODELFILE
 echo "== tandem create qwen2.5-coder-spec"
 .venv/bin/tandem create qwen2.5-coder-spec -f "$work/Modelfile"
