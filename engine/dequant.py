@@ -144,16 +144,24 @@ def _q5_high_bits(qh: torch.Tensor) -> torch.Tensor:
     return _bits(qh, 1, dim=2).reshape(qh.shape[0], 32)
 
 
+def _q5_0_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_0 block -> 5-bit codes [n, 32]: 4 low bits | 1 high bit << 4."""
+    return _nibbles(blocks[:, 6:22]) | (_q5_high_bits(blocks[:, 2:6]) << 4)
+
+
+def _q5_1_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_1 block -> 5-bit codes [n, 32]."""
+    return _nibbles(blocks[:, 8:24]) | (_q5_high_bits(blocks[:, 4:8]) << 4)
+
+
 def _deq_q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    # w = (q - 16) * d, q = 4 low bits | 1 high bit << 4
-    q = _nibbles(blocks[:, 6:22]) | (_q5_high_bits(blocks[:, 2:6]) << 4)
-    return _scale_sub(q, _f16(blocks, 0, 2), offset=16.0)
+    # w = (q - 16) * d
+    return _scale_sub(_q5_0_codes(blocks), _f16(blocks, 0, 2), offset=16.0)
 
 
 def _deq_q5_1(blocks: torch.Tensor) -> torch.Tensor:
     # w = q * d + m
-    q = _nibbles(blocks[:, 8:24]) | (_q5_high_bits(blocks[:, 4:8]) << 4)
-    return _scale_sub(q, _f16(blocks, 0, 2), plus=_f16(blocks, 2, 4))
+    return _scale_sub(_q5_1_codes(blocks), _f16(blocks, 0, 2), plus=_f16(blocks, 2, 4))
 
 
 def _deq_q8_0(blocks: torch.Tensor) -> torch.Tensor:
@@ -220,24 +228,37 @@ def _deq_q4_k(blocks: torch.Tensor) -> torch.Tensor:
     return _scale_sub(_q4k_codes(blocks), dsc, minus=dm).reshape(-1, QK_K)
 
 
-def _deq_q5_k(blocks: torch.Tensor) -> torch.Tensor:
-    # as Q4_K with a fifth bit: sub-block i takes bit i of qh[l]
+def _q5k_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """Q5_K block -> 5-bit codes [n, 8, 32]: as Q4_K with a fifth bit, sub-block i takes bit i of qh[l]."""
     nb = blocks.shape[0]
-    dsc, dm = _q4k_scales(blocks)
     qh = _bits(blocks[:, 16:48], 1, dim=1)  # [nb, 8, 32]
     ql = _bits(blocks[:, 48:176].reshape(nb, 4, 32), 4, dim=2).reshape(nb, 8, 32)
-    return _scale_sub(ql | (qh << 4), dsc, minus=dm).reshape(nb, QK_K)
+    return ql | (qh << 4)
+
+
+def _deq_q5_k(blocks: torch.Tensor) -> torch.Tensor:
+    # 8 sub-blocks of 32: w = (d * sc) * q - (dmin * m)
+    dsc, dm = _q4k_scales(blocks)
+    return _scale_sub(_q5k_codes(blocks), dsc, minus=dm).reshape(-1, QK_K)
+
+
+def _q6k_codes(blocks: torch.Tensor) -> torch.Tensor:
+    """Q6_K block -> 6-bit codes [n, 16, 16] (4 low bits | 2 high bits << 4), one row per sub-block."""
+    nb = blocks.shape[0]
+    ql = _bits(blocks[:, 0:128].reshape(nb, 2, 64), 4, dim=2).reshape(nb, 8, 32)
+    qh = _bits(blocks[:, 128:192].reshape(nb, 2, 32), 2, dim=2).reshape(nb, 8, 32)
+    return (ql | (qh << 4)).reshape(nb, 16, 16)
+
+
+def _q6k_scales(blocks: torch.Tensor) -> torch.Tensor:
+    """Q6_K block -> the 16 sub-block scales d * sc, f32 [n, 16]."""
+    return _f16(blocks, 208, 210) * blocks[:, 192:208].contiguous().view(torch.int8).float()
 
 
 def _deq_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     # 16 sub-blocks of 16: w = (d * sc) * (q - 32), int8 sc, 4+2-bit q
-    nb = blocks.shape[0]
-    scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
-    dsc = (_f16(blocks, 208, 210) * scales).reshape(nb, 16, 1)
-    ql = _bits(blocks[:, 0:128].reshape(nb, 2, 64), 4, dim=2).reshape(nb, 8, 32)
-    qh = _bits(blocks[:, 128:192].reshape(nb, 2, 32), 2, dim=2).reshape(nb, 8, 32)
-    q = (ql | (qh << 4)).reshape(nb, 16, 16)
-    return _scale_sub(q, dsc, offset=32.0).reshape(nb, QK_K)
+    dsc = _q6k_scales(blocks).unsqueeze(-1)
+    return _scale_sub(_q6k_codes(blocks), dsc, offset=32.0).reshape(-1, QK_K)
 
 
 _DEQUANT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
@@ -408,11 +429,20 @@ class IntegerCodes:
 
 
 # type -> (bits, group, offset or None when the type has per-group zeros)
-INTEGER_CODE_LAYOUTS = {
+INTEGER_CODE_LAYOUTS: dict[int, tuple[int, int, int | None]] = {
     Q4_0: (4, 32, 8), Q4_1: (4, 32, None), Q4_K: (4, 32, None),
     Q5_0: (5, 32, 16), Q5_1: (5, 32, None), Q5_K: (5, 32, None),
     Q6_K: (6, 16, 32), Q8_0: (8, 32, 128),
 }
+
+
+# Every other type is requantized to Q8_0's rule (requantize_q8): this layout.
+REQUANTIZED_LAYOUT = (8, 32, 128)
+
+
+def code_layout(ggml_type: int) -> tuple[int, int, int | None]:
+    """(bits, group, offset) the qdot format holds a tensor of this type in."""
+    return INTEGER_CODE_LAYOUTS.get(ggml_type, REQUANTIZED_LAYOUT)
 
 
 def _integer_blocks(blocks: torch.Tensor, ggml_type: int):
@@ -426,21 +456,14 @@ def _integer_blocks(blocks: torch.Tensor, ggml_type: int):
         dsc, dm = _q4k_scales(blocks)
         return _q4k_codes(blocks).reshape(nb, QK_K), dsc.reshape(nb, 8), -dm.reshape(nb, 8)
     if ggml_type == Q5_0:
-        q = _nibbles(blocks[:, 6:22]) | (_q5_high_bits(blocks[:, 2:6]) << 4)
-        return q, _f16(blocks, 0, 2), None
+        return _q5_0_codes(blocks), _f16(blocks, 0, 2), None
     if ggml_type == Q5_1:
-        q = _nibbles(blocks[:, 8:24]) | (_q5_high_bits(blocks[:, 4:8]) << 4)
-        return q, _f16(blocks, 0, 2), _f16(blocks, 2, 4)
+        return _q5_1_codes(blocks), _f16(blocks, 0, 2), _f16(blocks, 2, 4)
     if ggml_type == Q5_K:
         dsc, dm = _q4k_scales(blocks)
-        qh = _bits(blocks[:, 16:48], 1, dim=1)
-        ql = _bits(blocks[:, 48:176].reshape(nb, 4, 32), 4, dim=2).reshape(nb, 8, 32)
-        return (ql | (qh << 4)).reshape(nb, QK_K), dsc.reshape(nb, 8), -dm.reshape(nb, 8)
+        return _q5k_codes(blocks).reshape(nb, QK_K), dsc.reshape(nb, 8), -dm.reshape(nb, 8)
     if ggml_type == Q6_K:
-        scales = blocks[:, 192:208].contiguous().view(torch.int8).float()
-        ql = _bits(blocks[:, 0:128].reshape(nb, 2, 64), 4, dim=2).reshape(nb, 8, 32)
-        qh = _bits(blocks[:, 128:192].reshape(nb, 2, 32), 2, dim=2).reshape(nb, 8, 32)
-        return (ql | (qh << 4)).reshape(nb, QK_K), _f16(blocks, 208, 210) * scales, None
+        return _q6k_codes(blocks).reshape(nb, QK_K), _q6k_scales(blocks), None
     if ggml_type == Q8_0:
         q = (blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
         return q, _f16(blocks, 0, 2), None
@@ -482,4 +505,5 @@ def requantize_q8(w: torch.Tensor) -> IntegerCodes:
     d = (g.abs().amax(dim=-1) / 127.0).to(torch.float16).float()
     safe = torch.where(d > 0, d, torch.ones_like(d))
     q = (g / safe[..., None]).round_().clamp_(-127, 127).add_(128).to(torch.uint8)
-    return IntegerCodes(q.reshape(n, k), 8, 32, d, None, 128)
+    bits, group, offset = REQUANTIZED_LAYOUT
+    return IntegerCodes(q.reshape(n, k), bits, group, d, None, offset)

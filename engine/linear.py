@@ -435,7 +435,7 @@ def _qdot_weight(srcs: Sequence[_Source]):
     window (windows of whole 16-row blocks)."""
     k = srcs[0].k
     n = sum(s.n for s in srcs)
-    layouts = {dq.INTEGER_CODE_LAYOUTS.get(s.ggml_type, (8, 32, 128)) for s in srcs}
+    layouts = {dq.code_layout(s.ggml_type) for s in srcs}
     (bits, group), = {lay[:2] for lay in layouts}  # kernel_for never fuses different layouts
     offsets = {lay[2] for lay in layouts}
     offset = offsets.pop() if len(offsets) == 1 and None not in offsets else None
@@ -497,7 +497,7 @@ def kernel_for(ggml_type: int, fmt: str, k: int) -> str:
     if fmt == "qdot":
         if k % 32:
             return "f32"  # activations are quantized per 32 values; odd widths are tiny, keep them exact
-        bits, group, _ = dq.INTEGER_CODE_LAYOUTS.get(ggml_type, (8, 32, 128))
+        bits, group, _ = dq.code_layout(ggml_type)
         return f"qdot{bits}g{group}"  # fuse only parts with the same code layout
     if fmt == "auto-int4":
         fmt = "int4" if ggml_type in dq.INT4_EXACT_TYPES else "int8"
@@ -635,7 +635,7 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
     * where qdot is available: ``qdot`` for a drafter and for a quantized target (Q4_K_M, Q8_0,
       ...) unless bf16-packed applies below. It keeps every Q4/Q5/Q6/Q8 tensor's own codes (no
       requantization at all) and was the fastest format at widths 1-4 on the 2-core AVX-512 VM
-      (1.5B Q4_K_M decode: 110 ms a token against 145 ms for auto-int4; README "Performance").
+      (1.5B Q4_K_M decode: 102 ms a token against 145 ms for auto-int4; README "Performance").
       Without it the rules below apply.
 
     * drafter: always ``auto-int4``. A drafter runs at width 1, where the int kernels are the
@@ -662,14 +662,9 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
     """
     if role not in ("target", "drafter"):
         raise ValueError(f"role must be 'target' or 'drafter', not {role!r}")
-    if qdot is None:
-        qdot = qdot_fast()
-    if amx is None and role == "target" and not _mostly_q4(source_type_names):
-        amx = cpu_has_amx()
-    if qdot and (role == "drafter" or _mostly_q4(source_type_names) or not amx):
-        return "qdot"
+    integer = "qdot" if (qdot_fast() if qdot is None else qdot) else "auto-int4"
     if role == "drafter" or _mostly_q4(source_type_names):
-        return "auto-int4"
+        return integer
     if amx is None:
         amx = cpu_has_amx()
-    return "bf16-packed" if amx else "auto-int4"
+    return "bf16-packed" if amx else integer

@@ -370,6 +370,7 @@ class Model(nn.Module):
         self.norm = RMSNorm(load_tensor(f, "output_norm.weight"), cfg.rms_eps)
         self.output = load_linear(f, "token_embd.weight" if cfg.tied_output else "output.weight", fmt,
                                   device=device)
+        f.release_pages()
         freq_factors = load_tensor(f, "rope_freqs.weight") if "rope_freqs.weight" in f.tensors else None
         init_len = min(cfg.context_length, 4096)
         self.rope_global = RotaryEmbedding(cfg.rope_dim, cfg.rope_base, cfg.rope_style,
@@ -506,7 +507,6 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     # Keep the file open with the model: some weight formats may stay as views of the mapping,
     # and the embedding reads its rows from it.
     model.gguf = f
-    f.release_pages()
     if device.type != "cpu":
         model.to(device)  # norms and the other small tensors; linears were built on the device
     return model.eval()

@@ -67,6 +67,16 @@ float half_to_float(uint16_t h) {
   return c10::detail::fp16_ieee_to_fp32_value(h);
 }
 
+// Scale and zero of one (row, group) entry i of a block's scales/zeros: w = scale * code + zero.
+struct ScaleZero {
+  float scale, zero;
+};
+
+inline ScaleZero scale_zero(const uint16_t* s_block, const uint16_t* z_block, int64_t i, int64_t offset) {
+  const float sc = half_to_float(s_block[i]);
+  return {sc, z_block ? half_to_float(z_block[i]) : -static_cast<float>(offset) * sc};
+}
+
 QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, int64_t group) {
   QuantizedActivations a;
   a.m = m;
@@ -233,10 +243,9 @@ void block_dots_scalar(const uint8_t* w_block, const uint16_t* s_block, const ui
       for (int64_t g = 0; g < a.n_groups; ++g) {
         int32_t sum = 0;
         for (int64_t k = g * G; k < (g + 1) * G; ++k) sum += code_at<BITS>(w_block, r, k) * xq[k];
-        const float sc = half_to_float(s_block[g * 16 + r]);
-        const float zr = z_block ? half_to_float(z_block[g * 16 + r]) : -static_cast<float>(offset) * sc;
-        acc += sc * dx[g * G / kActGroup] * static_cast<float>(sum);
-        acc += zr * a.group_term[(m0 + i) * a.n_groups + g];
+        const ScaleZero sz = scale_zero(s_block, z_block, g * 16 + r, offset);
+        acc += sz.scale * dx[g * G / kActGroup] * static_cast<float>(sum);
+        acc += sz.zero * a.group_term[(m0 + i) * a.n_groups + g];
       }
       out[i * 16 + r] = acc;
     }
@@ -295,23 +304,20 @@ void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_
       _mm512_store_si512(slots + 64, w1);
       const int64_t g = k0 / G;
       for (int64_t r = 0; r < rows; ++r) {
-        const float sc = half_to_float(s_block[g * 16 + r]);
-        const float zr = z_block ? half_to_float(z_block[g * 16 + r]) : -static_cast<float>(offset) * sc;
+        const ScaleZero sz = scale_zero(s_block, z_block, g * 16 + r, offset);
         for (int half = 0; half < 2; ++half) {
           int32_t four;
           std::memcpy(&four, slots + half * 64 + r * 4, 4);
           const __m128 v = _mm_cvtepi32_ps(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(four)));
-          _mm_storeu_ps(o + r * k + k0 + 4 * half, _mm_fmadd_ps(v, _mm_set1_ps(sc), _mm_set1_ps(zr)));
+          _mm_storeu_ps(o + r * k + k0 + 4 * half, _mm_fmadd_ps(v, _mm_set1_ps(sz.scale), _mm_set1_ps(sz.zero)));
         }
       }
     }
 #else
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t kk = 0; kk < k; ++kk) {
-        const int64_t g = kk / G;
-        const float sc = half_to_float(s_block[g * 16 + r]);
-        const float zr = z_block ? half_to_float(z_block[g * 16 + r]) : -static_cast<float>(offset) * sc;
-        o[r * k + kk] = static_cast<float>(code_at<BITS>(w_block, r, kk)) * sc + zr;
+        const ScaleZero sz = scale_zero(s_block, z_block, (kk / G) * 16 + r, offset);
+        o[r * k + kk] = static_cast<float>(code_at<BITS>(w_block, r, kk)) * sz.scale + sz.zero;
       }
     }
 #endif
