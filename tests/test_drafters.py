@@ -56,6 +56,42 @@ def test_ngram_no_match_and_incremental_index():
         d.commit([1], 99)
 
 
+def copy_with_a_rename():
+    """A 20-token 'function' (token 7 at 10, 16 and 18 plays the variable), a separator, and the first
+    ten tokens of its copy: the output is rewriting the function."""
+    src = list(range(100, 120))
+    src[10] = src[16] = src[18] = 7
+    return src, src + [1] + src[:10]
+
+
+def test_ngram_cursor_keeps_copying_through_an_edit_and_learns_the_rename():
+    src, log = copy_with_a_rename()
+    d = NgramDrafter()
+    d.begin(log)
+    assert d.propose(4, ctx()).tokens == src[10:14]  # the suffix match: the copy as written
+    d.commit([99], len(log) + 1)  # the target wrote 99 where the source had 7
+    # No earlier text continues "..., 109, 99"; the cursor does (7 of the last 8 tokens agree).
+    assert d.propose(4, ctx()).tokens == src[11:15]
+    d.commit(src[11:16], len(log) + 6)  # the copy went on after the edit: 7 -> 99 is a rename
+    assert d.propose(3, ctx()).tokens == [99, 117, 99]
+    # The target keeps the source token this time: the rename is forgotten.
+    d.commit([7], len(log) + 7)
+    assert d.propose(2, ctx()).tokens == [117, 7]
+
+
+def test_ngram_cursor_gives_way_outside_a_copy():
+    src, log = copy_with_a_rename()
+    d = NgramDrafter()
+    d.begin(log)
+    d.propose(4, ctx())
+    d.commit([99, 55, 56], len(log) + 3)  # the output left the copy: nothing confirms a rename
+    # The cursor now agrees on 5 of the last 8 tokens, under the bar of 6: no draft from it, and
+    # with no suffix match anywhere there is no proposal at all.
+    assert d.propose(4, ctx()).tokens == []
+    d.commit([103], len(log) + 4)
+    assert d.propose(2, ctx()).tokens == [104, 105]  # a plain suffix match again
+
+
 # ------------------------------------------------------------------------------------------------
 # draft model
 # ------------------------------------------------------------------------------------------------
@@ -266,18 +302,42 @@ def test_adaptive_is_deterministic_and_uses_measured_costs():
     assert AdaptiveDepth().choose(0) == 0
 
 
-def test_adaptive_cost_is_verification_plus_drafting_per_token():
-    """Every round teaches the drafter's per-token cost, so depths never tried are priced with it."""
+def test_adaptive_cost_is_verification_plus_drafting_by_length():
+    """Every round teaches the drafter's cost, so depths never tried are priced from the ones tried."""
     ctl = AdaptiveDepth()
     ctl.observe(0, 0, 0, 0.150)  # a plain step: verification at width 1
     ctl.observe(2, 2, 2, 0.300, drafting=0.130)  # 65 ms per draft, 170 ms to verify 3 tokens
-    assert ctl.draft_token_cost() == pytest.approx(0.065)
+    # One length measured: drafting is priced per token from it.
+    assert ctl.drafting_cost(2) == pytest.approx(0.130) and ctl.drafting_cost(1) == pytest.approx(0.065)
     assert ctl.cost(2) == pytest.approx(0.300)
     assert ctl.cost(1) == pytest.approx(0.160 + 0.065)  # verify(2) interpolated between widths 1 and 3
     assert ctl.cost(4) == pytest.approx(0.190 + 4 * 0.065)  # verify(5) extrapolated from widths 1 and 3
+    # A round's first draft also catches up on the last round's tokens: with a second length measured
+    # the fixed part is learned, and deeper drafts are priced at the marginal cost (40 ms), not at
+    # the 65 ms average of the shallow rounds.
+    ctl.observe(5, 5, 5, 0.450, drafting=0.250)
+    assert ctl.drafting_cost(4) == pytest.approx(0.130 + 2 * 0.040)  # interpolated
+    assert ctl.drafting_cost(8) == pytest.approx(0.250 + 3 * 0.040)  # extrapolated across 2..5
+    assert ctl.drafting_cost(1) == pytest.approx(0.090)  # and below the measured range
     # A proposal shorter than asked (an n-gram miss) is priced at the width it verified.
     ctl.observe(4, 1, 1, 0.200, drafting=0.0)
     assert ctl.verify_cost(2) == pytest.approx(0.200)
+
+
+def test_adaptive_probes_often_until_acceptance_is_known():
+    """A cold controller that settled on plain decoding after one unlucky round keeps probing at a
+    quarter of the usual interval until position 0 has min_trials observations."""
+    ctl = AdaptiveDepth()
+    ctl.observe(0, 0, 0, 0.100)
+    ctl.observe(8, 8, 0, 0.700, drafting=0.400)  # one deep round, nothing accepted
+    chosen = []
+    for _ in range(32):
+        k = ctl.choose(8)
+        chosen.append(k)
+        ctl.observe(k, k, min(k, 1), 0.100 + 0.060 * k, drafting=0.050 * k)  # one draft in k accepted
+    probes = [i for i, k in enumerate(chosen) if k > 0]
+    assert len(probes) >= 4 and probes[0] < ctl.explore_every // 4 + 1
+    assert ctl._trials_at(0) >= ctl.min_trials
 
 
 def test_adaptive_remeasures_plain_steps():
