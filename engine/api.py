@@ -89,6 +89,13 @@ class SpeculationStats:
     accepted_per_position: list[int] = field(default_factory=list)  # accepted count at draft position i
     drafted_per_position: list[int] = field(default_factory=list)  # drafted count at position i
     depth_sum: int = 0  # sum of chosen depths over all decode steps (for the mean depth)
+    # Paired rule comparison on the very drafts this request evaluated: the sum over evaluated
+    # positions of the probability that strict rejection sampling (min(1, p/q)) and llama.cpp's
+    # exact-match rule (p: the target's own sample equals the draft) accept that draft. Comparing
+    # two runs' realised rates instead mixes in their different texts (for the benchmark).
+    evaluated: int = 0
+    strict_accept_sum: float = 0.0
+    match_accept_sum: float = 0.0
     trace: list[dict[str, Any]] | None = None
 
     @property

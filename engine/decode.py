@@ -357,6 +357,10 @@ class DecodeLoop:
                 st.drafted_per_position[i] += 1
                 if i < res.n_accepted:
                     st.accepted_per_position[i] += 1
+            for d in res.decisions:
+                st.evaluated += 1
+                st.strict_accept_sum += min(1.0, d.draft_prob / d.draft_q) if d.draft_q > 0 else 0.0
+                st.match_accept_sum += d.draft_prob
         if st.trace is not None and drafts:
             piece = self._piece
             for d in res.decisions:

@@ -390,7 +390,12 @@ def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_
     assert bench_spec.PROMPTS is bench_prompts.PROMPTS and bench_spec.TEMPERATURES is bench_prompts.TEMPERATURES
     target, draft = pair
     assert bench_spec.main(["--model", str(target), "--draft", str(draft), "--tokens", "4", "--runs", "1",
-                            "--warmup", "0", "--prompts", "code", "--temps", "0", "--configs", "plain,strict-n2",
-                            "--threads", "1", "--json", str(tmp_path / "s.json")]) == 0
-    rows = json.loads((tmp_path / "s.json").read_text())["results"]
-    assert [r["config"] for r in rows] == ["plain", "strict-n2"]
+                            "--warmup", "0", "--prompts", "code", "--temps", "0,0.6", "--configs",
+                            "plain,strict-n2,strict-n4,match-n4", "--threads", "1", "--json", str(tmp_path / "s.json")]) == 0
+    report = json.loads((tmp_path / "s.json").read_text())
+    rows = report["results"]
+    assert [r["config"] for r in rows] == ["plain", "strict-n2", "strict-n4"] + ["plain", "strict-n2", "strict-n4", "match-n4"]
+    # The rule comparison pairs match-n4 with strict-n4 and scores both rules on strict's drafts.
+    [mvs] = report["match_vs_strict"]
+    assert mvs["temperature"] == "0.6" and mvs["paired_positions"] > 0
+    assert mvs["paired_strict"] >= mvs["paired_match"]

@@ -246,6 +246,21 @@ DIST_PROMPT = "def fib"
 DIST_RUNS = 500
 
 
+def test_paired_rule_acceptance_is_measured_on_the_same_drafts(self_engine, dist_engine):
+    """The stats carry, per evaluated draft, the probability that strict rejection sampling and the
+    exact-match rule accept it. A drafter identical to the target has q = p: strict accepts with
+    probability 1, exact match only with p(d) < 1 at temperature 0.9."""
+    run = generate(self_engine, temperature=0.9, num_predict=30, seed=5, **spec_opts("model", 3))
+    st = run.spec
+    assert st.evaluated >= st.draft_rounds > 0
+    assert st.strict_accept_sum / st.evaluated == pytest.approx(1.0, abs=1e-4)
+    assert st.match_accept_sum / st.evaluated < 0.99
+    # A drafter that differs: strict still accepts at least as often as exact match, draft by draft.
+    other = generate(dist_engine, temperature=0.9, num_predict=30, seed=5, **spec_opts("model", 3)).spec
+    assert other.evaluated > 0 and other.strict_accept_sum / other.evaluated < 0.999
+    assert other.strict_accept_sum >= other.match_accept_sum
+
+
 @pytest.fixture(scope="module")
 def dist_engine(tmp_path_factory):
     """A 1-layer target and a drafter that is the target with a perturbed head (q overlaps p, differs)."""
