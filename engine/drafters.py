@@ -443,6 +443,7 @@ class MtpDrafter(Drafter):
         else:
             self.embed, self.embed_scale = target.embed, cfg.embed_scale
         self.rope = target.rope_global
+        self.block_ops = target.block_ops  # the target's fused ops (same device and dtype)
         self.cache = KVCache(1, cfg.n_head_kv, cfg.head_dim, capacity, v_head_dim=cfg.v_head_dim,
                              device=device, dtype=dtype)
         self.vocab_size = cfg.vocab_size
@@ -509,7 +510,7 @@ class MtpDrafter(Drafter):
                 q = torch.arange(pos, pos + n, device=self.device)[:, None]
                 mask = torch.arange(0, pos + n, device=self.device)[None, :] <= q
             step = _Step(pos, n, {"global": cos_sin, "local": cos_sin}, {"global": mask, "local": mask},
-                         {"global": 0, "local": 0})
+                         {"global": 0, "local": 0}, self.block_ops)
             self.cache.check_room(n)
             x = self.block(x, self.cache, step, self.rope)
             self.cache.commit(toks)

@@ -176,8 +176,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(weight.float(), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ops=None) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op on the hot path
+            if ops is not None:
+                return ops.block_rms_norm(x, self.weight, self.eps)
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
 
@@ -235,6 +237,9 @@ class _Step:
     rope: dict  # 'global'/'local' -> (cos, sin)
     mask: dict  # 'global'/'local' -> bool mask [n, S] or None
     key_start: dict  # 'global'/'local' -> first cached position the layer attends to
+    # engine.kernels' fused block ops (f32 on the CPU), or None for PyTorch's own ops
+    ops: object | None = None
+
 
 
 class Attention(nn.Module):
@@ -260,15 +265,18 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: KVCache, step: _Step, rope: RotaryEmbedding) -> torch.Tensor:
         n, H, Hkv, D = x.shape[0], self.n_head, self.n_head_kv, self.head_dim
+        ops = step.ops
         qkv = self.wqkv(x)
         v = qkv[:, (H + Hkv) * D:].view(n, Hkv, D)
         if self.q_norm is not None:
-            qk = torch.cat((self.q_norm(qkv[:, :H * D].view(n, H, D)),
-                            self.k_norm(qkv[:, H * D:(H + Hkv) * D].view(n, Hkv, D))), dim=1)
+            qk = torch.cat((self.q_norm(qkv[:, :H * D].view(n, H, D), ops),
+                            self.k_norm(qkv[:, H * D:(H + Hkv) * D].view(n, Hkv, D), ops)), dim=1)
         else:
             qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)
         cos, sin = step.rope[self.kind]
-        q, k = rope.apply(qk, cos, sin).split([H, Hkv], dim=1)  # q and k rotated in one pass
+        # q and k rotated in one pass
+        rotated = rope.apply(qk, cos, sin) if ops is None else ops.block_rope(qk, cos, sin, rope.style == "neox")
+        q, k = rotated.split([H, Hkv], dim=1)
         keys, values = cache.store(self.layer, k.transpose(0, 1), v.transpose(0, 1), step.key_start[self.kind])
         q = q.transpose(0, 1)  # [H, n, D]
         mask = step.mask[self.kind]
@@ -325,13 +333,14 @@ class Block(nn.Module):
         self.post_ffn_norm = norm("post_ffw_norm") if cfg.post_norms else None
 
     def forward(self, x: torch.Tensor, cache: KVCache, step: _Step, rope: RotaryEmbedding) -> torch.Tensor:
-        h = self.attn(self.attn_norm(x), cache, step, rope)
+        ops = step.ops
+        h = self.attn(self.attn_norm(x, ops), cache, step, rope)
         if self.post_attn_norm is not None:
-            h = self.post_attn_norm(h)
+            h = self.post_attn_norm(h, ops)
         x = x + h
-        h = self.ffn(self.ffn_norm(x))
+        h = self.ffn(self.ffn_norm(x, ops))
         if self.post_ffn_norm is not None:
-            h = self.post_ffn_norm(h)
+            h = self.post_ffn_norm(h, ops)
         return x + h
 
 
@@ -384,6 +393,11 @@ class Model(nn.Module):
             self.rope_local = self.rope_global
         self._ropes = {"global": self.rope_global, "local": self.rope_local}
         self._embed_scale = cfg.embed_scale
+        self.block_ops = _block_ops_for(device, dtype)
+
+    def use_block_ops(self, enabled: bool) -> None:
+        """Switch the fused block ops on (when this device and dtype can use them) or off."""
+        self.block_ops = _block_ops_for(self.device, self.dtype) if enabled else None
 
     @property
     def device(self) -> torch.device:
@@ -445,7 +459,7 @@ class Model(nn.Module):
         rope = {"global": self.rope_global.get(start, n, device, self.dtype)}
         rope["local"] = rope["global"] if self.rope_local is self.rope_global else \
             self.rope_local.get(start, n, device, self.dtype)
-        step = _Step(start, n, rope, masks, key_start)
+        step = _Step(start, n, rope, masks, key_start, self.block_ops)
 
         x = self.embed(ids).to(self.dtype)
         if self._embed_scale is not None:
@@ -454,7 +468,7 @@ class Model(nn.Module):
             x = layer(x, cache, step, self._ropes[layer.attn.kind])
         cache.commit(token_list)
 
-        hidden = self.norm(x)
+        hidden = self.norm(x, self.block_ops)
         logits = None
         if logits_for != "none":
             h = hidden[-1:] if logits_for == "last" else hidden
@@ -465,6 +479,15 @@ class Model(nn.Module):
         if return_hidden:
             return ForwardOutput(logits, hidden, x)
         return logits
+
+
+def _block_ops_for(device: torch.device, dtype: torch.dtype):
+    """engine.kernels' fused block ops where they apply (f32 on the CPU) and were built, else None."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return None
+    from engine.kernels import load_block_ops
+
+    return load_block_ops()
 
 
 def default_format(f: GGUFFile, device: torch.device, role: str = "target") -> str:

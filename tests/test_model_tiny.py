@@ -106,6 +106,27 @@ def test_chunks_with_rejection(pair, model):
     assert _close(out, ref) < TOL
 
 
+def test_fused_block_ops_match_pytorch_ops(pair, model):
+    """With the native library built, an f32 CPU model runs RMSNorm and RoPE through the fused ops
+    (so every HF-oracle test above checks them); switched off, PyTorch's own ops give the same logits."""
+    from engine.kernels import qdot_status
+
+    if not qdot_status().available:
+        pytest.skip(f"native kernels not available: {qdot_status().detail}")
+    assert model.block_ops is not None
+    ids = _ids(pair, SEQ[pair.arch])
+    fused = model(torch.tensor(ids), model.new_cache())
+    try:
+        model.use_block_ops(False)
+        assert model.block_ops is None
+        plain = model(torch.tensor(ids), model.new_cache())
+    finally:
+        model.use_block_ops(True)
+    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    bf16 = load_model(pair.path, fmt="bf16", dtype=torch.bfloat16)
+    assert bf16.block_ops is None  # the ops are f32-only
+
+
 def test_greedy_generation(pair, model):
     prompt = _ids(pair, 8, seed=3)
     want = hf_tiny.hf_greedy(pair.hf, prompt, 20)

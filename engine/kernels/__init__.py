@@ -1,8 +1,9 @@
 """Native CPU kernels, compiled on first use with torch's C++ extension builder.
 
-``load_qdot()`` builds ``qdot.cpp`` (see its header for what it computes) into a library that
-registers ``torch.ops.tandem.qdot_linear``. The build takes 20-60 s once and is cached under
-torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``),
+One library holds them all: ``qdot.cpp`` (the quantized matmul, ``torch.ops.tandem.qdot_linear``)
+and ``blockops.cpp`` (a decoder block's small ops fused: RMSNorm and RoPE); each file's header
+says what it computes. ``load_qdot()`` and ``load_block_ops()`` hand them out. The build takes
+20-60 s once and is cached under torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``),
 keyed by the source and this machine's CPU features because it is compiled with ``-march=native``.
 
 No compiler, no ninja, or a failing build is not an error for the engine: ``load_qdot()`` returns
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCE = Path(__file__).with_name("qdot.cpp")
+_SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp")]
 
 
 @dataclass(frozen=True)
@@ -59,14 +60,14 @@ def qdot_status(portable: bool = False) -> KernelStatus:
     if platform.machine() not in ("x86_64", "AMD64"):
         return KernelStatus(False, "", f"no native kernel for {platform.machine()}", namespace)
     arch = "-march=x86-64-v2" if portable else "-march=native"
-    source_key = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:8]
+    source_key = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES)).hexdigest()[:8]
     name = f"{namespace}_qdot_{'generic' if portable else _cpu_key()}_{source_key}"
     try:
         from torch.utils import cpp_extension
 
         cpp_extension.load(
             name=name,
-            sources=[str(_SOURCE)],
+            sources=[str(p) for p in _SOURCES],
             extra_cflags=["-O3", arch, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}"],
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
@@ -83,6 +84,13 @@ def load_qdot(portable: bool = False):
     """The ``qdot_linear`` op when the kernel is available, else ``None``."""
     status = qdot_status(portable)
     return getattr(torch.ops, status.namespace).qdot_linear if status.available else None
+
+
+def load_block_ops(portable: bool = False):
+    """The op namespace holding ``block_rms_norm`` and ``block_rope`` when the library is available,
+    else ``None``."""
+    status = qdot_status(portable)
+    return getattr(torch.ops, status.namespace) if status.available else None
 
 
 def qdot_fast() -> bool:

@@ -1,0 +1,55 @@
+"""The fused block ops (engine/kernels/blockops.cpp) equal the PyTorch formulas they replace: RMSNorm
+and both RoPE layouts on strided views, in the native (-march=native) and portable builds. The
+model-level check (a forward with the ops equals one without) is in test_model_tiny."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import load_block_ops, qdot_status
+from engine.model import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not qdot_status().available,
+                                reason=f"native kernels not available here: {qdot_status().detail}")
+
+
+@pytest.fixture(params=[False, True], ids=["native", "portable"])
+def ops(request):
+    found = load_block_ops(portable=request.param)
+    if found is None:
+        pytest.skip(f"build failed: {qdot_status(request.param).detail}")
+    return found
+
+
+@pytest.mark.parametrize("shape", [(1, 896), (7, 64), (3, 2, 128)])
+def test_rms_norm(ops, shape):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g) * 3
+    w = torch.randn(shape[-1], generator=g)
+    want = F.rms_norm(x, (shape[-1],), w, 1e-6)
+    torch.testing.assert_close(ops.block_rms_norm(x, w, 1e-6), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["neox", "normal"])
+@pytest.mark.parametrize("n", [1, 5])
+def test_rope_on_a_strided_view(ops, style, n):
+    g = torch.Generator().manual_seed(1)
+    H, Hkv, D = 4, 2, 64
+    qkv = torch.randn(n, (H + 2 * Hkv) * D, generator=g)
+    qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)  # what Attention rotates: a view into the projection
+    rope = RotaryEmbedding(D, 10000.0, style)
+    cos, sin = rope.get(37, n, torch.device("cpu"), torch.float32)
+    got = ops.block_rope(qk, cos, sin, style == "neox")
+    assert got.is_contiguous() and got.shape == (n, H + Hkv, D)
+    torch.testing.assert_close(got, rope.apply(qk, cos, sin), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_input_is_refused(ops):
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.block_rms_norm(torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError, match="last dimension"):
+        ops.block_rms_norm(torch.ones(2, 5), torch.ones(4), 1e-6)
+    with pytest.raises(RuntimeError, match="cos/sin"):
+        ops.block_rope(torch.ones(2, 3, 8), torch.ones(2, 1, 3), torch.ones(2, 1, 3), True)
