@@ -273,17 +273,24 @@ class NgramDrafter(Drafter):
     is forgotten. Renames and the cursor live for one request (``begin`` with a log that is not an
     extension clears them).
 
+    A source with thin evidence (few of the last ``window`` tokens agree) gets a one-token draft.
     The continuation may run into the suffix itself, which makes a periodic text propose whole
     periods (``a b a b`` -> ``a b a b ...``). Drafts are point masses.
     """
 
     kind = "ngram"
 
-    def __init__(self, n_max: int = 3, n_min: int = 1, window: int = 8, cursor_agreement: int = 6):
+    def __init__(self, n_max: int = 3, n_min: int = 1, window: int = 8, cursor_agreement: int = 6,
+                 probe_below: int = 3):
         super().__init__()
         self.n_max = n_max
         self.n_min = n_min
         self.window = window
+        # A source whose last ``window`` tokens agree with ours on fewer than ``probe_below`` is a
+        # coincidence more often than a copy: draft one token from it, not k. On free text this
+        # turns depth 8 from 0.76x into 1.02x (prose) and 0.90x into 1.05x (code), and leaves a real
+        # copy untouched (replay of greedy outputs with the measured width costs).
+        self.probe_below = probe_below
         # The cursor must agree on this many of the last ``window`` tokens to be used at all, and
         # beat the suffix match's agreement: outside a copy it would keep drafting a stale source
         # (measured on free code and prose: 0.88x/0.75x vs 1.09x/0.92x at depth 4 without the bar).
@@ -374,6 +381,8 @@ class NgramDrafter(Drafter):
             self._cursor = None
             return EMPTY
         self._cursor = source
+        if self._score(source) < self.probe_below:
+            k = 1  # thin evidence: a one-token probe costs next to nothing to verify
         out: list[int] = []
         for i in range(k):
             j = source + 1 + i

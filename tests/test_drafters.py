@@ -22,7 +22,7 @@ def ctx(opts: SamplingOptions = GREEDY_OPTS, p_min: float = 0.0, seed: int = 0) 
 # n-gram
 # ------------------------------------------------------------------------------------------------
 def test_ngram_prefers_the_longest_then_the_most_recent_match():
-    d = NgramDrafter(n_max=3)
+    d = NgramDrafter(n_max=3, probe_below=0)  # lookup mechanics on short logs: no probe limit
     #          0  1  2  3  4  5  6  7  8  9 10
     d.begin([1, 2, 3, 9, 2, 3, 8, 7, 5, 2, 3])
     # suffix (2, 3): earlier occurrences end at 2 (-> 9) and 5 (-> 8); the most recent wins.
@@ -33,7 +33,7 @@ def test_ngram_prefers_the_longest_then_the_most_recent_match():
 
 
 def test_ngram_continuation_runs_into_the_suffix_for_periodic_text():
-    d = NgramDrafter()
+    d = NgramDrafter(probe_below=0)
     d.begin([5, 6, 7, 5, 6, 7, 5])
     assert d.propose(7, ctx()).tokens == [6, 7, 5, 6, 7, 5, 6]
     d.begin([4, 4])
@@ -41,7 +41,7 @@ def test_ngram_continuation_runs_into_the_suffix_for_periodic_text():
 
 
 def test_ngram_no_match_and_incremental_index():
-    d = NgramDrafter()
+    d = NgramDrafter(probe_below=0)
     d.begin([1, 2, 3])
     p = d.propose(4, ctx())
     assert p.tokens == [] and p.q is None
@@ -54,6 +54,17 @@ def test_ngram_no_match_and_incremental_index():
     assert d.propose(1, ctx()).tokens == [8]
     with pytest.raises(RuntimeError):
         d.commit([1], 99)
+
+
+def test_ngram_thin_evidence_gets_a_one_token_probe():
+    # The suffix (2, 3) recurs, but nothing before it agrees: a coincidence, probed with one token.
+    log = [9, 8, 7, 6, 2, 3, 50, 51, 52, 40, 41, 42, 43, 2, 3]
+    d = NgramDrafter()
+    d.begin(log)
+    assert d.propose(4, ctx()).tokens == [50]
+    # Three agreeing tokens (the bar) earn the full depth.
+    d.begin([9, 8, 1, 2, 3, 50, 51, 52, 40, 41, 42, 1, 2, 3])
+    assert d.propose(4, ctx()).tokens == [50, 51, 52, 40]
 
 
 def copy_with_a_rename():
@@ -89,7 +100,7 @@ def test_ngram_cursor_gives_way_outside_a_copy():
     # with no suffix match anywhere there is no proposal at all.
     assert d.propose(4, ctx()).tokens == []
     d.commit([103], len(log) + 4)
-    assert d.propose(2, ctx()).tokens == [104, 105]  # a plain suffix match again
+    assert d.propose(2, ctx()).tokens == [104]  # a plain suffix match again (one token: thin evidence)
 
 
 # ------------------------------------------------------------------------------------------------
