@@ -136,6 +136,8 @@ class DecodeLoop:
             pending.clear()
             return TokenChunk(txt, ids, lps)
 
+        if s.cap > 0:
+            self.controller.begin_request()
         t_start = self.clock()
         cached, committed = self._evaluate(list(prompt))
         t_prompt = self.clock()

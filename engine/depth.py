@@ -15,6 +15,12 @@ the depth it actually used.
   not from a fixed 0.5 whose product over 8 positions would keep a perfect drafter shallow.
   A position the drafter did not fill (n-gram miss, ``draft_p_min`` stop) counts as a rejection:
   it yields nothing either way.
+* Acceptance belongs to the text, so each request starts from what earlier requests learned but
+  is not held to it: ``begin_request`` turns the learned ``a_j`` into the new request's prior means,
+  worth ``carry_weight`` trials each, and clears the counts. Without that, a prose request after a
+  code request kept drafting two tokens for ~40 rounds on code's acceptance (measured: adaptive at
+  0.91x plain on prose, where depth 1 breaks even and depth 2 loses). Costs belong to the machine
+  and carry over whole.
 * ``cost(k)`` is built from parts that every round measures, so one round informs every depth:
   ``cost(k) = verify(k + 1) + drafting(k)``. ``verify(w)`` is the wall time of a step minus its
   drafting (the verification forward over ``w`` tokens, acceptance, bookkeeping), kept per width;
@@ -35,11 +41,11 @@ the depth it actually used.
   re-measure, so one slow early plain step made drafting look good for ever) and lets acceptance at
   the next position be observed. Exploration is a deterministic function of the step count, so runs
   with a fixed cost model are reproducible. A useless drafter therefore costs one probe of depth 1
-  every ``explore_every`` steps. While position 0 has fewer than ``min_trials`` (decayed) trials,
-  probes come four times as often: plain steps teach nothing about acceptance, and a cold start
-  that settles on plain decoding after one unlucky round would otherwise wait 16 steps per lesson
-  (measured: 13 plain steps in a row at the start of a 64-token code request that drafting sped up
-  1.2x once learned).
+  every ``explore_every`` steps. Until position 0 has ``min_trials`` (decayed) trials in a model's
+  first request, probes come four times as often: plain steps teach nothing about acceptance, and a
+  cold start that settles on plain decoding after one unlucky round would otherwise wait 16 steps
+  per lesson (measured: 13 plain steps in a row at the start of a 64-token code request that
+  drafting sped up 1.2x once learned).
 
 The state lives on the Engine, one controller per loaded model and drafter kind, across requests.
 """
@@ -52,6 +58,8 @@ from typing import Callable, Protocol
 
 
 class DepthController(Protocol):
+    def begin_request(self) -> None: ...
+
     def choose(self, cap: int) -> int: ...
 
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
@@ -64,6 +72,9 @@ class FixedDepth:
     ``n_min`` is not verified (the decode loop takes a plain step instead)."""
 
     n_min: int = 0
+
+    def begin_request(self) -> None:
+        pass
 
     def choose(self, cap: int) -> int:
         return max(0, cap)
@@ -98,6 +109,7 @@ class RecentTimes:
 class AdaptiveDepth:
     prior: float = 0.5  # prior acceptance at every position
     prior_weight: float = 2.0  # pseudo-trials behind the prior
+    carry_weight: float = 2.0  # pseudo-trials behind what earlier requests learned (begin_request)
     decay: float = 0.95  # per observation: an effective memory of ~20 rounds per position
     explore_every: int = 16
     min_trials: float = 4.0  # position-0 trials below which probes come 4x as often
@@ -105,6 +117,7 @@ class AdaptiveDepth:
     n_min: int = 0  # unused by this schedule; present so both controllers read the same
 
     _succ: list[float] = field(default_factory=list)
+    _carried: list[float] = field(default_factory=list)  # per position: the previous requests' a_j
     _trials: list[float] = field(default_factory=list)
     _verify: dict[int, RecentTimes] = field(default_factory=dict)  # width -> step time minus drafting
     _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
@@ -112,6 +125,13 @@ class AdaptiveDepth:
     step: int = 0
 
     # -- learning ------------------------------------------------------------------------------
+    def begin_request(self) -> None:
+        """A new request: what was learned becomes its prior (see the module doc)."""
+        if self._succ:
+            self._carried = self.acceptances(len(self._succ))
+            self._succ = [0.0] * len(self._succ)
+            self._trials = [0.0] * len(self._trials)
+
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None:
         """One step: ``depth`` asked, ``n_drafted`` proposed, ``n_accepted`` kept; ``seconds`` the
@@ -143,7 +163,10 @@ class AdaptiveDepth:
         for j in range(k):
             s = self._succ[j] if j < len(self._succ) else 0.0
             n = self._trials[j] if j < len(self._trials) else 0.0
-            mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
+            if j < len(self._carried):
+                mean = (self._carried[j] * self.carry_weight + s) / (self.carry_weight + n)
+            else:
+                mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
             out.append(mean)
         return out
 
@@ -204,7 +227,7 @@ class AdaptiveDepth:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         every = self.explore_every
-        if self._trials_at(0) < self.min_trials:
+        if not self._carried and self._trials_at(0) < self.min_trials:  # nothing learned yet
             every = max(1, every // 4)
         if every > 0 and self.step % every == 0:
             return self._probe(best, cap)

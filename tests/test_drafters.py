@@ -351,6 +351,32 @@ def test_adaptive_probes_often_until_acceptance_is_known():
     assert ctl._trials_at(0) >= ctl.min_trials
 
 
+def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
+    """A request starts from what earlier ones learned (a perfect drafter: deep from the first round)
+    but its own rounds outweigh that within a few observations, not the ~20 of the decayed counts."""
+    cost = lambda k, n: 1.0 + 0.3 * n  # noqa: E731
+    ctl = AdaptiveDepth(cost_model=cost)
+    drive(ctl, 1.0, 80)
+    assert ctl.best(8) == 8
+    ctl.begin_request()
+    assert ctl.choose(8) == 8  # carried over
+    ctl.observe(8, 8, 0, 0.0)  # ... but this text rejects everything
+    chosen = []
+    for _ in range(6):
+        k = ctl.choose(8)
+        chosen.append(k)
+        ctl.observe(k, k, 0, 0.0)
+    assert chosen[-1] == 0, chosen
+    # Without the request boundary the same rounds leave the old text's evidence in charge.
+    stale = AdaptiveDepth(cost_model=cost)
+    drive(stale, 1.0, 80)
+    stale.observe(8, 8, 0, 0.0)
+    for _ in range(6):
+        k = stale.choose(8)
+        stale.observe(k, k, 0, 0.0)
+    assert stale.best(8) > 0
+
+
 def test_adaptive_remeasures_plain_steps():
     """Settled on drafting, the controller still re-measures plain decoding now and then: a first plain
     step measured 6x too slow (a cold start) must not make a mediocre drafter look good for ever."""
