@@ -20,7 +20,11 @@ the depth it actually used.
   worth ``carry_weight`` trials each, and clears the counts. Without that, a prose request after a
   code request kept drafting two tokens for ~40 rounds on code's acceptance (measured: adaptive at
   0.91x plain on prose, where depth 1 breaks even and depth 2 loses). Costs belong to the machine
-  and carry over whole.
+  and carry over whole. If that prior says plain decoding, the request's first step still drafts
+  one token: the drafter has just read the prompt, so this probe costs no catch-up, while any later
+  probe first forwards every token committed since the drafter last ran (measured: a repetitive
+  rewrite after a prose request stayed plain for its first 16 steps, 0.67 mean depth where depth 4
+  gave 1.24x).
 * ``cost(k)`` is built from parts that every round measures, so one round informs every depth:
   ``cost(k) = verify(k + 1) + drafting(k)``. ``verify(w)`` is the wall time of a step minus its
   drafting (the verification forward over ``w`` tokens, acceptance, bookkeeping), kept per width;
@@ -123,10 +127,13 @@ class AdaptiveDepth:
     _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
+    _probe_first: bool = False
 
     # -- learning ------------------------------------------------------------------------------
     def begin_request(self) -> None:
-        """A new request: what was learned becomes its prior (see the module doc)."""
+        """A new request: what was learned becomes its prior (see the module doc), and its first
+        step probes if plain decoding is the choice."""
+        self._probe_first = True
         if self._succ:
             self._carried = self.acceptances(len(self._succ))
             self._succ = [0.0] * len(self._succ)
@@ -226,6 +233,10 @@ class AdaptiveDepth:
         if not self._verify:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
+        if self._probe_first:
+            self._probe_first = False
+            if best == 0:
+                return 1
         every = self.explore_every
         if not self._carried and self._trials_at(0) < self.min_trials:  # nothing learned yet
             every = max(1, every // 4)

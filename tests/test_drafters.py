@@ -375,6 +375,11 @@ def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
         k = stale.choose(8)
         stale.observe(k, k, 0, 0.0)
     assert stale.best(8) > 0
+    # Settled on plain decoding, a new request still probes its first step (the drafter has just read
+    # the prompt, so that probe costs no catch-up); later steps are plain again.
+    ctl.begin_request()
+    assert ctl.best(8) == 0
+    assert [ctl.choose(8) for _ in range(3)] == [1, 0, 0]
 
 
 def test_adaptive_remeasures_plain_steps():
