@@ -382,6 +382,19 @@ def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
     assert [ctl.choose(8) for _ in range(3)] == [1, 0, 0]
 
 
+def test_adaptive_drafts_only_when_it_beats_plain_by_the_margin():
+    def settled(accept: float, margin: float = 0.05) -> int:
+        ctl = AdaptiveDepth(explore_every=0, plain_margin=margin)
+        ctl.observe(0, 0, 0, 0.100)  # plain: 10 tokens/s
+        for _ in range(200):  # depth 1 at 0.150 s: (1 + accept) / 0.150 tokens/s
+            ctl.observe(1, 1, 1 if ctl.acceptance(0) < accept else 0, 0.150, drafting=0.050)
+        return ctl.best(1)
+
+    assert settled(0.55) == 0  # 10.3 tokens/s promised: 3% more than plain, under the margin
+    assert settled(0.55, margin=0.0) == 1  # (what the margin decides)
+    assert settled(0.70) == 1  # 11.3 tokens/s: worth drafting
+
+
 def test_adaptive_remeasures_plain_steps():
     """Settled on drafting, the controller still re-measures plain decoding now and then: a first plain
     step measured 6x too slow (a cold start) must not make a mediocre drafter look good for ever."""
