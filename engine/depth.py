@@ -49,7 +49,10 @@ the depth it actually used.
   first request, probes come four times as often: plain steps teach nothing about acceptance, and a
   cold start that settles on plain decoding after one unlucky round would otherwise wait 16 steps
   per lesson (measured: 13 plain steps in a row at the start of a 64-token code request that
-  drafting sped up 1.2x once learned).
+  drafting sped up 1.2x once learned). Settled on plain decoding, the opposite: each probe that
+  leaves plain best doubles the interval (up to 8x, reset by a new request or by drafting), because
+  a probe after plain steps first forwards every token the drafter missed: on prose, probes every
+  16 steps cost 12 ms a token, 9% of plain speed, at a mean depth of 0.15.
 
 The state lives on the Engine, one controller per loaded model and drafter kind, across requests.
 """
@@ -134,12 +137,14 @@ class AdaptiveDepth:
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
     _probe_first: bool = False
+    _plain_probes: int = 0  # probes in a row that found plain decoding still best
 
     # -- learning ------------------------------------------------------------------------------
     def begin_request(self) -> None:
         """A new request: what was learned becomes its prior (see the module doc), and its first
         step probes if plain decoding is the choice."""
         self._probe_first = True
+        self._plain_probes = 0
         if self._succ:
             self._carried = self.acceptances(len(self._succ))
             self._succ = [0.0] * len(self._succ)
@@ -249,7 +254,13 @@ class AdaptiveDepth:
         every = self.explore_every
         if not self._carried and self._trials_at(0) < self.min_trials:  # nothing learned yet
             every = max(1, every // 4)
+        elif best == 0:  # settled on plain: each probe that leaves it so doubles the wait (to 8x)
+            every *= 2 ** min(self._plain_probes, 3)
+        if best > 0:
+            self._plain_probes = 0
         if every > 0 and self.step % every == 0:
+            if best == 0:
+                self._plain_probes += 1
             return self._probe(best, cap)
         return best
 

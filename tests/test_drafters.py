@@ -395,6 +395,20 @@ def test_adaptive_drafts_only_when_it_beats_plain_by_the_margin():
     assert settled(0.70) == 1  # 11.3 tokens/s: worth drafting
 
 
+def test_adaptive_backs_off_probing_while_plain_stays_best():
+    """A useless drafter: after each probe that leaves plain decoding best the next comes twice as late
+    (16, 32, 64, then every 128 steps), and a new request starts over at the base interval."""
+    ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
+    chosen = drive(ctl, 0.0, 600)
+    probes = [i + 1 for i, k in enumerate(chosen) if k > 0][-4:]  # steps (1-based) that drafted
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == [128, 128, 128], probes
+    ctl.begin_request()
+    assert ctl.choose(8) == 1  # the request's first step probes
+    first = next(i for i in range(1, 200) if ctl.choose(8) > 0)
+    assert first <= ctl.explore_every
+
+
 def test_adaptive_remeasures_plain_steps():
     """Settled on drafting, the controller still re-measures plain decoding now and then: a first plain
     step measured 6x too slow (a cold start) must not make a mediocre drafter look good for ever."""
