@@ -32,7 +32,7 @@ the depth it actually used.
   tokens, kept per length: it is not ``n`` times a per-token price, because a draft model's first
   forward of a round also catches up on the tokens the last round committed (measured on Qwen 0.5B:
   41 ms for one draft, 37 ms a draft at three or more; a per-token price taken from one-draft rounds
-  made depth 3, the fastest, look 25% dearer than it was). Each is a low quantile of its recent
+  made depth 3, the fastest, look 30% dearer than it was (266 vs 202 ms)). Each is a low quantile of its recent
   samples: on a shared machine noise only ever adds time, and a single slow round (a cold kernel
   shape, another process) must not condemn a depth for good, which a moving average did. A length
   never measured is interpolated between measured ones, or extrapolated with the slope across the
