@@ -84,6 +84,16 @@ class Decision:
     def accepted(self) -> bool:
         return self.decision != "reject"
 
+    @property
+    def strict_probability(self) -> float:
+        """The probability that strict rejection sampling accepts this draft: min(1, p/q)."""
+        return min(1.0, self.draft_prob / self.draft_q) if self.draft_q > 0 else 0.0
+
+    @property
+    def match_probability(self) -> float:
+        """The probability that the exact-match rule accepts it: the target samples the draft, p."""
+        return self.draft_prob
+
 
 @dataclass(frozen=True)
 class AcceptResult:

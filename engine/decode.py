@@ -361,8 +361,8 @@ class DecodeLoop:
                     st.accepted_per_position[i] += 1
             for d in res.decisions:
                 st.evaluated += 1
-                st.strict_accept_sum += min(1.0, d.draft_prob / d.draft_q) if d.draft_q > 0 else 0.0
-                st.match_accept_sum += d.draft_prob
+                st.strict_accept_sum += d.strict_probability
+                st.match_accept_sum += d.match_probability
         if st.trace is not None and drafts:
             piece = self._piece
             for d in res.decisions:

@@ -372,16 +372,17 @@ class NgramDrafter(Drafter):
             source = self._index[n].get(tuple(toks[L - n:]))
             if source is not None:
                 break
+        score = -1 if source is None else self._score(source)
         cursor = self._cursor
         if cursor is not None and cursor < L - 1 and cursor != source:
-            score = self._score(cursor)
-            if score >= self.cursor_agreement and (source is None or score > self._score(source)):
-                source = cursor
+            cursor_score = self._score(cursor)
+            if cursor_score >= self.cursor_agreement and cursor_score > score:
+                source, score = cursor, cursor_score
         if source is None:
             self._cursor = None
             return EMPTY
         self._cursor = source
-        if self._score(source) < self.probe_below:
+        if score < self.probe_below:
             k = 1  # thin evidence: a one-token probe costs next to nothing to verify
         out: list[int] = []
         for i in range(k):

@@ -430,7 +430,7 @@ def _to_f16(t: torch.Tensor, what: str) -> torch.Tensor:
     return h
 
 
-def _qdot_weight(srcs: Sequence[_Source]):
+def _qdot_weight(srcs: Sequence[_Source]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:
     """Codes, f16 scales and zeros for the fused sources in the kernel's layout, built window by
     window (windows of whole 16-row blocks)."""
     k = srcs[0].k

@@ -218,8 +218,11 @@ class RotaryEmbedding:
         cos, sin = tables
         return cos[start:end, None, :], sin[start:end, None, :]
 
-    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate x [n, heads, dim] by the angles of its positions."""
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops=None) -> torch.Tensor:
+        """Rotate x [n, heads, dim] by the angles of its positions (with engine.kernels' fused op
+        when ``ops`` is given: one call, a contiguous result)."""
+        if ops is not None:
+            return ops.block_rope(x, cos, sin, self.style == "neox")
         if self.style == "neox":
             x1, x2 = x.chunk(2, dim=-1)
             return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
@@ -239,7 +242,6 @@ class _Step:
     key_start: dict  # 'global'/'local' -> first cached position the layer attends to
     # engine.kernels' fused block ops (f32 on the CPU), or None for PyTorch's own ops
     ops: object | None = None
-
 
 
 class Attention(nn.Module):
@@ -274,9 +276,7 @@ class Attention(nn.Module):
         else:
             qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)
         cos, sin = step.rope[self.kind]
-        # q and k rotated in one pass
-        rotated = rope.apply(qk, cos, sin) if ops is None else ops.block_rope(qk, cos, sin, rope.style == "neox")
-        q, k = rotated.split([H, Hkv], dim=1)
+        q, k = rope.apply(qk, cos, sin, ops).split([H, Hkv], dim=1)  # q and k rotated in one pass
         keys, values = cache.store(self.layer, k.transpose(0, 1), v.transpose(0, 1), step.key_start[self.kind])
         q = q.transpose(0, 1)  # [H, n, D]
         mask = step.mask[self.kind]

@@ -3,8 +3,9 @@
 One library holds them all: ``qdot.cpp`` (the quantized matmul, ``torch.ops.tandem.qdot_linear``)
 and ``blockops.cpp`` (a decoder block's small ops fused: RMSNorm and RoPE); each file's header
 says what it computes. ``load_qdot()`` and ``load_block_ops()`` hand them out. The build takes
-20-60 s once and is cached under torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``),
-keyed by the source and this machine's CPU features because it is compiled with ``-march=native``.
+20-60 s once and is cached under torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default
+``~/.cache/torch_extensions``), keyed by the sources and this machine's CPU features because it is
+compiled with ``-march=native``.
 
 No compiler, no ninja, or a failing build is not an error for the engine: ``load_qdot()`` returns
 ``None``, :func:`qdot_status` says why, and the engine keeps to torch's own kernels.
