@@ -1,6 +1,6 @@
-"""``Engine``: one loaded model (target + drafters) serving requests, as ``engine.process`` drives it.
+"""``ModelRuntime``: one loaded model (target + drafters) serving requests, as ``engine.process.worker`` drives it.
 
-    engine = Engine.load(LoadSpec(model_path=..., draft_path=...))
+    engine = ModelRuntime.load(LoadSpec(model_path=..., draft_path=...))
     engine.facts; engine.tokenize(text, add_bos=None); engine.detokenize(ids)
     for item in engine.generate(GenerateRequest(...), should_stop=event.is_set): ...  # chunks, result
 
@@ -8,7 +8,7 @@ Everything that belongs to the loaded model is built once here, not per request 
 lesson): the target and its KV cache, every drafter with its own state (draft model + KV cache,
 MTP head + KV cache, n-gram index), and the adaptive depth controllers, whose learned acceptance and
 per-depth cost persist across requests. A request only resolves its options, tokenizes, and runs
-``engine.decode.DecodeLoop`` over those long-lived objects.
+``engine.speculative.loop.DecodeLoop`` over those long-lived objects.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from engine.api import (
+from engine.capabilities import is_mtp_head_only
+from engine.ops.memory import model_bytes
+from engine.process.protocol import (
     ContextLengthError,
     EngineError,
     GenerateRequest,
@@ -27,20 +29,24 @@ from engine.api import (
     ModelFacts,
     TokenChunk,
 )
-from engine.capabilities import is_mtp_head_only
-from engine.constrain import SchemaError, TokenConstraint, TokenPieces, compile_format
-from engine.decode import DecodeLoop, DecodeSettings, TimeBreakdown, trace_from_env
-from engine.depth import AdaptiveDepth, DepthController, FixedDepth
-from engine.drafters import (
-    DraftModelDrafter,
-    Drafter,
-    MtpDrafter,
-    NgramDrafter,
-    NullDrafter,
-    find_nextn_block,
-    model_bytes,
+from engine.sampling.constrain import (
+    SchemaError,
+    TokenConstraint,
+    TokenPieces,
+    compile_format,
 )
-from engine.sampler import SamplingOptions, make_generator
+from engine.sampling.sampler import SamplingOptions, make_generator
+from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth
+from engine.speculative.draft_model import DraftModelDrafter
+from engine.speculative.drafter import Drafter, NullDrafter
+from engine.speculative.loop import (
+    DecodeLoop,
+    DecodeSettings,
+    TimeBreakdown,
+    trace_from_env,
+)
+from engine.speculative.mtp import MtpDrafter, find_nextn_block
+from engine.speculative.ngram import NgramDrafter
 
 DRAFTER_KINDS = ("auto", "model", "mtp", "ngram", "none")
 DEFAULT_DRAFT_CAP = 4  # Ollama's draft_num_predict default
@@ -71,7 +77,7 @@ def _vocab_check(target_tokens, draft_tokens, draft_path: str) -> None:
 
 def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity: int) -> tuple[MtpDrafter, str]:
     """An MtpDrafter over a DRAFT file holding only an MTP head; the head must fit the target."""
-    from engine.model import UnsupportedModelError, default_format
+    from engine.models.transformer import UnsupportedModelError, default_format
 
     block = find_nextn_block(df.tensors)
     hidden = df.tensors[f"blk.{block}.nextn.eh_proj.weight"].shape[0]
@@ -99,7 +105,7 @@ def _opt(options: Mapping[str, Any], name: str, default: Any) -> Any:
     return default if v is None else v
 
 
-class Engine:
+class ModelRuntime:
     def __init__(self, *, spec: LoadSpec, target, gguf, tokenizer, cache, drafters: dict[str, Drafter],
                  facts: ModelFacts, draft_kind: str | None = None, owned_files=()):
         self.spec = spec
@@ -121,10 +127,10 @@ class Engine:
     # load
     # ------------------------------------------------------------------------------------------
     @classmethod
-    def load(cls, spec: LoadSpec) -> "Engine":
+    def load(cls, spec: LoadSpec) -> "ModelRuntime":
         from engine.gguf import GGUFFile
-        from engine.model import UnsupportedModelError, load_model
-        from engine.tokenizer import Tokenizer, TokenizerError
+        from engine.models.transformer import UnsupportedModelError, load_model
+        from engine.text.tokenizer import Tokenizer, TokenizerError
 
         device = resolve_device(spec.device)
         try:

@@ -37,7 +37,7 @@ from blobs import (
     marshal_json,
 )
 from engine.gguf import read_metadata
-from engine.gotemplate import TemplateError, parse_template
+from engine.text.gotemplate import TemplateError, parse_template
 
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer

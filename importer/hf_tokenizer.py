@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import gguf
 
-from engine.tokenizer import _GPT2, _PRE_TOKENIZERS, PreTokenizerSpec  # the table the engine reads back
+from engine.text.tokenizer import _GPT2, _PRE_TOKENIZERS, PreTokenizerSpec  # the table the engine reads back
 
 from .request import CreateError
 

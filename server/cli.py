@@ -27,7 +27,7 @@ from importer import (
 from modelfile import ParseError, parse
 
 from .bench.command import add_arguments as bench_arguments
-from .client import APIError, Client, ServerBlobSink
+from .api_client import APIError, Client, ServerBlobSink
 from .show import modelfile_text, parameters_text
 
 

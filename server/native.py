@@ -31,14 +31,14 @@ from blobs import (
     parse_digest,
 )
 from blobs.model import StoredModel, load_stored_model
-from engine.api import (
+from engine.process.protocol import (
     EngineCrashedError,
     EngineError,
     GenerateResult,
     TokenChunk,
     TokenLogprob,
 )
-from engine.api import GenerateRequest as EngineRequest
+from engine.process.protocol import GenerateRequest as EngineRequest
 from importer import (
     CreateError,
     CreateRequest,
@@ -152,9 +152,9 @@ def check_think(name: str, think: Any) -> None:
 
 
 def check_format(fmt: Any) -> Any:
-    """Validate ``format`` (None/"", "json", or a JSON schema in engine.constrain's subset) before
+    """Validate ``format`` (None/"", "json", or a JSON schema in engine.sampling.constrain's subset) before
     anything is loaded; returns what the engine request carries (None: free text)."""
-    from engine.constrain import SchemaError, compile_format
+    from engine.sampling.constrain import SchemaError, compile_format
 
     try:
         node = compile_format(fmt)

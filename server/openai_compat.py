@@ -24,8 +24,8 @@ from sse_starlette.sse import EventSourceResponse
 
 from blobs import BlobsError, ModelName
 from blobs.model import load_stored_model
-from engine.api import GenerateRequest as EngineRequest
-from engine.api import GenerateResult, TokenChunk
+from engine.process.protocol import GenerateRequest as EngineRequest
+from engine.process.protocol import GenerateResult, TokenChunk
 
 from .gojson import ApiError, decode_struct, jfield, json_response, read_json
 from .native import (

@@ -19,8 +19,8 @@ from typing import Callable, Sequence
 from blobs.model import StoredModel
 from engine.capabilities import has_mtp_head
 from engine.gguf import GGUFFile
-from engine.gotemplate import GoTemplate, TemplateError, parse_template
-from engine.prompt import (
+from engine.text.gotemplate import GoTemplate, TemplateError, parse_template
+from engine.text.prompt import (
     InsertNotSupported,
     JinjaChatTemplate,
     Message,

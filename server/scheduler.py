@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import anyio
 
 from blobs.model import StoredModel
-from engine.api import (
+from engine.process.protocol import (
     EngineCrashedError,
     EngineError,
     GenerateRequest,
@@ -53,8 +53,8 @@ class QueueFullError(Exception):
         super().__init__(MAX_QUEUE_MESSAGE)
 
 
-class Engine(Protocol):
-    """What the scheduler needs of an engine handle (engine.client.EngineClient; fakes in tests)."""
+class EngineHandle(Protocol):
+    """What the scheduler needs of an engine handle (engine.process.client.EngineClient; fakes in tests)."""
 
     pid: int | None
 
@@ -68,20 +68,20 @@ class Engine(Protocol):
     def kill(self) -> None: ...
 
 
-def _default_engine_factory() -> Engine:
-    from engine.client import EngineClient
+def _default_engine_factory() -> EngineHandle:
+    from engine.process.client import EngineClient
 
     return EngineClient()
 
 
 @dataclass
-class Runner:
+class LoadedModel:
     """A loaded model: its engine process and what it was loaded with."""
 
     name: str  # display name of the model that loaded it
     model: StoredModel
     spec: LoadSpec
-    engine: Engine
+    engine: EngineHandle
     facts: ModelFacts
     loaded_at: float
     load_seconds: float
@@ -94,7 +94,7 @@ class Slot:
     key: tuple[str, str | None]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0
-    runner: Runner | None = None
+    runner: LoadedModel | None = None
     timer: asyncio.TimerHandle | None = None
     loading: bool = False
 
@@ -118,7 +118,7 @@ def model_key(model: StoredModel) -> tuple[str, str | None]:
 class Lease:
     """Exclusive use of a loaded engine for one request. Release exactly once (idempotent)."""
 
-    def __init__(self, scheduler: "Scheduler", slot: Slot, runner: Runner, keep_alive: float, load_seconds: float):
+    def __init__(self, scheduler: "Scheduler", slot: Slot, runner: LoadedModel, keep_alive: float, load_seconds: float):
         self._scheduler = scheduler
         self.slot = slot
         self.runner = runner
@@ -128,7 +128,7 @@ class Lease:
         self.crashed = False
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> EngineHandle:
         return self.runner.engine
 
     def release(self) -> None:
@@ -140,7 +140,7 @@ class Lease:
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, engine_factory: Callable[[], Engine] | None = None):
+    def __init__(self, settings: Settings, engine_factory: Callable[[], EngineHandle] | None = None):
         self.settings = settings
         self._engine_factory = engine_factory or _default_engine_factory
         self._slots: dict[tuple[str, str | None], Slot] = {}
@@ -207,12 +207,12 @@ class Scheduler:
             slot.lock.release()
             raise
 
-    async def _load(self, slot: Slot, model: StoredModel, spec: LoadSpec, keep_alive: float) -> Runner:
+    async def _load(self, slot: Slot, model: StoredModel, spec: LoadSpec, keep_alive: float) -> LoadedModel:
         t0 = time.monotonic()
         slot.loading = True
-        engine: Engine | None = None
+        engine: EngineHandle | None = None
 
-        def start_and_load() -> tuple[Engine, ModelFacts]:
+        def start_and_load() -> tuple[EngineHandle, ModelFacts]:
             nonlocal engine
             engine = self._engine_factory()
             timeout = None if math.isinf(self.settings.load_timeout) else self.settings.load_timeout
@@ -232,7 +232,7 @@ class Scheduler:
         draft = f" + draft {facts.draft_architecture}" if facts.draft_architecture else ""
         log.info("loaded %s (%s%s) on %s in %.2fs: num_ctx=%d, %s, engine pid %s", model.name.display(),
                  facts.architecture, draft, facts.device, seconds, spec.num_ctx, facts.weight_format, engine.pid)
-        slot.runner = Runner(name=model.name.display(), model=model, spec=spec, engine=engine, facts=facts,
+        slot.runner = LoadedModel(name=model.name.display(), model=model, spec=spec, engine=engine, facts=facts,
                              loaded_at=time.time(), load_seconds=seconds, keep_alive=keep_alive,
                              expires_at=expiry(keep_alive))
         return slot.runner
@@ -261,13 +261,13 @@ class Scheduler:
             slot.timer = loop.call_later(lease.keep_alive, lambda: self._spawn(self._expire(slot, runner)))
         slot.lock.release()
 
-    async def _stop_and_unlock(self, slot: Slot, engine: Engine) -> None:
+    async def _stop_and_unlock(self, slot: Slot, engine: EngineHandle) -> None:
         try:
             await anyio.to_thread.run_sync(_stop_engine, engine)
         finally:
             slot.lock.release()
 
-    async def _expire(self, slot: Slot, runner: Runner) -> None:
+    async def _expire(self, slot: Slot, runner: LoadedModel) -> None:
         slot.timer = None
         if slot.runner is not runner or slot.waiting or slot.lock.locked():
             return
@@ -300,12 +300,12 @@ class Scheduler:
             await anyio.to_thread.run_sync(_stop_engine, runner.engine)
             return True
 
-    def loaded(self) -> list[Runner]:
+    def loaded(self) -> list[LoadedModel]:
         """Loaded engines that are still alive, longest remaining keep_alive first (as /api/ps sorts)."""
         runners = [s.runner for s in self._slots.values() if s.runner is not None and s.runner.engine.alive()]
         return sorted(runners, key=lambda r: r.expires_at, reverse=True)
 
-    def runner_for(self, model: StoredModel) -> Runner | None:
+    def runner_for(self, model: StoredModel) -> LoadedModel | None:
         slot = self._slots.get(model_key(model))
         return slot.runner if slot else None
 
@@ -325,7 +325,7 @@ class Scheduler:
                 pass
 
 
-def _stop_engine(engine: Engine, timeout: float = 10.0) -> None:
+def _stop_engine(engine: EngineHandle, timeout: float = 10.0) -> None:
     """Stop an engine process: cancel what it runs, ask it to exit, kill it if it does not within
     ``timeout`` (a wedged engine holding its pipe must not hang the server's shutdown)."""
     try:
@@ -349,7 +349,7 @@ def _stop_engine(engine: Engine, timeout: float = 10.0) -> None:
             pass
 
 
-async def _stop_engine_async(engine: Engine) -> None:
+async def _stop_engine_async(engine: EngineHandle) -> None:
     await anyio.to_thread.run_sync(_stop_engine, engine)
 
 

@@ -1,4 +1,4 @@
-"""engine.acceptance: exact losslessness by enumeration, crafted ranks/ties, seeded Monte Carlo.
+"""engine.speculative.acceptance: exact losslessness by enumeration, crafted ranks/ties, seeded Monte Carlo.
 
 The exact checks integrate the *real* rule functions over their uniforms: each rule is piecewise
 constant in every uniform, with breakpoints at the acceptance ratio and at the CDF steps of the
@@ -15,8 +15,8 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-from engine import acceptance
-from engine.acceptance import (
+from engine.speculative import acceptance
+from engine.speculative.acceptance import (
     AcceptResult,
     match_accept,
     match_accept_from_uniforms,
@@ -26,7 +26,7 @@ from engine.acceptance import (
     strict_accept,
     strict_accept_from_uniforms,
 )
-from engine.sampler import SamplingOptions, draw_uniforms, make_generator, process
+from engine.sampling.sampler import SamplingOptions, draw_uniforms, make_generator, process
 
 Rule = Callable[[torch.Tensor, Optional[torch.Tensor], list, list], AcceptResult]
 

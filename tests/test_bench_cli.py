@@ -350,12 +350,12 @@ def test_logprobs_under_relaxed_speculation_are_the_targets(pair: tuple[Path, Pa
     """What the prose measurement relies on: with a lossy rule accepting drafts the target would not
     have picked, each emitted token's logprob is still the target's log-probability of it given the
     emitted prefix, and top_logprobs[0] is the target's argmax there."""
-    from engine.api import GenerateRequest, GenerateResult, LoadSpec
-    from engine.runtime import Engine
+    from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+    from engine.runtime import ModelRuntime
 
     target, draft = pair
     torch.set_num_threads(1)
-    engine = Engine.load(LoadSpec(model_path=str(target), draft_path=str(draft), num_ctx=256, device="cpu",
+    engine = ModelRuntime.load(LoadSpec(model_path=str(target), draft_path=str(draft), num_ctx=256, device="cpu",
                                   weight_format="f32", draft_weight_format="f32"))
     opts = {"temperature": 1.0, "seed": 7, "num_predict": 40, "drafter": "model", "draft_num_predict": 3,
             "draft_schedule": "fixed", "relaxed_top_n": 20}
@@ -385,9 +385,10 @@ def test_logprobs_under_relaxed_speculation_are_the_targets(pair: tuple[Path, Pa
 
 
 def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_path: Path) -> None:
-    from engine import bench_prompts, bench_spec
+    from benchmarks import speculation as bench_spec
+    from server.bench import prompt_sets
 
-    assert bench_spec.PROMPTS is bench_prompts.PROMPTS and bench_spec.TEMPERATURES is bench_prompts.TEMPERATURES
+    assert bench_spec.PROMPTS is prompt_sets.PROMPTS and bench_spec.TEMPERATURES is prompt_sets.TEMPERATURES
     target, draft = pair
     assert bench_spec.main(["--model", str(target), "--draft", str(draft), "--tokens", "4", "--runs", "1",
                             "--warmup", "0", "--prompts", "code", "--temps", "0,0.6", "--configs",

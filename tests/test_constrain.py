@@ -1,4 +1,4 @@
-"""Constrained decoding for `format` (engine.constrain): the JSON recogniser, the token filter, and
+"""Constrained decoding for `format` (engine.sampling.constrain): the JSON recogniser, the token filter, and
 end to end with a random tiny model, whose output must still parse."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import json
 import pytest
 import torch
 
-from engine.api import EngineError, GenerateRequest, GenerateResult, LoadSpec
-from engine.constrain import (
+from engine.process.protocol import EngineError, GenerateRequest, GenerateResult, LoadSpec
+from engine.sampling.constrain import (
     JsonRecognizer,
     SchemaError,
     TokenConstraint,
     TokenPieces,
     compile_format,
 )
-from engine.sampler import Distribution
+from engine.sampling.sampler import Distribution
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -191,11 +191,11 @@ def test_filter_falls_back_to_the_best_valid_token_by_raw_logit():
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    from engine.runtime import Engine
+    from engine.runtime import ModelRuntime
     from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("constrain") / "tiny.gguf", TinySpec(arch="qwen2", seed=1))
-    e = Engine.load(LoadSpec(model_path=str(path)))
+    e = ModelRuntime.load(LoadSpec(model_path=str(path)))
     yield e
     e.close()
 
@@ -247,6 +247,6 @@ def test_engine_refuses_a_bad_schema(engine):
 
 
 def test_nesting_is_capped():
-    from engine.constrain import MAX_DEPTH
+    from engine.sampling.constrain import MAX_DEPTH
 
     assert feed("[" * MAX_DEPTH) is not None and feed("[" * (MAX_DEPTH + 1)) is None

@@ -1,4 +1,4 @@
-"""engine.dequant against gguf-py's reference dequantizers (bit-exact), plus the exact int4 mapping."""
+"""engine.ops.dequant against gguf-py's reference dequantizers (bit-exact), plus the exact int4 mapping."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine import dequant as dq
+from engine.ops import dequant as dq
 from engine.gguf import GGML_TYPE_IDS, GGUFFile
 
 GT = gguf.GGMLQuantizationType

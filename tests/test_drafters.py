@@ -1,4 +1,4 @@
-"""Drafters (engine.drafters) and depth controllers (engine.depth) as units, plus their state invariants
+"""Drafters (engine/speculative/: drafter.py, draft_model.py, ngram.py, mtp.py) and depth controllers (engine.speculative.depth) as units, plus their state invariants
 after real generations: rollback, prefix reuse, p_min, exact draft distributions, MTP pairing."""
 
 from __future__ import annotations
@@ -6,9 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.depth import AdaptiveDepth, FixedDepth
-from engine.drafters import DraftContext, DraftModelDrafter, MtpDrafter, NgramDrafter, TargetOutput, find_nextn_block
-from engine.sampler import SamplingOptions, make_generator, process
+from engine.sampling.sampler import SamplingOptions, make_generator, process
+from engine.speculative.depth import AdaptiveDepth, FixedDepth
+from engine.speculative.draft_model import DraftModelDrafter
+from engine.speculative.drafter import DraftContext, TargetOutput
+from engine.speculative.mtp import MtpDrafter, find_nextn_block
+from engine.speculative.ngram import NgramDrafter
 from tests.test_speculation import GREEDY, generate, load_engine, spec_opts, write_model
 
 GREEDY_OPTS = SamplingOptions(temperature=0)

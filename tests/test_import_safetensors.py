@@ -24,11 +24,11 @@ import torch
 pytest.importorskip("transformers")
 
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore, ModelNotFoundError  # noqa: E402
-from engine.api import EngineError, LoadSpec  # noqa: E402
+from engine.process.protocol import EngineError, LoadSpec  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
-from engine.model import load_model  # noqa: E402
-from engine.runtime import Engine  # noqa: E402
-from engine.tokenizer import Tokenizer  # noqa: E402
+from engine.models.transformer import load_model  # noqa: E402
+from engine.runtime import ModelRuntime  # noqa: E402
+from engine.text.tokenizer import Tokenizer  # noqa: E402
 from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402
 from importer.hf_to_gguf import convert_folder  # noqa: E402
 from importer.safetensors_import import read_header  # noqa: E402
@@ -282,12 +282,12 @@ def test_tokenizer_model_without_tokenizer_json(store: BlobStore, tmp_path: Path
 # ------------------------------------------------------------------------------------------------
 # MTP (NextN) heads
 # ------------------------------------------------------------------------------------------------
-def _engine(model: Path, draft: Path | None = None) -> Engine:
-    return Engine.load(LoadSpec(model_path=str(model), draft_path=str(draft) if draft else None, num_ctx=128,
+def _engine(model: Path, draft: Path | None = None) -> ModelRuntime:
+    return ModelRuntime.load(LoadSpec(model_path=str(model), draft_path=str(draft) if draft else None, num_ctx=128,
                                 weight_format="f32", draft_weight_format="f32", device="cpu"))
 
 
-def _assert_mtp_drafts_losslessly(engine: Engine) -> None:
+def _assert_mtp_drafts_losslessly(engine: ModelRuntime) -> None:
     base = generate(engine, **GREEDY, drafter="none")
     run = generate(engine, **GREEDY, **spec_opts("mtp", 3))
     assert run.tokens == base.tokens

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.dequant import load_tensor
+from engine.ops.dequant import load_tensor
 from engine.gguf import GGUFFile, TensorInfo
 from importer import kquant
 from importer.quantize import (
@@ -276,7 +276,7 @@ def test_gguf_reads_what_we_meant(type_name: str) -> None:
 
 
 def test_engine_reads_our_k_quant_tensors(tmp_path: Path) -> None:
-    """A GGUF written with our K-quant tensors decodes in engine.dequant exactly as in gguf-py."""
+    """A GGUF written with our K-quant tensors decodes in engine.ops.dequant exactly as in gguf-py."""
     rng = np.random.default_rng(3)
     arrays = {t: (rng.standard_t(5, (48, 768)) * 0.05).astype(np.float32) for t in K_TYPES}
     path = tmp_path / "k.gguf"
@@ -415,7 +415,7 @@ MIX_SPEC = {"arch": "qwen2", "n_layer": 8, "n_embd": 256, "n_ff": 320, "n_head":
 def test_create_q4_k_m_and_run(tmp_path: Path) -> None:
     from blobs import BlobStore
     from blobs.model import load_stored_model
-    from engine.model import load_model
+    from engine.models.transformer import load_model
     from importer import LocalBlobSink, create_model, request_from_modelfile
     from modelfile import parse
 
@@ -517,7 +517,7 @@ def write_f16_copy(src: str | os.PathLike, dst: str | os.PathLike) -> None:
 
 
 def _token_ids(path, n: int) -> list[int]:
-    from engine.tokenizer import Tokenizer
+    from engine.text.tokenizer import Tokenizer
 
     with GGUFFile(path) as f:
         tok = Tokenizer.from_gguf_metadata(f.metadata)
@@ -528,7 +528,7 @@ def _token_ids(path, n: int) -> list[int]:
 
 
 def top1(path, ids) -> torch.Tensor:
-    from engine.model import load_model
+    from engine.models.transformer import load_model
 
     model = load_model(path, fmt="f32")
     with torch.no_grad():

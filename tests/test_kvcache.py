@@ -1,4 +1,4 @@
-"""engine.kvcache: O(1) truncation, prefix reuse, overflow, and sliding-window exactness under speculation."""
+"""engine.cache.kv: O(1) truncation, prefix reuse, overflow, and sliding-window exactness under speculation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.kvcache import ContextOverflowError, KVCache
+from engine.cache.kv import ContextOverflowError, KVCache
 
 
 def _cache(capacity=16, layers=2, heads=2, dim=4):

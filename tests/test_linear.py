@@ -1,4 +1,4 @@
-"""engine.linear: every weight format against the f32 dequantized matmul, fusion, bias, tied head,
+"""engine.ops.linear: every weight format against the f32 dequantized matmul, fusion, bias, tied head,
 embedding lookups, memory of the int4 path."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine import dequant as dq
-from engine import linear as L
+from engine.ops import dequant as dq
+from engine.ops import linear as L
 from engine.gguf import GGUFFile
 from tests.test_dequant import random_kquant_blocks
 

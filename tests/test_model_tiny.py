@@ -1,4 +1,4 @@
-"""engine.model against transformers (float64) on tiny random llama / qwen2 / gemma3 models."""
+"""engine.models.transformer against transformers (float64) on tiny random llama / qwen2 / gemma3 models."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ pytest.importorskip("transformers")
 from tests import hf_tiny  # noqa: E402
 
 from engine.gguf import GGUFFile  # noqa: E402
-from engine.kvcache import ContextOverflowError  # noqa: E402
-from engine.kernels import qdot_fast, qdot_status
-from engine.model import (SUPPORTED_ARCHITECTURES, ForwardOutput, UnsupportedArchitectureError,  # noqa: E402
+from engine.cache.kv import ContextOverflowError  # noqa: E402
+from engine.ops.kernels import qdot_fast, qdot_status
+from engine.models.transformer import (SUPPORTED_ARCHITECTURES, ForwardOutput, UnsupportedArchitectureError,  # noqa: E402
                           UnsupportedModelError, load_model, read_config)
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
 
@@ -109,7 +109,7 @@ def test_chunks_with_rejection(pair, model):
 def test_fused_block_ops_match_pytorch_ops(pair, model):
     """With the native library built, an f32 CPU model runs RMSNorm and RoPE through the fused ops
     (so every HF-oracle test above checks them); switched off, PyTorch's own ops give the same logits."""
-    from engine.kernels import qdot_status
+    from engine.ops.kernels import qdot_status
 
     if not qdot_status().available:
         pytest.skip(f"native kernels not available: {qdot_status().detail}")
@@ -236,7 +236,7 @@ def test_int4_requantized_sanity(pair, model):
 
 # -- loader errors ------------------------------------------------------------------------------
 def test_supported_architectures():
-    from engine.arch import ARCHITECTURES
+    from engine.models import ARCHITECTURES
 
     assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES == {"llama", "qwen2", "gemma3"}
 

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine import dequant as dq
-from engine import linear as L
+from engine.ops import dequant as dq
+from engine.ops import linear as L
 from engine.gguf import GGUFFile
-from engine.kernels import load_qdot, qdot_status
+from engine.ops.kernels import load_qdot, qdot_status
 from tests.test_dequant import random_kquant_blocks
 from tests.test_linear import write_tensor_gguf
 

@@ -1,8 +1,8 @@
-"""engine.runtime / engine.stops: the request path around the decode loop (issue 3 items 4-6).
+"""engine.runtime / engine.text.stops: the request path around the decode loop (issue 3 items 4-6).
 
-Stop strings as pure functions; then a tiny model through ``Engine``: facts, prompt handling,
+Stop strings as pure functions; then a tiny model through ``ModelRuntime``: facts, prompt handling,
 prefix reuse counts, seeds, num_ctx truncation and context shift, logprobs; and the real engine
-process through ``engine.client.EngineClient`` (load, stream, cancel, crash).
+process through ``engine.process.client.EngineClient`` (load, stream, cancel, crash).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import signal
 import pytest
 import torch
 
-from engine.api import ContextLengthError, EngineCrashedError, EngineError, GenerateRequest, GenerateResult, LoadSpec
-from engine.sampler import SamplingOptions, process
-from engine.stops import StopMatcher, TextStream
+from engine.process.protocol import ContextLengthError, EngineCrashedError, EngineError, GenerateRequest, GenerateResult, LoadSpec
+from engine.sampling.sampler import SamplingOptions, process
+from engine.text.stops import StopMatcher, TextStream
 from tests.test_speculation import GREEDY, PROMPT, generate, load_engine, spec_opts, write_model
 
 
@@ -243,7 +243,7 @@ def test_logprobs_match_the_target_softmax(engine, extra):
 # the engine process
 # ------------------------------------------------------------------------------------------------
 def test_engine_client_load_stream_cancel_and_crash(paths):
-    from engine.client import EngineClient
+    from engine.process.client import EngineClient
 
     client = EngineClient()
     try:

@@ -1,4 +1,4 @@
-"""engine.sampler: option parsing, pipeline order, penalties, determinism. Tiny vocabularies only."""
+"""engine.sampling.sampler: option parsing, pipeline order, penalties, determinism. Tiny vocabularies only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from engine.sampler import (
+from engine.sampling.sampler import (
     SamplingOptions,
     apply_penalties,
     derive_seed,

@@ -198,7 +198,7 @@ def test_chat_errors_and_format(http: httpx.Client) -> None:
     for body, status, error in cases:
         r = http.post("/api/chat", json=body)
         assert (r.status_code, r.json()) == (status, {"error": error}), body
-    # format: constrained decoding (engine.constrain) makes even the random tiny model answer JSON.
+    # format: constrained decoding (engine.sampling.constrain) makes even the random tiny model answer JSON.
     opts = {"temperature": 0, "num_predict": 200}
     r = http.post("/api/chat", json={"model": "tiny", "messages": msgs, "format": "json", "stream": False,
                                      "options": opts})

@@ -14,7 +14,7 @@ import pytest
 
 from blobs import BlobStore
 from server.cli import _command, _Session, main
-from server.client import Client
+from server.api_client import Client
 from tests.test_server_api import ServerThread, write_pair
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ import pytest
 
 from blobs import BlobStore
 from blobs.model import load_stored_model
-from engine.api import (
+from engine.process.protocol import (
     EngineCrashedError,
     GenerateRequest,
     GenerateResult,

@@ -25,10 +25,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.api import EngineError, GenerateRequest, GenerateResult, LoadSpec, TokenChunk
-from engine.depth import AdaptiveDepth
-from engine.runtime import Engine
-from engine.sampler import SamplingOptions, process
+from engine.process.protocol import EngineError, GenerateRequest, GenerateResult, LoadSpec, TokenChunk
+from engine.speculative.depth import AdaptiveDepth
+from engine.runtime import ModelRuntime
+from engine.sampling.sampler import SamplingOptions, process
 from tests.tiny_gguf import TinySpec, tiny_tensors, vocab_for, write_tiny_gguf
 
 PROMPT = "def fib(n): return the"
@@ -92,9 +92,9 @@ def write_model(directory: Path, name: str, seed: int, **kw) -> Path:
     return write_tiny_gguf(Path(directory) / f"{name}.gguf", spec, tensors=t)
 
 
-def load_engine(path: Path, draft: Path | None = None, num_ctx: int = 128) -> Engine:
+def load_engine(path: Path, draft: Path | None = None, num_ctx: int = 128) -> ModelRuntime:
     torch.set_num_threads(1)
-    return Engine.load(LoadSpec(model_path=str(path), draft_path=str(draft) if draft else None, num_ctx=num_ctx,
+    return ModelRuntime.load(LoadSpec(model_path=str(path), draft_path=str(draft) if draft else None, num_ctx=num_ctx,
                                 weight_format="f32", draft_weight_format="f32", device="cpu"))
 
 
@@ -110,7 +110,7 @@ class Run:
         return self.result.speculation
 
 
-def generate(engine: Engine, prompt: str = PROMPT, *, should_stop: Callable[[], bool] | None = None,
+def generate(engine: ModelRuntime, prompt: str = PROMPT, *, should_stop: Callable[[], bool] | None = None,
              request: dict | None = None, **options) -> Run:
     chunks, result = [], None
     req = GenerateRequest(prompt=prompt, options=options, **(request or {}))
@@ -269,7 +269,7 @@ def dist_engine(tmp_path_factory):
     return load_engine(write_model(d, "t", 0, **small), write_model(d, "d", 0, noise=0.3, **small), num_ctx=64)
 
 
-def exact_first_tokens(engine: Engine, prompt: str, opts: dict, n: int) -> dict[tuple[int, ...], float]:
+def exact_first_tokens(engine: ModelRuntime, prompt: str, opts: dict, n: int) -> dict[tuple[int, ...], float]:
     """P(first n tokens) of the target alone, from its logits (full forwards, no speculation)."""
     so = SamplingOptions.from_options(opts)
     model = engine.target
@@ -294,7 +294,7 @@ def exact_first_tokens(engine: Engine, prompt: str, opts: dict, n: int) -> dict[
     return out
 
 
-def chi_square_pvalue(engine: Engine, exact: dict, runs: int) -> tuple[float, float]:
+def chi_square_pvalue(engine: ModelRuntime, exact: dict, runs: int) -> tuple[float, float]:
     counts: dict[tuple[int, ...], int] = {}
     drafted = accepted = 0
     for seed in range(runs):
@@ -323,7 +323,7 @@ def test_strict_sampling_has_the_target_distribution(dist_engine):
 
 def test_distribution_test_rejects_a_wrong_residual(dist_engine, monkeypatch):
     """Power: sampling the replacement from p instead of norm(max(0, p - q)) biases the output."""
-    import engine.acceptance as acceptance
+    import engine.speculative.acceptance as acceptance
 
     monkeypatch.setattr(acceptance, "residual_distribution",
                         lambda p, q, draft: p.double() / p.double().sum())

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.gguf import GGUFFile
-from engine.tokenizer import (
+from engine.text.tokenizer import (
     SUPPORTED_PRE_TOKENIZERS,
     IncrementalDecoder,
     Tokenizer,
@@ -17,7 +17,7 @@ from engine.tokenizer import (
     generate_merges,
 )
 from tests import realmodels
-from engine.tokenizer import BYTE_TO_UNICODE
+from engine.text.tokenizer import BYTE_TO_UNICODE
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 

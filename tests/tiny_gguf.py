@@ -13,7 +13,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from engine.tokenizer import BYTE_TO_UNICODE
+from engine.text.tokenizer import BYTE_TO_UNICODE
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"

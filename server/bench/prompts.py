@@ -1,5 +1,5 @@
-"""Prompt sets for `tandem bench`: the built-in ones (engine/bench_prompts.py, shared with
-engine.bench_spec) or a ``--prompts FILE``.
+"""Prompt sets for `tandem bench`: the built-in ones (``prompt_sets``, shared with
+benchmarks.speculation) or a ``--prompts FILE``.
 
 A prompts file is JSON: an object ``{"name": "prompt text", ...}`` or a list of
 ``{"name": ..., "prompt": ..., "kind": "code" | "prose" | ...}`` (``kind`` defaults to the name). The
@@ -12,9 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.bench_prompts import PROMPTS, PROSE_PROMPTS
-
 from .files import read_json
+from .prompt_sets import PROMPTS, PROSE_PROMPTS
 
 
 class PromptsError(ValueError):
@@ -77,5 +76,5 @@ def select(prompts: list[Prompt], names: str | None) -> list[Prompt]:
 
 def sampling_options(temperature: float, min_p: float) -> dict:
     """The options of one temperature: ``{"temperature": 0}`` for greedy, else with ``min_p`` (0.01 by
-    default, as engine.bench_prompts.TEMPERATURES)."""
+    default, as prompt_sets.TEMPERATURES)."""
     return {"temperature": 0.0} if temperature <= 0 else {"temperature": temperature, "min_p": min_p}

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..client import Client
+from ..api_client import Client
 from .grid import Setting, strict
 from .prompts import Prompt, sampling_options
 from .runner import final_chunk

@@ -1,0 +1,298 @@
+"""Speculative decoding benchmark: every drafter/rule/depth configuration in ONE interleaved run.
+
+    python -m benchmarks.speculation --model target.gguf --draft draft.gguf [--tokens 128 --runs 3 --warmup 1]
+        [--prompts code,prose,repetitive] [--temps 0,0.6] [--configs plain,strict-n4,...]
+        [--json out.json] [--markdown out.md]
+
+Configurations (issue 4): plain; strict with n_max 1, 2, 4, 8; n_max 16 with p_min 0.8; relaxed top-N
+for N in 1, 2, 5, 20 at n_max 2 and 4; adaptive; n-gram (fixed and adaptive); and llama.cpp's
+exact-match rule at n_max 4 (to compare its acceptance with the rejection sampler's). Prompts: code,
+prose and a repetitive code edit; temperature 0 and 0.6 (min_p 0.01); 128 tokens.
+
+Each repetition runs every (prompt, temperature, configuration) once, in the same order, so a slow
+patch of the machine hits all configurations alike; the first ``--warmup`` repetitions are dropped
+and the table shows medians. Ratios are to plain decoding of the same prompt and temperature in the
+same run. The breakdown (milliseconds per generated token) says where time went: drafting (the
+drafter's proposals and its catch-up), verification (target forwards), acceptance (sampling
+pipeline + rule) and the rest (bookkeeping, detokenization, stop strings); together with the measured
+cost of a target forward at widths 1-16 it explains a configuration that misses its target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+from server.bench.prompt_sets import PROMPTS, TEMPERATURES
+from engine.runtime import ModelRuntime
+
+# PROMPTS and TEMPERATURES are shared with `tandem bench` (server/bench/).
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    options: dict
+    needs_draft: bool = True
+    temps: tuple[str, ...] = ()  # empty: every temperature
+
+
+def _fixed(n: int, **kw) -> dict:
+    return dict(drafter="model", draft_num_predict=n, draft_schedule="fixed", **kw)
+
+
+CONFIGS: list[Config] = [
+    Config("plain", dict(drafter="none"), needs_draft=False),
+    *[Config(f"strict-n{n}", _fixed(n)) for n in (1, 2, 4, 8)],
+    Config("strict-n16-pmin0.8", _fixed(16, draft_p_min=0.8)),
+    *[Config(f"relaxed{N}-n{n}", _fixed(n, relaxed_top_n=N)) for n in (2, 4) for N in (1, 2, 5, 20)],
+    Config("adaptive", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive")),
+    Config("ngram-n4", dict(drafter="ngram", draft_num_predict=4, draft_schedule="fixed"), needs_draft=False),
+    Config("ngram-adaptive", dict(drafter="ngram", draft_num_predict=8, draft_schedule="adaptive"),
+           needs_draft=False),
+    Config("match-n4", _fixed(4, draft_acceptance="match"), temps=("0.6",)),
+]
+
+
+@dataclass
+class Sample:
+    tok_s: float
+    eval_count: int
+    draft_n: int
+    draft_n_accepted: int
+    forwards: int
+    depth_sum: int
+    ms_per_token: dict[str, float]
+    evaluated: int = 0
+    strict_accept_sum: float = 0.0
+    match_accept_sum: float = 0.0
+
+
+@dataclass
+class Cell:
+    prompt: str
+    temp: str
+    config: str
+    samples: list[Sample] = field(default_factory=list)
+
+    def median(self, f) -> float:
+        return statistics.median(f(s) for s in self.samples) if self.samples else float("nan")
+
+    def summary(self) -> dict[str, Any]:
+        drafted = sum(s.draft_n for s in self.samples)
+        accepted = sum(s.draft_n_accepted for s in self.samples)
+        tokens = sum(s.eval_count for s in self.samples)
+        forwards = sum(s.forwards for s in self.samples)
+        parts = ("drafting", "verify", "accept", "other")
+        evaluated = sum(s.evaluated for s in self.samples)
+        paired = {"evaluated": evaluated,
+                  "strict": round(sum(s.strict_accept_sum for s in self.samples) / evaluated, 4),
+                  "match": round(sum(s.match_accept_sum for s in self.samples) / evaluated, 4)} if evaluated else None
+        return {
+            "prompt": self.prompt, "temperature": self.temp, "config": self.config, "runs": len(self.samples),
+            "tok_s": round(self.median(lambda s: s.tok_s), 3),
+            "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
+            "mean_accepted_length": round(tokens / forwards, 3) if forwards else None,
+            "mean_depth": round(sum(s.depth_sum for s in self.samples) / forwards, 3) if forwards else None,
+            "ms_per_token": {p: round(self.median(lambda s, p=p: s.ms_per_token[p]), 3) for p in parts},
+            "all_tok_s": [round(s.tok_s, 3) for s in self.samples],
+            "paired_acceptance": paired,
+        }
+
+
+def render_prompt(engine: ModelRuntime, text: str, raw: bool) -> str:
+    """ChatML when the vocabulary has it (Qwen, SmolLM2), else the bare text."""
+    if raw or engine.tokenizer.token_id("<|im_start|>") is None:
+        return text
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run_once(engine: ModelRuntime, prompt: str, options: dict) -> Sample:
+    result = None
+    for item in engine.generate(GenerateRequest(prompt=prompt, options=options)):
+        if isinstance(item, GenerateResult):
+            result = item
+    assert result is not None
+    b = engine.last_breakdown
+    n = max(result.eval_count, 1)
+    secs = result.eval_duration_ns / 1e9
+    other = max(0.0, secs - b.drafting - b.verify - b.accept) if b else 0.0
+    ms = {"drafting": b.drafting, "verify": b.verify, "accept": b.accept, "other": other} if b else {}
+    st = result.speculation
+    return Sample(tok_s=result.eval_count / secs if secs > 0 else 0.0, eval_count=result.eval_count,
+                  draft_n=st.draft_n, draft_n_accepted=st.draft_n_accepted, forwards=st.target_forwards,
+                  depth_sum=st.depth_sum, ms_per_token={k: v * 1e3 / n for k, v in ms.items()},
+                  evaluated=st.evaluated, strict_accept_sum=st.strict_accept_sum,
+                  match_accept_sum=st.match_accept_sum)
+
+
+@torch.no_grad()
+def width_costs(model, prompt_ids: list[int], widths=(1, 2, 4, 8, 16), reps: int = 5) -> dict[int, float]:
+    """Median ms of one forward over ``w`` new tokens after the prompt (what verification costs)."""
+    cache = model.new_cache(len(prompt_ids) + max(widths) + 1)
+    model.forward(prompt_ids, cache, logits_for="none")
+    base = cache.length
+    out = {}
+    for w in widths:
+        times = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            model.forward(prompt_ids[:1] * w, cache, logits_for="all")
+            times.append(time.perf_counter() - t0)
+            cache.truncate(base)
+        out[w] = round(statistics.median(times[1:]) * 1e3, 3)
+    return out
+
+
+def explain(row: dict, plain: dict | None) -> str:
+    """Which cost dominates the gap to plain decoding, per generated token."""
+    if plain is None or row["config"] == "plain" or not row.get("ms_per_token"):
+        return ""
+    r, p = row["ms_per_token"], plain["ms_per_token"]
+    extra = {
+        "drafting": r["drafting"] - p["drafting"],
+        "verification": r["verify"] - p["verify"],
+        "overhead": (r["accept"] + r["other"]) - (p["accept"] + p["other"]),
+    }
+    worst = max(extra, key=extra.get)
+    if extra[worst] <= 0:
+        return "faster in every part"
+    return f"{worst} +{extra[worst]:.1f} ms/tok"
+
+
+def markdown(rows: list[dict], widths: dict, draft_widths: dict | None) -> str:
+    out = ["| prompt | temp | config | tok/s | × plain | accept | mean acc. len | depth | "
+           "draft ms/tok | verify ms/tok | overhead ms/tok | dominant extra cost |",
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        m = r["ms_per_token"]
+        acc = "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        out.append(
+            f"| {r['prompt']} | {r['temperature']} | {r['config']} | {r['tok_s']:.2f} | "
+            f"{r.get('ratio', float('nan')):.2f} | {acc} | {r['mean_accepted_length']:.2f} | "
+            f"{r['mean_depth']:.2f} | {m['drafting']:.2f} | {m['verify']:.2f} | "
+            f"{m['accept'] + m['other']:.2f} | {r.get('explain', '')} |")
+    out.append("")
+    out.append("Target forward cost by width (ms): " + ", ".join(f"{w}: {v}" for w, v in widths.items()))
+    if draft_widths:
+        out.append("\nDraft model forward cost by width (ms): " +
+                   ", ".join(f"{w}: {v}" for w, v in draft_widths.items()))
+    return "\n".join(out)
+
+
+def match_vs_strict(rows: list[dict]) -> list[dict]:
+    """Acceptance of llama.cpp's exact-match rule vs strict rejection sampling at the same depth.
+
+    Two measurements: the realised rates of the match-n4 and strict-n4 runs (different texts, so
+    noisy on a short output), and the paired one: on the drafts the strict-n4 runs evaluated, the
+    mean probability that each rule accepts (strict ``min(1, p/q)``, match ``p``), which compares the
+    rules on identical drafts."""
+    by = {(r["prompt"], r["temperature"], r["config"]): r for r in rows}
+    out = []
+    for (prompt, temp, cfg), r in by.items():
+        strict = by.get((prompt, temp, "strict-n4"))
+        if cfg == "match-n4" and strict is not None:
+            paired = strict.get("paired_acceptance") or {}
+            out.append({"prompt": prompt, "temperature": temp, "match": r["acceptance_rate"],
+                        "strict": strict["acceptance_rate"], "paired_match": paired.get("match"),
+                        "paired_strict": paired.get("strict"), "paired_positions": paired.get("evaluated")})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--temps", default=",".join(TEMPERATURES))
+    ap.add_argument("--configs", default="", help="comma-separated config names (default: all)")
+    ap.add_argument("--num-ctx", type=int, default=2048)
+    ap.add_argument("--weight-format", default="auto")
+    ap.add_argument("--draft-weight-format", default="auto")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--raw", action="store_true", help="do not wrap prompts in ChatML")
+    ap.add_argument("--json", help="write the results as JSON to this path ('-' = stdout)")
+    ap.add_argument("--markdown", help="also write the markdown table to this path")
+    args = ap.parse_args(argv)
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    engine = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.draft, num_ctx=args.num_ctx,
+                                  device=args.device, weight_format=args.weight_format,
+                                  draft_weight_format=args.draft_weight_format))
+    load_s = time.perf_counter() - t0
+    prompts = {k: render_prompt(engine, PROMPTS[k], args.raw) for k in args.prompts.split(",") if k}
+    temps = [t for t in args.temps.split(",") if t]
+    wanted = set(c for c in args.configs.split(",") if c)
+    configs = [c for c in CONFIGS if (not wanted or c.name in wanted or c.name == "plain")
+               and (args.draft or not c.needs_draft)]
+
+    cells: dict[tuple[str, str, str], Cell] = {}
+    for rep in range(args.warmup + args.runs):
+        for pname, prompt in prompts.items():
+            for temp in temps:
+                for cfg in configs:
+                    if cfg.temps and temp not in cfg.temps:
+                        continue
+                    opts = dict(TEMPERATURES[temp], num_predict=args.tokens, seed=1000 + rep, **cfg.options)
+                    sample = run_once(engine, prompt, opts)
+                    if rep >= args.warmup:
+                        cells.setdefault((pname, temp, cfg.name), Cell(pname, temp, cfg.name)).samples.append(sample)
+                print(f"rep {rep + 1}/{args.warmup + args.runs} {pname} done", file=sys.stderr, flush=True)
+
+    rows = [c.summary() for c in cells.values()]
+    plain = {(r["prompt"], r["temperature"]): r for r in rows if r["config"] == "plain"}
+    for r in rows:
+        p = plain.get((r["prompt"], r["temperature"]))
+        r["ratio"] = round(r["tok_s"] / p["tok_s"], 3) if p and p["tok_s"] else float("nan")
+        r["explain"] = explain(r, p)
+    ids = engine.tokenize(next(iter(prompts.values())))
+    widths = width_costs(engine.target, ids)
+    draft_widths = width_costs(engine.drafters["model"].model, ids, (1, 2, 4)) if "model" in engine.drafters else None
+    report = {
+        "model": args.model, "draft": args.draft, "tokens": args.tokens, "runs": args.runs,
+        "warmup": args.warmup, "device": engine.facts.device, "weight_format": engine.facts.weight_format,
+        "draft_weight_format": engine.facts.draft_weight_format, "threads": torch.get_num_threads(),
+        "load_seconds": round(load_s, 2), "target_width_ms": widths, "draft_width_ms": draft_widths,
+        "adaptive_state": {k: c.snapshot() for k, c in engine.controllers.items()},
+        "match_vs_strict": match_vs_strict(rows), "results": rows,
+    }
+    table = markdown(rows, widths, draft_widths)
+    mvs = report["match_vs_strict"]
+    if mvs:
+        table += "\n\nAcceptance, exact-match (llama.cpp) vs strict rejection sampling, n_max 4 (realised: " \
+            "each rule's own runs; paired: both rules' acceptance probability on the strict runs' drafts, " \
+            "per evaluated position):\n\n" + \
+            "| prompt | temp | match | strict | paired match | paired strict | positions |\n" \
+            "|---|---|---:|---:|---:|---:|---:|\n" + \
+            "\n".join(f"| {m['prompt']} | {m['temperature']} | {m['match']} | {m['strict']} | "
+                      f"{m['paired_match']} | {m['paired_strict']} | {m['paired_positions']} |" for m in mvs)
+    print(table)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(table + "\n")
+    if args.json:
+        text = json.dumps(report, indent=1)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as fh:
+                fh.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

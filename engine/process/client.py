@@ -1,0 +1,152 @@
+"""The server-side handle on one engine process: load, tokenize, generate as a stream, cancel, health.
+
+Calls block; the server runs them in worker threads. One generation at a time per engine (the
+scheduler serialises requests per model), so a single pipe carries everything in order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from typing import Any, Iterator
+
+from engine.process.protocol import (
+    EngineCrashedError,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    ModelFacts,
+    TokenChunk,
+)
+
+# spawn, not fork: the server may hold threads and sockets, and torch must initialise fresh in the child.
+_CTX = mp.get_context("spawn")
+
+
+class EngineClient:
+    def __init__(self) -> None:
+        self._conn, child_conn = _CTX.Pipe(duplex=True)
+        self._cancel = _CTX.Event()
+        from engine.process.worker import engine_main
+
+        self._proc = _CTX.Process(target=engine_main, args=(child_conn, self._cancel), daemon=True,
+                                  name="tandem-engine")
+        self._proc.start()
+        child_conn.close()
+        # Guards the pipe: a health check from another thread must not interleave with a generation.
+        self._lock = threading.Lock()
+        self.facts: ModelFacts | None = None
+
+    # -- plumbing -----------------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def _crashed(self) -> EngineCrashedError:
+        self._proc.join(timeout=1)
+        code = self._proc.exitcode
+        how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
+        return EngineCrashedError(f"engine process exited unexpectedly ({how})")
+
+    def _recv(self, timeout: float | None = None) -> tuple:
+        try:
+            if timeout is not None and not self._conn.poll(timeout):
+                raise EngineError(f"engine did not answer within {timeout:.0f}s")
+            return self._conn.recv()
+        except (EOFError, ConnectionResetError, BrokenPipeError, OSError) as e:
+            if isinstance(e, EngineError):
+                raise
+            raise self._crashed() from None
+
+    def _send(self, msg: tuple) -> None:
+        try:
+            self._conn.send(msg)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            raise self._crashed() from None
+
+    def _call(self, msg: tuple, timeout: float | None = None) -> Any:
+        with self._lock:
+            self._send(msg)
+            reply = self._recv(timeout)
+        if reply[0] == "error":
+            raise EngineError(reply[1], reply[2])
+        return reply[1]
+
+    # -- interface -------------------------------------------------------------------------------
+    def load(self, spec: LoadSpec, timeout: float | None = None) -> ModelFacts:
+        self.facts = self._call(("load", spec), timeout)
+        return self.facts
+
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self._call(("tokenize", text, add_bos))
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self._call(("detokenize", list(ids)))
+
+    def health(self, timeout: float = 5.0) -> dict:
+        if not self.alive():
+            raise self._crashed()
+        return self._call(("health",), timeout)
+
+    def cancel(self) -> None:
+        """Ask the running generation to stop at its next round boundary."""
+        self._cancel.set()
+
+    def generate(self, req: GenerateRequest) -> Iterator[TokenChunk | GenerateResult]:
+        """Stream chunks, then the final result. Closing the iterator early cancels the generation
+        and drains the pipe, so the next request starts clean."""
+        self._lock.acquire()
+        finished = False
+        try:
+            self._cancel.clear()
+            self._send(("generate", req))
+            while True:
+                reply = self._recv()
+                if reply[0] == "chunk":
+                    yield reply[1]
+                elif reply[0] == "done":
+                    finished = True
+                    yield reply[1]
+                    return
+                elif reply[0] == "error":
+                    finished = True
+                    raise EngineError(reply[1], reply[2])
+                else:
+                    finished = True
+                    raise EngineError(f"unexpected engine reply {reply[0]!r}")
+        finally:
+            if not finished and self.alive():
+                self._cancel.set()
+                try:
+                    while self._recv()[0] == "chunk":
+                        pass
+                except EngineError:
+                    pass
+            self._lock.release()
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Ask the engine to exit; kill it if it does not within ``timeout``. A generation in
+        progress is cancelled first, so closing never waits for it to run to completion."""
+        self._cancel.set()
+        if self._proc.is_alive() and self._lock.acquire(timeout=timeout):
+            try:
+                self._conn.send(("exit",))
+                self._conn.poll(timeout)
+            except (BrokenPipeError, OSError, EOFError):
+                pass
+            finally:
+                self._lock.release()
+            self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout)
+        self._conn.close()
+
+    def kill(self) -> None:
+        """Hard stop (used by tests and by unload when the engine does not answer)."""
+        self._proc.kill()
+        self._proc.join(5)

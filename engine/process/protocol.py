@@ -1,0 +1,161 @@
+"""The boundary between the server and the engine process: typed, picklable messages.
+
+The server never touches torch: it sends a `LoadSpec` once, then `GenerateRequest`s, and reads back
+`TokenChunk`s followed by one `GenerateResult`. Everything here is plain data so it crosses a
+process pipe unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EngineError(Exception):
+    """A request the engine could not serve; ``status`` is the HTTP status the server answers with."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
+
+
+class EngineCrashedError(EngineError):
+    """The engine process died (crash, out of memory, killed) while serving a request."""
+
+
+class ContextLengthError(EngineError):
+    """The prompt does not fit in num_ctx and shifting was not allowed."""
+
+    def __init__(self, message: str):
+        super().__init__(message, status=400)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What to load: a target GGUF, an optional draft GGUF, and load-time options."""
+
+    model_path: str
+    draft_path: str | None = None
+    num_ctx: int = 4096
+    num_thread: int = 0  # 0 = the machine's cores
+    device: str = "auto"  # auto | cpu | cuda
+    weight_format: str = "auto"  # target weights: auto | f32 | bf16 | bf16-packed | int8 | int4 | auto-int4 | qdot
+    draft_weight_format: str = "auto"
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One generation. ``prompt`` is the fully rendered prompt text (templates are applied by the server)."""
+
+    prompt: str
+    options: dict[str, Any] = field(default_factory=dict)  # merged: defaults <- model params <- request
+    images: list[bytes] = field(default_factory=list)
+    raw_tokens: list[int] | None = None  # Ollama's deprecated `context`: tokens prepended to the prompt
+    add_bos: bool | None = None  # None: the tokenizer's add_bos_token setting
+    logprobs: bool = False
+    top_logprobs: int = 0
+    trace: bool = False  # record the speculation verification trace
+    shift: bool = True  # shift the context when num_ctx is exceeded (Ollama's default) instead of failing
+    truncate: bool = True  # truncate a prompt longer than num_ctx (keeping num_keep + the end)
+    format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.sampling.constrain)
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[tuple[str, float, list[int]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """Newly committed text (stop strings already removed) and the tokens that produced it."""
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+
+
+@dataclass
+class SpeculationStats:
+    """Per-request speculation statistics (the API's final chunk adds these to Ollama's fields)."""
+
+    drafter: str = "none"  # none | model | mtp | ngram
+    draft_n: int = 0  # tokens drafted
+    draft_n_accepted: int = 0
+    draft_rounds: int = 0  # target forwards that verified at least one drafted token
+    target_forwards: int = 0  # all decode forwards of the target (rounds + plain steps)
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted count at draft position i
+    drafted_per_position: list[int] = field(default_factory=list)  # drafted count at position i
+    depth_sum: int = 0  # sum of chosen depths over all decode steps (for the mean depth)
+    # Paired rule comparison on the very drafts this request evaluated: the sum over evaluated
+    # positions of the probability that strict rejection sampling (min(1, p/q)) and llama.cpp's
+    # exact-match rule (p: the target's own sample equals the draft) accept that draft. Comparing
+    # two runs' realised rates instead mixes in their different texts (for the benchmark).
+    evaluated: int = 0
+    strict_accept_sum: float = 0.0
+    match_accept_sum: float = 0.0
+    trace: list[dict[str, Any]] | None = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def mean_accepted_length(self, committed_tokens: int) -> float:
+        """Tokens committed per target forward (1.0 = no gain from speculation)."""
+        return committed_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def mean_depth(self) -> float:
+        return self.depth_sum / self.target_forwards if self.target_forwards else 0.0
+
+    def to_json(self, committed_tokens: int) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "drafter": self.drafter,
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+            "draft_rounds": self.draft_rounds,
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "mean_accepted_length": round(self.mean_accepted_length(committed_tokens), 4),
+            "acceptance_by_position": [round(x, 4) for x in self.per_position_acceptance],
+            "mean_depth": round(self.mean_depth, 4),
+        }
+        if self.trace is not None:
+            out["trace"] = self.trace
+        return out
+
+
+@dataclass
+class GenerateResult:
+    """The final message of a generation: why it stopped, counts and nanosecond durations."""
+
+    done_reason: str  # stop | length
+    prompt_eval_count: int  # cached + newly evaluated prompt tokens (Ollama's meaning)
+    prompt_cached: int
+    prompt_eval_duration_ns: int
+    eval_count: int
+    eval_duration_ns: int
+    context: list[int]  # prompt + generated tokens (Ollama's `context`)
+    speculation: SpeculationStats = field(default_factory=SpeculationStats)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the server needs to know about a loaded model (for /api/ps and prompt rendering)."""
+
+    architecture: str
+    context_length: int  # the num_ctx the cache was built for
+    vocab_size: int
+    device: str
+    weight_format: str
+    draft_architecture: str | None
+    draft_weight_format: str | None
+    memory_bytes: int  # resident weights + caches
+    bos_token: str
+    eos_token: str
+    add_bos: bool

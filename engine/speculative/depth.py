@@ -1,0 +1,308 @@
+"""How many tokens to draft per round: a fixed cap, or the depth that maximises tokens per second.
+
+A controller answers ``choose(cap) -> k`` before every decode step (``k = 0`` is a plain step) and
+learns from ``observe(k, n_drafted, n_accepted, seconds)`` after it. The decode loop clamps ``k`` for
+reasons a controller cannot know (tokens left in ``num_predict``, room in the context) and reports
+the depth it actually used.
+
+``AdaptiveDepth`` (docs/speculation.md, "Choosing the depth"; the seed's engine-level controller):
+
+* ``a_j``, the conditional acceptance at draft position ``j`` (given positions ``< j`` were accepted),
+  is a discounted Beta estimate: ``a_j = (m_j * w + S_j) / (w + N_j)`` where ``S_j`` and ``N_j`` are
+  exponentially decayed counts of acceptances and trials at ``j``. The prior mean ``m_j`` is the
+  estimate one position shallower (``m_0 = prior``): deep positions are observed only when the
+  controller dares to draft that deep, and until then they are best guessed from their neighbour,
+  not from a fixed 0.5 whose product over 8 positions would keep a perfect drafter shallow.
+  A position the drafter did not fill (n-gram miss, ``draft_p_min`` stop) counts as a rejection:
+  it yields nothing either way.
+* Acceptance belongs to the text, so each request starts from what earlier requests learned but
+  is not held to it: ``begin_request`` turns the learned ``a_j`` into the new request's prior means,
+  worth ``carry_weight`` trials each, and clears the counts. Without that, a prose request after a
+  code request kept drafting two tokens for ~40 rounds on code's acceptance (measured: adaptive at
+  0.91x plain on prose, where depth 1 breaks even and depth 2 loses). Costs belong to the machine
+  and carry over whole. If that prior says plain decoding, the request's first step still drafts
+  one token: the drafter has just read the prompt, so this probe costs no catch-up, while any later
+  probe first forwards every token committed since the drafter last ran (measured: a repetitive
+  rewrite after a prose request stayed plain for its first 16 steps, 0.67 mean depth where depth 4
+  gave 1.24x).
+* ``cost(k)`` is built from parts that every round measures, so one round informs every depth:
+  ``cost(k) = verify(k + 1) + drafting(k)``. ``verify(w)`` is the wall time of a step minus its
+  drafting (the verification forward over ``w`` tokens, acceptance, bookkeeping), kept per width;
+  plain steps measure ``verify(1)``. ``drafting(n)`` is the drafter's time for a proposal of ``n``
+  tokens, kept per length: it is not ``n`` times a per-token price, because a draft model's first
+  forward of a round also catches up on the tokens the last round committed (measured on Qwen 0.5B:
+  41 ms for one draft, 37 ms a draft at three or more; a per-token price taken from one-draft rounds
+  made depth 3, the fastest, look 30% dearer than it was (266 vs 202 ms)). Each is a low quantile of its recent
+  samples: on a shared machine noise only ever adds time, and a single slow round (a cold kernel
+  shape, another process) must not condemn a depth for good, which a moving average did. A length
+  never measured is interpolated between measured ones, or extrapolated with the slope across the
+  measured range (proportionally from a single one): optimistic, so a promising depth is tried once
+  and then known.
+* ``choose`` returns ``argmax_k E[committed(k)] / cost(k)``, ``E[committed(k)] = 1 + sum_{i<=k}
+  prod_{j<=i} a_j``. Every ``explore_every``-th step it probes instead, among the best depth's
+  neighbours and plain decoding (depth 0), the one measured least recently: that keeps the costs
+  fresh (plain steps included, which a controller settled on drafting would otherwise never
+  re-measure, so one slow early plain step made drafting look good for ever) and lets acceptance at
+  the next position be observed. Exploration is a deterministic function of the step count, so runs
+  with a fixed cost model are reproducible. A useless drafter therefore costs one probe of depth 1
+  every ``explore_every`` steps. Until position 0 has ``min_trials`` (decayed) trials in a model's
+  first request, probes come four times as often: plain steps teach nothing about acceptance, and a
+  cold start that settles on plain decoding after one unlucky round would otherwise wait 16 steps
+  per lesson (measured: 13 plain steps in a row at the start of a 64-token code request that
+  drafting sped up 1.2x once learned). Settled on plain decoding, the opposite: each probe that
+  leaves plain best doubles the interval (up to 8x, reset by a new request or by drafting), because
+  a probe after plain steps first forwards every token the drafter missed: on prose, probes every
+  16 steps cost 12 ms a token, 9% of plain speed, at a mean depth of 0.15.
+
+The state lives on the ModelRuntime, one controller per loaded model and drafter kind, across requests.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+
+class DepthController(Protocol):
+    def begin_request(self) -> None: ...
+
+    def choose(self, cap: int) -> int: ...
+
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None: ...
+
+
+@dataclass
+class FixedDepth:
+    """Always the cap. ``draft_p_min`` early stop happens in the drafter; a proposal shorter than
+    ``n_min`` is not verified (the decode loop takes a plain step instead)."""
+
+    n_min: int = 0
+
+    def begin_request(self) -> None:
+        pass
+
+    def choose(self, cap: int) -> int:
+        return max(0, cap)
+
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None:
+        pass
+
+
+CostModel = Callable[[int, int], float]  # (depth, n_drafted) -> seconds; replaces measurements in tests
+
+
+@dataclass
+class RecentTimes:
+    """The last ``window`` measurements of one quantity; its estimate is their ``quantile``."""
+
+    window: int = 8
+    quantile: float = 0.25
+    values: deque = field(default_factory=deque)
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+        while len(self.values) > self.window:
+            self.values.popleft()
+
+    def estimate(self) -> float:
+        ordered = sorted(self.values)
+        return ordered[int(self.quantile * (len(ordered) - 1))]
+
+
+@dataclass
+class AdaptiveDepth:
+    prior: float = 0.5  # prior acceptance at every position
+    prior_weight: float = 2.0  # pseudo-trials behind the prior
+    carry_weight: float = 2.0  # pseudo-trials behind what earlier requests learned (begin_request)
+    # Drafting must promise this much more than plain decoding. Going from plain steps to drafting
+    # first forwards every token the drafter missed, a cost the per-round estimates leave out, and
+    # a drafter that merely breaks even is better left idle: on prose (depth 1 measured anywhere
+    # from 0.82x to 1.18x plain in runs an hour apart) the controller without a margin flipped
+    # between plain and drafting and paid those catch-ups, 0.86-0.95x plain.
+    plain_margin: float = 0.05
+    decay: float = 0.95  # per observation: an effective memory of ~20 rounds per position
+    explore_every: int = 16
+    min_trials: float = 4.0  # position-0 trials below which probes come 4x as often
+    cost_model: CostModel | None = None
+    n_min: int = 0  # unused by this schedule; present so both controllers read the same
+
+    _succ: list[float] = field(default_factory=list)
+    _carried: list[float] = field(default_factory=list)  # per position: the previous requests' a_j
+    _trials: list[float] = field(default_factory=list)
+    _verify: dict[int, RecentTimes] = field(default_factory=dict)  # width -> step time minus drafting
+    _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
+    _measured_at: dict[int, int] = field(default_factory=dict)
+    step: int = 0
+    _probe_first: bool = False
+    _plain_probes: int = 0  # probes in a row that found plain decoding still best
+
+    # -- learning ------------------------------------------------------------------------------
+    def begin_request(self) -> None:
+        """A new request: what was learned becomes its prior (see the module doc), and its first
+        step probes if plain decoding is the choice."""
+        self._probe_first = True
+        self._plain_probes = 0
+        if self._succ:
+            self._carried = self.acceptances(len(self._succ))
+            self._succ = [0.0] * len(self._succ)
+            self._trials = [0.0] * len(self._trials)
+
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None:
+        """One step: ``depth`` asked, ``n_drafted`` proposed, ``n_accepted`` kept; ``seconds`` the
+        step's wall time, of which ``drafting`` was spent by the drafter."""
+        if self.cost_model is not None:
+            seconds, drafting = self.cost_model(depth, n_drafted), 0.0
+        drafting = min(max(drafting, 0.0), seconds)
+        # The verification width is what was drafted, not what was asked: an n-gram miss or a
+        # draft_p_min stop verifies fewer tokens and costs less.
+        self._verify.setdefault(n_drafted + 1, RecentTimes()).add(seconds - drafting)
+        if n_drafted > 0:
+            self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
+        self._measured_at[n_drafted] = self.step
+        # Positions 0..a are observed (a accepted, then the first failure); deeper ones are not.
+        for j in range(min(n_accepted + 1, depth)):
+            self._grow(j + 1)
+            self._succ[j] = self.decay * self._succ[j] + (1.0 if j < n_accepted else 0.0)
+            self._trials[j] = self.decay * self._trials[j] + 1.0
+
+    def _grow(self, n: int) -> None:
+        while len(self._succ) < n:
+            self._succ.append(0.0)
+            self._trials.append(0.0)
+
+    # -- model ---------------------------------------------------------------------------------
+    def acceptances(self, k: int) -> list[float]:
+        """Estimated P(position j accepted | positions < j accepted) for j < k (0-based)."""
+        out, mean = [], self.prior
+        for j in range(k):
+            s = self._succ[j] if j < len(self._succ) else 0.0
+            n = self._trials[j] if j < len(self._trials) else 0.0
+            if j < len(self._carried):
+                mean = (self._carried[j] * self.carry_weight + s) / (self.carry_weight + n)
+            else:
+                mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
+            out.append(mean)
+        return out
+
+    def acceptance(self, j: int) -> float:
+        return self.acceptances(j + 1)[j]
+
+    def expected_committed(self, k: int) -> float:
+        total, run = 1.0, 1.0
+        for a in self.acceptances(k):
+            run *= a
+            total += run
+        return total
+
+    def verify_cost(self, width: int) -> float | None:
+        """Measured step time (drafting excluded) at ``width``, or an optimistic estimate."""
+        if not self._verify:
+            return None
+        return _estimate(self._verify, width, proportional=False)
+
+    def drafting_cost(self, n: int) -> float:
+        """The drafter's time for a proposal of ``n`` tokens (0 until measured: optimistic)."""
+        if n <= 0 or not self._drafting:
+            return 0.0
+        return _estimate(self._drafting, n, proportional=True)
+
+    def cost(self, k: int) -> float | None:
+        """Expected wall time of a step at depth k: verification over k + 1 tokens plus k drafts."""
+        v = self.verify_cost(k + 1)
+        return None if v is None else v + self.drafting_cost(k)
+
+    def throughput(self, k: int) -> float:
+        c = self.cost(k)
+        return self.expected_committed(k) / c if c and c > 0 else 0.0
+
+    def best(self, cap: int) -> int:
+        """The depth in [0, cap] with the highest expected tokens per second (ties: shallower);
+        drafting must beat plain decoding by ``plain_margin``."""
+        cap = max(0, cap)
+        acc = self.acceptances(cap)
+        best_k, best_v = 0, -1.0
+        expected, run = 1.0, 1.0
+        for k in range(cap + 1):
+            if k > 0:
+                run *= acc[k - 1]
+                expected += run
+            c = self.cost(k)
+            v = expected / c if c and c > 0 else 0.0
+            if k == 0:
+                v *= 1.0 + self.plain_margin
+            if v > best_v * (1 + 1e-9):
+                best_k, best_v = k, v
+        return best_k
+
+    # -- decision ------------------------------------------------------------------------------
+    def choose(self, cap: int) -> int:
+        self.step += 1
+        cap = max(0, cap)
+        if cap == 0:
+            return 0
+        if not self._verify:
+            return 0  # measure a plain step first: every later estimate is relative to it
+        best = self.best(cap)
+        if self._probe_first:
+            self._probe_first = False
+            if best == 0:
+                return 1
+        every = self.explore_every
+        if not self._carried and self._trials_at(0) < self.min_trials:  # nothing learned yet
+            every = max(1, every // 4)
+        elif best == 0:  # settled on plain: each probe that leaves it so doubles the wait (to 8x)
+            every *= 2 ** min(self._plain_probes, 3)
+        if best > 0:
+            self._plain_probes = 0
+        if every > 0 and self.step % every == 0:
+            if best == 0:
+                self._plain_probes += 1
+            return self._probe(best, cap)
+        return best
+
+    def _trials_at(self, j: int) -> float:
+        return self._trials[j] if j < len(self._trials) else 0.0
+
+    def _probe(self, best: int, cap: int) -> int:
+        candidates = sorted({k for k in (best + 1, best - 1, 0) if 0 <= k <= cap and k != best})
+        if not candidates:
+            return best
+        # Least recently measured first (never measured = oldest); ties: the deeper one.
+        return min(candidates, key=lambda k: (self._measured_at.get(k, -1), -k))
+
+    def snapshot(self) -> dict:
+        """The learned state, for logs and the benchmark's breakdown."""
+        return {
+            "step": self.step,
+            "acceptance": [round(a, 4) for a in self.acceptances(len(self._succ))],
+            "verify_ms": {w: round(r.estimate() * 1e3, 3) for w, r in sorted(self._verify.items())},
+            "drafting_ms": {n: round(self.drafting_cost(n) * 1e3, 3) for n in sorted(self._drafting)},
+            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self._verify, default=1))},
+        }
+
+
+def _estimate(measured: dict[int, RecentTimes], x: int, proportional: bool) -> float:
+    """The time at ``x`` from per-``x`` measurements: measured, else interpolated between neighbours,
+    else extrapolated with the slope across the measured range (never negative). A single measurement
+    is taken as the cost at every ``x`` (``proportional=False``: a verification width) or as ``x``
+    times its per-unit cost (``proportional=True``: drafted tokens)."""
+    if x in measured:
+        return measured[x].estimate()
+    points = {w: r.estimate() for w, r in measured.items()}
+    xs = sorted(points)
+    lo = [w for w in xs if w < x]
+    hi = [w for w in xs if w > x]
+    if lo and hi:
+        a, b = lo[-1], hi[0]
+        return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
+    if len(xs) == 1:
+        only = xs[0]
+        return points[only] * x / only if proportional else points[only]
+    a, b = xs[0], xs[-1]
+    slope = max(0.0, (points[b] - points[a]) / (b - a))
+    edge = b if lo else a
+    return max(0.0, points[edge] + slope * (x - edge))

@@ -1,0 +1,104 @@
+"""Drafting with a small independent language model that shares the target's vocabulary."""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from torch import Tensor
+
+from engine.cache.kv import KVCache
+from engine.ops.memory import model_bytes
+from engine.speculative.drafter import (
+    EMPTY,
+    DraftContext,
+    Drafter,
+    Proposal,
+    TargetOutput,
+    confidence,
+    draw,
+    fit_vocab,
+    stack,
+)
+
+
+class DraftModelDrafter(Drafter):
+    """An independent causal LM with the target's vocabulary and its own KV cache.
+
+    Its cache holds a prefix of ``tokens`` (never the last one, whose logits a proposal needs) plus
+    the drafts of the round in flight; ``commit`` truncates it to the prefix the round kept (a
+    length: no copies) and the next proposal forwards the committed tail (usually 1-2 tokens). The
+    cache survives across requests, so a follow-up prompt reuses it like the target's.
+    """
+
+    kind = "model"
+
+    def __init__(self, model, capacity: int, vocab_size: int, prefill_chunk: int = 512, fuse_tokens: int = 4):
+        super().__init__()
+        self.model = model
+        self.fuse_tokens = fuse_tokens  # committed tokens forwarded with the round's first draft step
+        self.cache: KVCache = model.new_cache(capacity)
+        self.vocab_size = vocab_size
+        self.prefill_chunk = prefill_chunk
+
+    def _sync(self) -> None:
+        n = min(self.cache.common_prefix(self.tokens), max(len(self.tokens) - 1, 0))
+        self.cache.truncate(n)
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        super().begin(tokens)
+        self._sync()
+        # Evaluate the prompt now (counted with the prompt), not inside the first round's timing.
+        self._forward_tail(upto=len(self.tokens) - 1, want_logits=False)
+
+    def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
+        super().commit(tokens_committed, n_total, target)
+        self._sync()
+
+    def _forward_tail(self, upto: int, want_logits: bool) -> Tensor | None:
+        """Forward ``tokens[cache.length:upto]``; the last position's logits if asked (None when there
+        was nothing to forward or none were asked)."""
+        tail = self.tokens[self.cache.length:upto]
+        logits = None
+        for i in range(0, len(tail), self.prefill_chunk):
+            part = tail[i:i + self.prefill_chunk]
+            last = i + self.prefill_chunk >= len(tail)
+            logits = self.model.forward(part, self.cache, logits_for="last" if (last and want_logits) else "none")
+        return logits
+
+    def propose(self, k: int, ctx: DraftContext) -> Proposal:
+        k = min(k, self.cache.capacity - len(self.tokens) + 1)
+        if k <= 0 or not self.tokens:
+            return EMPTY
+        # A drafting round leaves two committed tokens to forward (the last draft and the bonus);
+        # plain steps in between add theirs. A few go in the same forward (a 0.5B step over 4 tokens
+        # costs about what it costs over 2; a separate forward would cost a whole step, ~70 ms here);
+        # a long run is forwarded first and timed apart (``catchup_seconds``).
+        catchup = 0.0
+        if len(self.tokens) - self.cache.length > self.fuse_tokens:
+            t0 = time.perf_counter()
+            self._forward_tail(upto=len(self.tokens) - 2, want_logits=False)
+            catchup = time.perf_counter() - t0
+        logits = self._forward_tail(upto=len(self.tokens), want_logits=True)
+        drafts: list[int] = []
+        qs: list[Tensor | None] = []
+        confs: list[float] = []
+        for i in range(k):
+            row = fit_vocab(logits[-1:], self.vocab_size)
+            conf = confidence(row)
+            if conf < ctx.p_min:
+                break
+            token, q = draw(row, self.tokens + drafts, ctx)
+            drafts.append(token)
+            qs.append(q)
+            confs.append(conf)
+            if i + 1 < k:
+                logits = self.model.forward([token], self.cache, logits_for="last")
+        return Proposal(drafts, stack(qs), confs, catchup)
+
+    def reset(self) -> None:
+        super().reset()
+        self.cache.reset()
+
+    def memory_bytes(self) -> int:
+        return model_bytes(self.model) + self.cache.nbytes()

@@ -1,0 +1,134 @@
+"""The drafter interface: cheap proposers of the next few tokens, behind one interface (docs/speculation.md).
+
+A drafter is built once when the model loads and keeps its state (caches, indexes) across requests;
+each request opens a light session with ``begin``. The decode loop talks to every drafter the same
+way, with no per-kind branches:
+
+    begin(tokens)                         the committed log is ``tokens`` (a new prompt, or a rollback):
+                                          sync to it, keeping whatever still matches
+    propose(k, ctx) -> Proposal           up to k tokens (fewer when unsure or when it has nothing)
+    commit(run, n_total, target=None)     the round committed ``run`` (the log is now n_total long):
+                                          drop speculative state past the committed prefix, extend
+
+``target`` in ``commit`` is the target forward that produced the run (its pre-norm hidden states,
+starting at ``target.start``); only drafters with ``needs_hidden`` use it, and the loop only pays for
+hidden states when the drafter asks. Such a drafter can also only continue from a prefix it holds,
+so the loop asks ``prefix_limit(tokens)`` before prefix reuse and re-evaluates the target from there.
+
+Implementations, one file each: ``draft_model.DraftModelDrafter`` (an independent LM with its own KV
+cache), ``ngram.NgramDrafter`` (prompt lookup, no weights), ``mtp.MtpDrafter`` (a DeepSeek/GLM NextN head
+fed by the target's hidden states), and ``NullDrafter`` here (proposes nothing: plain decoding through
+the same loop).
+
+Losslessness: ``Proposal.q`` holds, per drafted token, the distribution it was actually drawn from
+(the strict rule needs exactly that), or None when every token is a point mass (greedy or n-gram).
+"""
+
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from engine.sampling.sampler import SamplingOptions, process
+
+
+@dataclass(frozen=True)
+class Proposal:
+    tokens: list[int]
+    q: Tensor | None = None  # [len(tokens), V] draft distributions; None = point masses
+    confidences: list[float] = field(default_factory=list)  # drafter's top probability per token
+    # Seconds spent catching up on a long run of tokens committed while the drafter sat idle (plain
+    # steps). Real time, but owed by those earlier steps: the depth controller leaves it out of this
+    # round's cost, or a probe after many plain steps would make drafting look dear and keep the
+    # controller plain for ever.
+    catchup_seconds: float = 0.0
+
+
+EMPTY = Proposal([], None, [])
+
+
+@dataclass
+class DraftContext:
+    """What a proposal may depend on besides the drafter's own state."""
+
+    sampling: SamplingOptions
+    generator: torch.Generator  # the drafter's own stream: its draws never shift the target's
+    p_min: float = 0.0  # stop drafting when the top probability falls below this
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    """Hidden states of a target forward: ``hidden[i]`` is the pre-norm state at position start + i."""
+
+    start: int
+    hidden: Tensor | None
+
+
+class Drafter:
+    kind = "none"
+    needs_hidden = False
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # the committed log as this drafter knows it
+
+    def prefix_limit(self, tokens: Sequence[int]) -> int:
+        """The longest prefix of ``tokens`` the target may keep cached for this drafter to continue."""
+        return len(tokens)
+
+    def begin(self, tokens: Sequence[int]) -> None:
+        self.tokens = list(tokens)
+
+    def propose(self, k: int, ctx: DraftContext) -> Proposal:
+        return EMPTY
+
+    def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
+        self.tokens.extend(int(t) for t in tokens_committed)
+        if len(self.tokens) != n_total:
+            raise RuntimeError(f"{self.kind} drafter out of sync: log of {len(self.tokens)} tokens, "
+                               f"the decoder says {n_total}")
+
+    def reset(self) -> None:
+        """Forget everything (after an error left the state in doubt)."""
+        self.tokens = []
+
+    def memory_bytes(self) -> int:
+        return 0
+
+
+class NullDrafter(Drafter):
+    """No speculation: the loop takes plain steps (depth 0)."""
+
+
+# Helpers every drafter that samples from logits shares.
+def fit_vocab(logits: Tensor, vocab: int) -> Tensor:
+    """Logits over the target's vocabulary: cut a larger draft vocabulary, pad a smaller one."""
+    n = logits.shape[-1]
+    if n == vocab:
+        return logits
+    if n > vocab:
+        return logits[..., :vocab]
+    pad = torch.full((*logits.shape[:-1], vocab - n), float("-inf"), dtype=logits.dtype, device=logits.device)
+    return torch.cat([logits, pad], dim=-1)
+
+
+def confidence(logits: Tensor) -> float:
+    """The drafter's top probability at temperature 1 (what draft_p_min is compared with, as in
+    llama.cpp: a temperature-0 request would otherwise always be 'certain')."""
+    return float(torch.softmax(logits.float(), dim=-1).amax().item())
+
+
+def draw(logits: Tensor, history: list[int], ctx: DraftContext) -> tuple[int, Tensor | None]:
+    """One draft token from the drafter's own filtered distribution, and that distribution."""
+    dist = process(logits, history, (), ctx.sampling)
+    token = int(dist.sample(ctx.generator)[0])
+    return token, (None if dist.greedy else dist.probs[0])
+
+
+def stack(rows: list[Tensor | None]) -> Tensor | None:
+    if not rows or rows[0] is None:
+        return None
+    return torch.stack(rows)

@@ -1,0 +1,35 @@
+"""The benchmark prompts, in one place: `tandem bench` (over the API) and the developer benchmark
+`benchmarks.speculation` (in-process) both use these. Plain data; importing this module loads nothing else.
+
+``PROMPTS`` is the speed set (one prompt per kind: code, prose, and a repetitive code edit that copies
+most of its prompt, where n-gram drafting can pay). ``PROSE_PROMPTS`` is the quality set for the
+target-likelihood measurements of `tandem bench --quality` (its first entry is the speed set's prose
+prompt). ``TEMPERATURES`` are the sampling settings the benchmarks sweep.
+"""
+
+from __future__ import annotations
+
+PROMPTS: dict[str, str] = {
+    "code": "Write a Python function `merge_intervals(intervals)` that merges overlapping intervals. "
+            "Include type hints and a docstring.",
+    "prose": "Write a short paragraph about the history of the printing press in Europe.",
+    "repetitive": (
+        "Here is a function:\n```python\ndef total_price(items):\n    total = 0\n    for item in items:\n"
+        "        total += item.price * item.quantity\n    if total > 100:\n        total = total * 0.9\n"
+        "    return total\n```\nRewrite it exactly, but rename the variable `total` to `acc`."),
+}
+
+PROSE_PROMPTS: dict[str, str] = {
+    "printing-press": PROMPTS["prose"],
+    "tides": "Explain in one paragraph why the ocean has two high tides a day.",
+    "letter": "Write a short, friendly letter inviting a neighbour to a garden party next Saturday.",
+    "bread": "Describe, in a few sentences, how sourdough bread rises without commercial yeast.",
+    "city": "Write a paragraph describing a quiet city street early on a winter morning.",
+    "habits": "Give three pieces of advice for building a reading habit, in a short paragraph.",
+}
+
+# Temperature name -> sampling options (min_p 0.01 at temperature > 0, as the speculation issues use).
+TEMPERATURES: dict[str, dict] = {
+    "0": dict(temperature=0.0),
+    "0.6": dict(temperature=0.6, min_p=0.01),
+}
