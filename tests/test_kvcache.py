@@ -20,6 +20,13 @@ def _kv(layers, heads, n, dim, fill):
     return k, -k
 
 
+def _append(c: KVCache, k: torch.Tensor, v: torch.Tensor, tokens: list[int]) -> None:
+    """Write every layer (``k``: [n_layer, n_kv_heads, n, head_dim]) and commit, as a model forward does."""
+    for layer in range(c.n_layer):
+        c.store(layer, k[layer], v[layer])
+    c.commit(tokens)
+
+
 def test_new_from_config():
     cfg = SimpleNamespace(n_layer=3, n_head_kv=2, head_dim=8, v_head_dim=8, context_length=32)
     c = KVCache.new(cfg, device="cpu", dtype=torch.bfloat16)
@@ -31,11 +38,11 @@ def test_new_from_config():
 def test_append_and_views():
     c = _cache()
     k, v = _kv(2, 2, 3, 4, 1)
-    c.append(k, v, [5, 6, 7])
+    _append(c, k, v, [5, 6, 7])
     assert c.length == 3 and c.tokens == [5, 6, 7]
     assert torch.equal(c.keys(1), k[1]) and torch.equal(c.values(0), v[0])
     k2, v2 = _kv(2, 2, 2, 4, 2)
-    c.append(k2, v2, [8, 9])
+    _append(c, k2, v2, [8, 9])
     assert c.keys(0).shape == (2, 5, 4)
     assert torch.equal(c.keys(0)[:, 3:], k2[0])
 
@@ -43,7 +50,7 @@ def test_append_and_views():
 def test_store_commit_protocol():
     """What the model does: store every layer at [length, length+n), then commit once."""
     c = _cache()
-    c.append(*_kv(2, 2, 4, 4, 1), [1, 2, 3, 4])
+    _append(c, *_kv(2, 2, 4, 4, 1), [1, 2, 3, 4])
     for layer in range(2):
         kk, vv = c.store(layer, torch.full((2, 3, 4), 9.0), torch.full((2, 3, 4), -9.0), key_start=2)
         assert kk.shape == (2, 5, 4)  # positions 2..6
@@ -55,7 +62,7 @@ def test_store_commit_protocol():
 
 def test_truncate_is_o1():
     c = _cache()
-    c.append(*_kv(2, 2, 10, 4, 3), list(range(10)))
+    _append(c, *_kv(2, 2, 10, 4, 3), list(range(10)))
     k_ptr, v_ptr = c.k.data_ptr(), c.v.data_ptr()
     before = c.k.clone()
     c.truncate(4)
@@ -64,10 +71,8 @@ def test_truncate_is_o1():
     # Storage untouched: truncation is only a length. (Only the written slots are compared: the
     # rest is torch.empty memory, which may hold NaNs that never compare equal.)
     assert torch.equal(c.k[:, :, :10], before[:, :, :10])
-    snap = c.snapshot()
-    assert snap == 4
-    c.append(*_kv(2, 2, 3, 4, 5), [7, 7, 7])
-    c.restore(snap)
+    _append(c, *_kv(2, 2, 3, 4, 5), [7, 7, 7])
+    c.truncate(4)  # a rollback is a truncation to the earlier length
     assert c.length == 4 and c.tokens == [0, 1, 2, 3]
     with pytest.raises(ValueError):
         c.truncate(5)
@@ -79,14 +84,14 @@ def test_truncate_is_o1():
 
 def test_reuse_prefix():
     c = _cache()
-    c.append(*_kv(2, 2, 6, 4, 1), [1, 2, 3, 4, 5, 6])
+    _append(c, *_kv(2, 2, 6, 4, 1), [1, 2, 3, 4, 5, 6])
     assert c.common_prefix([1, 2, 3, 9]) == 3
     assert c.common_prefix([]) == 0
     assert c.reuse_prefix([1, 2, 3, 9, 9]) == 3
     assert c.length == 3 and c.tokens == [1, 2, 3]
     # A new prompt entirely in the cache: keep all but its last token, so it can be forwarded for logits.
     assert c.reuse_prefix([1, 2, 3]) == 2 and c.length == 2
-    c.append(*_kv(2, 2, 1, 4, 1), [3])
+    _append(c, *_kv(2, 2, 1, 4, 1), [3])
     assert c.reuse_prefix([1, 2, 3], leave_last=False) == 3
     assert c.reuse_prefix([1, 2, 3, 4, 5]) == 3  # longer than the cache
     assert c.reuse_prefix([7]) == 0 and c.length == 0
@@ -94,13 +99,13 @@ def test_reuse_prefix():
 
 def test_overflow():
     c = _cache(capacity=5)
-    c.append(*_kv(2, 2, 4, 4, 1), [1, 2, 3, 4])
+    _append(c, *_kv(2, 2, 4, 4, 1), [1, 2, 3, 4])
     with pytest.raises(ContextOverflowError, match="num_ctx"):
-        c.append(*_kv(2, 2, 2, 4, 1), [5, 6])
+        _append(c, *_kv(2, 2, 2, 4, 1), [5, 6])
     with pytest.raises(ContextOverflowError):
         c.store(0, torch.zeros(2, 2, 4), torch.zeros(2, 2, 4))
     assert c.length == 4 and c.tokens == [1, 2, 3, 4]
-    c.append(*_kv(2, 2, 1, 4, 1), [5])
+    _append(c, *_kv(2, 2, 1, 4, 1), [5])
     assert c.free == 0
 
 

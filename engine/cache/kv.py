@@ -1,19 +1,17 @@
-"""Preallocated KV cache whose state is a single integer length.
+"""Preallocated KV cache whose state is a single integer length (a ``SequenceCache``).
 
 Layout: one key and one value buffer for all layers, ``k[layer]`` is ``[n_kv_heads, capacity, head_dim]``
 in the model's compute dtype. Positions ``[0, length)`` are valid; everything at or past ``length`` is stale
 and never read.
 
-Design choices that speculation relies on (see shared/docs/speculation.md, "State that must stay
-consistent"):
+Design choices that speculation relies on (docs/speculation.md, "State that must stay consistent"):
 
 * **Truncation is a length.** ``truncate(n)`` only sets ``length`` (and trims the token log); no tensor is
-  touched, so rejecting a draft costs nothing. ``snapshot()`` returns the length and ``restore(s)`` truncates
-  back to it: no copies are ever needed.
+  touched, so rejecting a draft costs nothing and no copies are ever needed.
 * **Sliding-window layers keep full-length buffers.** Every layer, local or global, stores every position
   up to ``capacity``; the window is applied by the model purely through the attention mask (and by slicing
   the keys to the last ``window + n - 1`` positions, so a local layer's attention still costs O(window)).
-  This is exact under any pattern of append/truncate, including truncation far back for prefix reuse, at
+  This is exact under any pattern of commit/truncate, including truncation far back for prefix reuse, at
   the price of memory = full context for the local layers too. (A ring buffer of ``window + max verify
   width`` slots would save memory but loses positions that a deeper truncation, e.g. prefix reuse, needs.)
 * **Prefix reuse.** The cache records the token ids it holds (``tokens``), so a new request can keep the
@@ -86,14 +84,6 @@ class KVCache:
     def reset(self) -> None:
         self.truncate(0)
 
-    def snapshot(self) -> int:
-        """A restore point. The cache needs no copies: a snapshot is the length."""
-        return self.length
-
-    def restore(self, snapshot: int) -> None:
-        """Roll back to ``snapshot`` (a length obtained from ``snapshot()`` that is <= the current length)."""
-        self.truncate(snapshot)
-
     def common_prefix(self, tokens: Sequence[int]) -> int:
         """Length of the longest common prefix of the cached token ids and ``tokens``."""
         n = min(len(tokens), self.length)
@@ -142,17 +132,6 @@ class KVCache:
         self.check_room(n)
         self.length += n
         self.tokens.extend(int(t) for t in tokens)
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, tokens: Sequence[int]) -> None:
-        """Write all layers at once (``k``: [n_layer, n_kv_heads, n, head_dim]) and commit ``tokens``."""
-        n = k.shape[2]
-        if n != len(tokens):
-            raise ValueError(f"append: {n} positions but {len(tokens)} token ids")
-        self.check_room(n)
-        end = self.length + n
-        self.k[:, :, self.length:end] = k
-        self.v[:, :, self.length:end] = v
-        self.commit(tokens)
 
     def keys(self, layer: int) -> torch.Tensor:
         """Valid keys of one layer, [n_kv_heads, length, head_dim] (a view)."""

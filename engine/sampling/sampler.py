@@ -218,9 +218,6 @@ class Distribution:
         dense = torch.zeros(self.n, self.vocab_size, dtype=self.cand_probs.dtype, device=self.cand_probs.device)
         return dense.scatter_(1, self.cand_ids, self.cand_probs)
 
-    def row(self, i: int) -> Tensor:
-        return self.probs[i]
-
     def prob(self, row: int, token: int) -> float:
         hit = self.cand_ids[row] == token
         return float(self.cand_probs[row][hit].sum().item())

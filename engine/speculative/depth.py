@@ -5,7 +5,8 @@ learns from ``observe(k, n_drafted, n_accepted, seconds)`` after it. The decode 
 reasons a controller cannot know (tokens left in ``num_predict``, room in the context) and reports
 the depth it actually used.
 
-``AdaptiveDepth`` (docs/speculation.md, "Choosing the depth"; the seed's engine-level controller):
+``AdaptiveDepth`` (docs/speculation.md, "Choosing the depth"; the seed's engine-level controller). The
+measurements behind each rule below are in docs/measurements.md, "Adaptive depth".
 
 * ``a_j``, the conditional acceptance at draft position ``j`` (given positions ``< j`` were accepted),
   is a discounted Beta estimate: ``a_j = (m_j * w + S_j) / (w + N_j)`` where ``S_j`` and ``N_j`` are
@@ -17,22 +18,18 @@ the depth it actually used.
   it yields nothing either way.
 * Acceptance belongs to the text, so each request starts from what earlier requests learned but
   is not held to it: ``begin_request`` turns the learned ``a_j`` into the new request's prior means,
-  worth ``carry_weight`` trials each, and clears the counts. Without that, a prose request after a
-  code request kept drafting two tokens for ~40 rounds on code's acceptance (measured: adaptive at
-  0.91x plain on prose, where depth 1 breaks even and depth 2 loses). Costs belong to the machine
-  and carry over whole. If that prior says plain decoding, the request's first step still drafts
-  one token: the drafter has just read the prompt, so this probe costs no catch-up, while any later
-  probe first forwards every token committed since the drafter last ran (measured: a repetitive
-  rewrite after a prose request stayed plain for its first 16 steps, 0.67 mean depth where depth 4
-  gave 1.24x).
+  worth ``carry_weight`` trials each, and clears the counts. Decayed counts alone would make a prose
+  request after a code request keep drafting on code's acceptance for dozens of rounds. Costs belong
+  to the machine and carry over whole. If that prior says plain decoding, the request's first step
+  still drafts one token: the drafter has just read the prompt, so this probe costs no catch-up,
+  while any later probe first forwards every token committed since the drafter last ran.
 * ``cost(k)`` is built from parts that every round measures, so one round informs every depth:
   ``cost(k) = verify(k + 1) + drafting(k)``. ``verify(w)`` is the wall time of a step minus its
   drafting (the verification forward over ``w`` tokens, acceptance, bookkeeping), kept per width;
   plain steps measure ``verify(1)``. ``drafting(n)`` is the drafter's time for a proposal of ``n``
   tokens, kept per length: it is not ``n`` times a per-token price, because a draft model's first
-  forward of a round also catches up on the tokens the last round committed (measured on Qwen 0.5B:
-  41 ms for one draft, 37 ms a draft at three or more; a per-token price taken from one-draft rounds
-  made depth 3, the fastest, look 30% dearer than it was (266 vs 202 ms)). Each is a low quantile of its recent
+  forward of a round also catches up on the tokens the last round committed, and a per-token price
+  taken from one-draft rounds overprices the deeper rounds. Each is a low quantile of its recent
   samples: on a shared machine noise only ever adds time, and a single slow round (a cold kernel
   shape, another process) must not condemn a depth for good, which a moving average did. A length
   never measured is interpolated between measured ones, or extrapolated with the slope across the
@@ -47,12 +44,10 @@ the depth it actually used.
   with a fixed cost model are reproducible. A useless drafter therefore costs one probe of depth 1
   every ``explore_every`` steps. Until position 0 has ``min_trials`` (decayed) trials in a model's
   first request, probes come four times as often: plain steps teach nothing about acceptance, and a
-  cold start that settles on plain decoding after one unlucky round would otherwise wait 16 steps
-  per lesson (measured: 13 plain steps in a row at the start of a 64-token code request that
-  drafting sped up 1.2x once learned). Settled on plain decoding, the opposite: each probe that
-  leaves plain best doubles the interval (up to 8x, reset by a new request or by drafting), because
-  a probe after plain steps first forwards every token the drafter missed: on prose, probes every
-  16 steps cost 12 ms a token, 9% of plain speed, at a mean depth of 0.15.
+  cold start that settled on plain decoding after one unlucky round would otherwise wait
+  ``explore_every`` steps per lesson. Settled on plain decoding, the opposite: each probe that leaves
+  plain best doubles the interval (up to 8x, reset by a new request or by drafting), because a probe
+  after plain steps first forwards every token the drafter missed.
 
 The state lives on the ModelRuntime, one controller per loaded model and drafter kind, across requests.
 """
@@ -119,15 +114,13 @@ class AdaptiveDepth:
     carry_weight: float = 2.0  # pseudo-trials behind what earlier requests learned (begin_request)
     # Drafting must promise this much more than plain decoding. Going from plain steps to drafting
     # first forwards every token the drafter missed, a cost the per-round estimates leave out, and
-    # a drafter that merely breaks even is better left idle: on prose (depth 1 measured anywhere
-    # from 0.82x to 1.18x plain in runs an hour apart) the controller without a margin flipped
-    # between plain and drafting and paid those catch-ups, 0.86-0.95x plain.
+    # a drafter that merely breaks even is better left idle: without a margin the controller flips
+    # between plain and drafting on a break-even text and pays those catch-ups each time.
     plain_margin: float = 0.05
     decay: float = 0.95  # per observation: an effective memory of ~20 rounds per position
     explore_every: int = 16
     min_trials: float = 4.0  # position-0 trials below which probes come 4x as often
     cost_model: CostModel | None = None
-    n_min: int = 0  # unused by this schedule; present so both controllers read the same
 
     _succ: list[float] = field(default_factory=list)
     _carried: list[float] = field(default_factory=list)  # per position: the previous requests' a_j

@@ -71,8 +71,8 @@ class DraftModelDrafter(Drafter):
         if k <= 0 or not self.tokens:
             return EMPTY
         # A drafting round leaves two committed tokens to forward (the last draft and the bonus);
-        # plain steps in between add theirs. A few go in the same forward (a 0.5B step over 4 tokens
-        # costs about what it costs over 2; a separate forward would cost a whole step, ~70 ms here);
+        # plain steps in between add theirs. A few go in the same forward (a small model's step over
+        # 4 tokens costs about what it costs over 2, while a separate forward costs a whole step);
         # a long run is forwarded first and timed apart (``catchup_seconds``).
         catchup = 0.0
         if len(self.tokens) - self.cache.length > self.fuse_tokens:

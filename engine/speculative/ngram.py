@@ -47,13 +47,13 @@ class NgramDrafter(Drafter):
         self.n_min = n_min
         self.window = window
         # A source whose last ``window`` tokens agree with ours on fewer than ``probe_below`` is a
-        # coincidence more often than a copy: draft one token from it, not k. On free text this
-        # turns depth 8 from 0.76x into 1.02x (prose) and 0.90x into 1.05x (code), and leaves a real
-        # copy untouched (replay of greedy outputs with the measured width costs).
+        # coincidence more often than a copy: draft one token from it, not k. On free text a deep
+        # draft from such a source is mostly rejected and costs verification width; a real copy
+        # agrees on far more and is untouched (docs/measurements.md, "N-gram drafter").
         self.probe_below = probe_below
         # The cursor must agree on this many of the last ``window`` tokens to be used at all, and
         # beat the suffix match's agreement: outside a copy it would keep drafting a stale source
-        # (measured on free code and prose: 0.88x/0.75x vs 1.09x/0.92x at depth 4 without the bar).
+        # (docs/measurements.md, "N-gram drafter").
         self.cursor_agreement = cursor_agreement
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
         self._clear_alignment()
