@@ -29,12 +29,7 @@ from engine.process.protocol import (
     ModelFacts,
     TokenChunk,
 )
-from engine.sampling.constrain import (
-    SchemaError,
-    TokenConstraint,
-    TokenPieces,
-    compile_format,
-)
+from engine.sampling.constrain import TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth
 from engine.speculative.draft_model import DraftModelDrafter
@@ -47,6 +42,7 @@ from engine.speculative.loop import (
 )
 from engine.speculative.mtp import MtpDrafter, find_nextn_block
 from engine.speculative.ngram import NgramDrafter
+from engine.text.json_grammar import SchemaError, compile_format
 
 DRAFTER_KINDS = ("auto", "model", "mtp", "ngram", "none")
 DEFAULT_DRAFT_CAP = 4  # Ollama's draft_num_predict default

@@ -152,9 +152,9 @@ def check_think(name: str, think: Any) -> None:
 
 
 def check_format(fmt: Any) -> Any:
-    """Validate ``format`` (None/"", "json", or a JSON schema in engine.sampling.constrain's subset) before
+    """Validate ``format`` (None/"", "json", or a JSON schema in engine.text.json_grammar's subset) before
     anything is loaded; returns what the engine request carries (None: free text)."""
-    from engine.sampling.constrain import SchemaError, compile_format
+    from engine.text.json_grammar import SchemaError, compile_format
 
     try:
         node = compile_format(fmt)

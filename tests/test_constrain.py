@@ -1,4 +1,4 @@
-"""Constrained decoding for `format` (engine.sampling.constrain): the JSON recogniser, the token filter, and
+"""Constrained decoding for `format` (engine.text.json_grammar, engine.sampling.constrain): the JSON recogniser, the token filter, and
 end to end with a random tiny model, whose output must still parse."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import json
 import pytest
 import torch
 
-from engine.process.protocol import EngineError, GenerateRequest, GenerateResult, LoadSpec
-from engine.sampling.constrain import (
-    JsonRecognizer,
-    SchemaError,
-    TokenConstraint,
-    TokenPieces,
-    compile_format,
+from engine.process.protocol import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
 )
+from engine.sampling.constrain import TokenConstraint, TokenPieces
 from engine.sampling.sampler import Distribution
+from engine.text.json_grammar import JsonRecognizer, SchemaError, compile_format
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -247,6 +247,6 @@ def test_engine_refuses_a_bad_schema(engine):
 
 
 def test_nesting_is_capped():
-    from engine.sampling.constrain import MAX_DEPTH
+    from engine.text.json_grammar import MAX_DEPTH
 
     assert feed("[" * MAX_DEPTH) is not None and feed("[" * (MAX_DEPTH + 1)) is None

@@ -57,7 +57,7 @@ class GenerateRequest:
     trace: bool = False  # record the speculation verification trace
     shift: bool = True  # shift the context when num_ctx is exceeded (Ollama's default) instead of failing
     truncate: bool = True  # truncate a prompt longer than num_ctx (keeping num_keep + the end)
-    format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.sampling.constrain)
+    format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.text.json_grammar)
 
 
 @dataclass(frozen=True)
