@@ -29,7 +29,7 @@ from modelfile import parse
 from server import hf_pull as pull_module
 from server.cli import main
 from tests.hf_mock import HFMock
-from tests.test_server_api import ServerThread, free_port, ndjson
+from tests.server_thread import ServerThread, free_port, ndjson
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 ST_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
