@@ -9,6 +9,7 @@
 FROM llama3
 PARAMETER temperature 0.7
 """
+from .command import Command, command_string, quote
 from .params import (
     COMMAND_NAMES,
     DEFAULT_OPTIONS,
@@ -28,8 +29,8 @@ from .params import (
     resolve_options,
     resolve_speculation,
 )
-from .parser import KEYWORDS, ROLES, Command, ParseError, decode, parse
-from .render import command_string, quote, render
+from .parser import KEYWORDS, ROLES, ParseError, decode, parse
+from .render import render
 
 __all__ = [
     "parse", "render", "Command", "ParseError", "KEYWORDS", "ROLES", "decode",

@@ -22,13 +22,14 @@ from __future__ import annotations
 import codecs
 import re
 import unicodedata
-from dataclasses import dataclass
 from pathlib import Path
 
 from lark import Lark, Token, Transformer
 from lark.exceptions import UnexpectedInput, UnexpectedToken, VisitError
 
-__all__ = ["Command", "ParseError", "parse", "KEYWORDS", "ROLES", "decode"]
+from .command import Command
+
+__all__ = ["ParseError", "parse", "KEYWORDS", "ROLES", "decode"]
 
 #: Command keywords, in the order of Ollama's error message (case-insensitive).
 KEYWORDS = ("from", "license", "template", "system", "adapter", "draft",
@@ -42,24 +43,6 @@ ERR_INVALID_COMMAND = ('command must be one of "from", "license", "template", "s
                        'or "requires"')
 ERR_INVALID_ROLE = 'message role must be one of "system", "user", or "assistant"'
 ERR_UNEXPECTED_EOF = "unexpected EOF"
-
-
-@dataclass(frozen=True)
-class Command:
-    """One Modelfile command, as Ollama's ``parser.Command``.
-
-    ``name`` is ``model`` for FROM, the lower-cased keyword for TEMPLATE, SYSTEM,
-    ADAPTER, LICENSE, DRAFT, RENDERER, PARSER, REQUIRES, ``message`` for MESSAGE
-    (``args`` = ``"role: text"``), and the parameter name verbatim for PARAMETER.
-    """
-
-    name: str
-    args: str
-
-    def __str__(self) -> str:  # Ollama's Command.String
-        from .render import command_string
-
-        return command_string(self)
 
 
 class ParseError(ValueError):

@@ -1,6 +1,6 @@
 """The FastAPI application: `create_app()` wires the store, scheduler, metrics and routes together.
 
-Everything a request needs hangs off `app.state.ctx` (a `ServerContext`), so two apps in one process
+Everything a request needs hangs off `app.state.ctx` (a `server.context.ServerContext`), so two apps in one process
 (tests do this) share nothing. Middleware order follows Ollama's gin router: CORS, then the loopback
 Host check, then the routes.
 """
@@ -12,7 +12,6 @@ import ipaddress
 import logging
 import socket
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import anyio
@@ -23,10 +22,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from blobs import BlobStore
 
-from . import native, openai_compat
+from .context import ServerContext
 from .gojson import ApiError, json_response
 from .metrics import Metrics, MetricsMiddleware
 from .prompting import PromptCache
+from .routes import generate, models, openai, pull
 from .scheduler import EngineHandle, Scheduler
 from .settings import Settings
 
@@ -40,16 +40,6 @@ def tandem_version() -> str:
         return version("tandem")
     except Exception:
         return "0.1.0"
-
-
-@dataclass
-class ServerContext:
-    store: BlobStore
-    settings: Settings
-    scheduler: Scheduler
-    metrics: Metrics
-    prompts: PromptCache
-    version: str
 
 
 # --- middleware -------------------------------------------------------------------------------
@@ -204,7 +194,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> Response:
         if request.url.path.startswith("/v1/"):
-            return openai_compat.error_response(exc.status, exc.message, exc.param)
+            return openai.error_response(exc.status, exc.message, exc.param)
         return json_response({"error": exc.message}, exc.status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -221,7 +211,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
         message = f"{type(exc).__name__}: {exc}"
         if request.url.path.startswith("/v1/"):
-            return openai_compat.error_response(500, message)
+            return openai.error_response(500, message)
         return json_response({"error": message}, 500)
 
     @app.get("/")
@@ -236,11 +226,10 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
         body, content_type = ctx.metrics.render()
         return Response(body, media_type=content_type)
 
-    app.include_router(native.router)
-    app.include_router(openai_compat.router)
-    from .pull import router as pull_router
-
-    app.include_router(pull_router)
+    app.include_router(generate.router)
+    app.include_router(models.router)
+    app.include_router(openai.router)
+    app.include_router(pull.router)
 
     # add_middleware wraps outside-in in reverse order: metrics sees every answer, CORS runs before the host check.
     app.add_middleware(HostCheckMiddleware, enabled=settings.host.is_loopback())

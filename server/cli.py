@@ -26,8 +26,8 @@ from importer import (
 )
 from modelfile import ParseError, parse
 
-from .bench.command import add_arguments as bench_arguments
 from .api_client import APIError, Client, ServerBlobSink
+from .bench.command import add_arguments as bench_arguments
 from .show import modelfile_text, parameters_text
 
 

@@ -18,7 +18,7 @@ import torch
 from blobs import BlobStore
 from importer import CreateRequest, create_model
 from server.bench import analysis, grid, quality, sandbox, stats
-from tests.test_server_api import ServerThread
+from tests.server_thread import ServerThread
 from tests.test_speculation import write_model
 
 REPO = Path(__file__).resolve().parents[1]

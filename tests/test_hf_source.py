@@ -26,10 +26,10 @@ from importer import (
 )
 from importer.hf_source import HFSourceError, choose_gguf, is_hf_name, parse_hf_name
 from modelfile import parse
-from server import pull as pull_module
+from server import hf_pull as pull_module
 from server.cli import main
 from tests.hf_mock import HFMock
-from tests.test_server_api import ServerThread, free_port, ndjson
+from tests.server_thread import ServerThread, free_port, ndjson
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 ST_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 64,
@@ -219,7 +219,7 @@ def test_unreachable_hub_falls_back_to_the_cache(hub: HFMock, files: dict[str, b
     assert str(e.value).endswith("and hf.co/org/draft-GGUF is not in the local Hugging Face cache")
 
 
-# --- /api/pull (server.pull) -------------------------------------------------------------------------------
+# --- /api/pull (server.hf_pull) -----------------------------------------------------------------------------
 
 
 def test_pull_safetensors_repo_request(hub: HFMock, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ import unicodedata
 import pytest
 
 from modelfile import Command, ParseError, parse, render
-from modelfile.render import command_string, quote
+from modelfile.command import command_string, quote
 
 INVALID_COMMAND = ('command must be one of "from", "license", "template", "system", "adapter", '
                    '"draft", "renderer", "parser", "parameter", "message", or "requires"')

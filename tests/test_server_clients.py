@@ -13,9 +13,9 @@ import ollama
 import pytest
 
 from blobs import BlobStore
-from server.cli import _command, _Session, main
 from server.api_client import Client
-from tests.test_server_api import ServerThread, write_pair
+from server.cli import _command, _Session, main
+from tests.server_thread import ServerThread, write_pair
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -173,7 +173,7 @@ def test_tandem_serve(tmp_path: Path) -> None:
 
     import httpx
 
-    from tests.test_server_api import free_port
+    from tests.server_thread import free_port
 
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO), "TANDEM_HOST": f"127.0.0.1:{port}",

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.test_server_api import SPEC_FIELDS, ServerThread, make_store
+from tests.server_thread import SPEC_FIELDS, ServerThread, make_store
 
 
 @pytest.fixture(scope="module")

@@ -364,7 +364,7 @@ def test_settings_from_env(tmp_path: Path) -> None:
 
 
 def test_queue_full_over_http(model_store: BlobStore) -> None:
-    from tests.test_server_api import ServerThread
+    from tests.server_thread import ServerThread
 
     FakeEngine.step = 0.05
     settings = Settings(max_queue=0)
@@ -392,7 +392,7 @@ def test_queue_full_over_http(model_store: BlobStore) -> None:
 
 
 def test_startup_prunes_unused_blobs_unless_noprune(tmp_path: Path) -> None:
-    from tests.test_server_api import ServerThread
+    from tests.server_thread import ServerThread
 
     store = BlobStore(tmp_path / "models")
     stray, _ = store.write_blob(b"nobody references this")
@@ -405,7 +405,7 @@ def test_startup_prunes_unused_blobs_unless_noprune(tmp_path: Path) -> None:
 
 
 def test_client_gone_while_queued_or_not_streaming(model_store: BlobStore) -> None:
-    from tests.test_server_api import ServerThread
+    from tests.server_thread import ServerThread
 
     FakeEngine.step = 0.05
     with ServerThread(model_store, Settings(), engine_factory=FakeEngine) as srv:

@@ -1,13 +1,13 @@
-"""`/api/pull` for Hugging Face repositories: `hf.co/<org>/<repo>[:<quant>]`.
+"""Pulling a model from Hugging Face into the blob store: `hf.co/<org>/<repo>[:<quant>]`.
 
 `importer.hf_source` resolves the name: the GGUF whose file name carries the quant tag (`latest` means
 Q4_K_M, or the only GGUF), or, for a repo without GGUF files, its safetensors folder (config, weights,
 tokenizer). Files come through huggingface_hub, so HF_ENDPOINT, HF_TOKEN, the HF cache and offline mode
 (HF_HUB_OFFLINE) behave as everywhere else; they are copied into the blob store (a GGUF whose LFS digest
 the store already holds is not downloaded again) and the model is created from them through the one
-create path, streaming Ollama-style progress throughout.
+create path, reporting Ollama-style progress throughout.
 
-Ollama's own registry is not reachable from tandem: any other name gets a clear 400.
+Both `/api/pull` and `/api/create` with `"from": "hf.co/..."` use it, so it is no route's own.
 """
 
 from __future__ import annotations
@@ -16,25 +16,18 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from fastapi import APIRouter, Request
-from fastapi.responses import Response
-
 from blobs import InvalidNameError, ModelName
-from importer import CreateError, CreateRequest, ProgressEvent, create_model, hf_source
-from importer.hf_source import HFRef, HFSourceError, choose_gguf, quant_of  # noqa: F401 (re-exported)
-
-from .gojson import ApiError, read_json
-from .native import ctx_of, merge_last, stream_or_collect, thread_progress
+from importer import CreateRequest, ProgressEvent, create_model, hf_source
+from importer.hf_source import HFRef, HFSourceError
 
 log = logging.getLogger("tandem.pull")
-
-router = APIRouter()
 
 Progress = Callable[[ProgressEvent], None]
 
 
 class PullError(HFSourceError):
-    pass
+    """A name tandem cannot pull from, or a download whose digest is not the one Hugging Face listed
+    (400, like every HFSourceError unless it says otherwise)."""
 
 
 def parse_pull_name(value: str) -> HFRef:
@@ -75,27 +68,3 @@ def pull_model(store: Any, value: str, progress: Progress) -> ModelName:
     req = CreateRequest(model=str(ref.name), files=fetch_into_store(store, ref, progress))
     # create_model goes on with "parsing GGUF", ..., "writing manifest", "success".
     return create_model(store, req, progress)
-
-
-@router.post("/api/pull")
-async def pull(request: Request) -> Response:
-    ctx = ctx_of(request)
-    body = await read_json(request, "api.PullRequest")
-    name = body.get("model") or body.get("name")
-    if not name or not isinstance(name, str):
-        raise ApiError(400, "model is required")
-    stream = body.get("stream")
-    stream = True if stream is None else bool(stream)
-    try:
-        parse_pull_name(name)
-    except CreateError as e:
-        raise ApiError(e.status, str(e)) from None
-
-    def work(progress: Progress) -> None:
-        try:
-            pulled = pull_model(ctx.store, name, progress)
-        except CreateError as e:
-            raise ApiError(e.status, str(e)) from None
-        log.info("pulled %s", pulled.display())
-
-    return await stream_or_collect(thread_progress(work), stream, merge_last)

@@ -27,21 +27,13 @@ from blobs.model import load_stored_model
 from engine.process.protocol import GenerateRequest as EngineRequest
 from engine.process.protocol import GenerateResult, TokenChunk
 
-from .gojson import ApiError, decode_struct, jfield, json_response, read_json
-from .native import (
-    Generation,
-    Lease,
-    Message,
-    chat_engine_request,
-    check_format,
-    ctx_of,
-    load_options,
-    merged_options,
-    parse_keep_alive,
-    speculation_fields,
-    stored_model,
-)
-from .prompting import InsertNotSupported, PromptError, chat_messages
+from ..context import ctx_of
+from ..gojson import ApiError, decode_struct, jfield, json_response, read_json
+from ..options import load_options, merged_options
+from ..pipeline import Generation, chat_engine_request, speculation_fields
+from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
+from ..scheduler import Lease
+from ..validation import check_format, parse_keep_alive, stored_model
 
 router = APIRouter()
 

@@ -1,0 +1,34 @@
+"""What every request handler reaches through `request.app.state.ctx`: the app's store, settings,
+scheduler, metrics and prompt cache.
+
+It lives apart from `app.py` so that route modules can name it without importing the module that
+includes their routers (which would be an import cycle); two apps in one process (tests do this) each
+have their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from blobs import BlobStore
+
+from .metrics import Metrics
+from .prompting import PromptCache
+from .scheduler import Scheduler
+from .settings import Settings
+
+
+@dataclass
+class ServerContext:
+    store: BlobStore
+    settings: Settings
+    scheduler: Scheduler
+    metrics: Metrics
+    prompts: PromptCache
+    version: str
+
+
+def ctx_of(request: Request) -> ServerContext:
+    return request.app.state.ctx

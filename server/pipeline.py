@@ -1,0 +1,222 @@
+"""The generation pipeline shared by /api/generate, /api/chat and /v1: from the scheduler's lease to the
+engine's last token, with the client watched (a disconnect cancels the engine's work) and the finished
+request logged and counted. The routes only decode requests and shape the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import anyio
+from fastapi import Request
+
+from blobs.model import StoredModel
+from engine.process.protocol import (
+    EngineCrashedError,
+    EngineError,
+    GenerateResult,
+    TokenChunk,
+    TokenLogprob,
+)
+from engine.process.protocol import GenerateRequest as EngineRequest
+
+from .context import ServerContext
+from .gojson import ApiError
+from .prompting import Message, ModelPrompting, PromptError, Tool
+from .scheduler import GenerationStream, Lease, QueueFullError
+
+log = logging.getLogger("tandem.server")
+
+
+def timings(t_start_ns: int, lease: Lease, result: GenerateResult) -> dict[str, int]:
+    """Ollama's Metrics fields, in its order, zero values omitted (omitempty)."""
+    out = {
+        "total_duration": time.perf_counter_ns() - t_start_ns,
+        "load_duration": int(lease.load_seconds * 1e9),
+        "prompt_eval_count": result.prompt_eval_count,
+        "prompt_eval_duration": result.prompt_eval_duration_ns,
+        "eval_count": result.eval_count,
+        "eval_duration": result.eval_duration_ns,
+    }
+    return {k: v for k, v in out.items() if v}
+
+
+def logprobs_json(items: list[TokenLogprob] | None) -> list[dict[str, Any]]:
+    out = []
+    for lp in items or []:
+        entry: dict[str, Any] = {"token": lp.token, "logprob": lp.logprob, "bytes": list(lp.bytes)}
+        if lp.top_logprobs:
+            entry["top_logprobs"] = [{"token": t, "logprob": p, "bytes": list(b)} for t, p, b in lp.top_logprobs]
+        out.append(entry)
+    return out
+
+
+class Generation:
+    """One generation request from lease to last token: runs the engine stream, watches the client
+    (a disconnect cancels the engine's work), and on completion logs the request and counts metrics."""
+
+    def __init__(self, ctx: ServerContext, request: Request, endpoint: str, name: str, model: StoredModel,
+                 options: dict[str, Any], keep_alive: float, t_start_ns: int, load: dict[str, Any]):
+        self.ctx = ctx
+        self.load = load
+        self.request = request
+        self.endpoint = endpoint
+        self.name = name
+        self.model = model
+        self.options = options
+        self.keep_alive = keep_alive
+        self.t_start_ns = t_start_ns
+        self.lease: Lease | None = None
+        self.stream: GenerationStream | None = None
+        self.result: GenerateResult | None = None
+        self._watch: asyncio.Task | None = None
+        self._gone = asyncio.Event()
+        self.client_gone = False
+
+    async def open(self, build: Callable[[Lease], Awaitable[EngineRequest]]) -> None:
+        """Lease the model's engine (loading it if needed) and prepare the engine request."""
+        self._start_watch()
+        try:
+            self.lease = await self._acquire()
+            try:
+                engine_req = await build(self.lease)
+            except BaseException:
+                self.lease.release()
+                raise
+            self.stream = GenerationStream(self.lease, engine_req)
+            if self.client_gone:
+                self.stream.cancel()
+        except BaseException:
+            self._stop_watch()
+            raise
+
+    async def load_only(self) -> None:
+        """An empty prompt: load the model (applying keep_alive) and generate nothing."""
+        self._start_watch()
+        try:
+            (await self._acquire()).release()
+        finally:
+            self._stop_watch()
+
+    async def _acquire(self) -> Lease:
+        """The scheduler's lease, given up if the client leaves while the request waits in the queue."""
+        acquire = asyncio.ensure_future(self.ctx.scheduler.acquire(self.model, self.load, self.keep_alive))
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if not acquire.done():
+            acquire.cancel()
+            try:
+                (await acquire).release()  # it may have completed meanwhile
+            except BaseException:
+                pass
+            log.info("%s %s: client disconnected while waiting for the model", self.endpoint, self.name)
+            raise ApiError(499, "request canceled")
+        try:
+            return acquire.result()
+        except QueueFullError as e:
+            raise ApiError(503, str(e)) from None
+        except EngineError as e:
+            raise ApiError(e.status, str(e)) from None
+
+    def _start_watch(self) -> None:
+        receive = self.request.receive
+        self._gone = asyncio.Event()
+
+        async def watch() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    self.client_gone = True
+                    self._gone.set()
+                    if self.stream is not None and self.result is None:
+                        log.info("%s %s: client disconnected, cancelling the generation", self.endpoint, self.name)
+                        self.stream.cancel()
+                    return
+
+        self._watch = asyncio.get_running_loop().create_task(watch())
+
+    def _stop_watch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+
+    async def events(self) -> AsyncIterator[TokenChunk | GenerateResult]:
+        assert self.stream is not None
+        try:
+            async for item in self.stream:
+                if isinstance(item, GenerateResult):
+                    self.result = item
+                    self._finished(item)
+                yield item
+            if self.result is None:  # the stream ended early: cancelled
+                raise ApiError(499, "request canceled")
+        except EngineCrashedError as e:
+            log.error("%s %s: %s", self.endpoint, self.name, e)
+            raise ApiError(500, str(e)) from None
+        except EngineError as e:
+            log.error("%s %s: engine error: %s", self.endpoint, self.name, e)
+            raise ApiError(e.status, str(e)) from None
+        finally:
+            self._stop_watch()
+            if self.result is None:
+                self.stream.cancel()
+
+    def stats(self, result: GenerateResult) -> dict[str, Any]:
+        assert self.lease is not None
+        return timings(self.t_start_ns, self.lease, result)
+
+    def _finished(self, result: GenerateResult) -> None:
+        self.ctx.metrics.record_generation(self.model.name.display(), result)
+        spec = result.speculation
+        eval_s = result.eval_duration_ns / 1e9
+        rate = result.eval_count / eval_s if eval_s > 0 else 0.0
+        total_s = (time.perf_counter_ns() - self.t_start_ns) / 1e9
+        line = (f"{self.endpoint} {self.model.name.display()}: prompt {result.prompt_eval_count} tokens "
+                f"({result.prompt_cached} cached) in {result.prompt_eval_duration_ns / 1e9:.2f}s, "
+                f"generated {result.eval_count} tokens in {eval_s:.2f}s ({rate:.1f} tokens/s), "
+                f"done_reason={result.done_reason}, total {total_s:.2f}s")
+        if spec.drafter != "none" and spec.draft_n:
+            line += (f"; speculation ({spec.drafter}): drafted {spec.draft_n}, accepted {spec.draft_n_accepted} "
+                     f"({100 * spec.acceptance_rate:.1f}%), {spec.mean_accepted_length(result.eval_count):.2f} "
+                     f"tokens/forward, mean depth {spec.mean_depth:.2f}")
+        elif spec.drafter == "none":
+            line += "; no speculation"
+        log.info(line)
+
+
+def speculation_fields(result: GenerateResult) -> dict[str, Any]:
+    return result.speculation.to_json(result.eval_count)
+
+
+async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messages: list[Message],
+                              tools: list[Tool], options: dict[str, Any], *, truncate: bool, shift: bool,
+                              logprobs: bool, top_logprobs: int,
+                              format: Any = None) -> Callable[[Lease], Awaitable[EngineRequest]]:
+    """The `build` step of a chat: render with Ollama's truncation (oldest messages dropped until the
+    prompt fits num_ctx), which needs the loaded engine's tokenizer."""
+
+    async def build(lease: Lease) -> EngineRequest:
+        num_ctx = lease.runner.spec.num_ctx
+
+        def fits(text: str) -> bool:
+            return len(lease.engine.tokenize(text, prompting.add_bos_for(text))) < num_ctx
+
+        def render() -> str:
+            try:
+                return prompting.chat_prompt(messages, tools, fits if truncate else None)
+            except PromptError as e:
+                raise ApiError(e.status, str(e)) from None
+
+        prompt = await anyio.to_thread.run_sync(render)
+        return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
+                             logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs,
+                             trace=bool(options.get("draft_trace")), shift=shift, truncate=truncate,
+                             format=format)
+
+    return build

@@ -1,0 +1,211 @@
+"""Ollama's generation endpoints, `/api/generate` and `/api/chat`.
+
+Request bodies are decoded into dataclasses whose fields mirror Ollama's api/types.go (same JSON names,
+same defaults, Go's decoder messages for type errors); the answers are NDJSON streams or, for
+`stream: false`, one merged object. The generation itself is `server.pipeline`'s, shared with /v1.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator, Callable
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from engine.process.protocol import GenerateRequest as EngineRequest
+from engine.process.protocol import TokenChunk
+
+from ..context import ctx_of
+from ..gojson import ApiError, decode_struct, json_response, read_json, rfc3339
+from ..ndjson import stream_or_collect
+from ..options import load_options, merged_options
+from ..pipeline import (
+    Generation,
+    chat_engine_request,
+    logprobs_json,
+    speculation_fields,
+)
+from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
+from ..scheduler import Lease
+from ..types import ChatBody, GenerateBody, MessageBody
+from ..validation import (
+    check_format,
+    check_logprobs,
+    check_think,
+    decode_images,
+    parse_keep_alive,
+    stored_model,
+)
+
+router = APIRouter()
+
+
+@router.post("/api/generate")
+async def generate(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    ctx = ctx_of(request)
+    req: GenerateBody = decode_struct(GenerateBody, await read_json(request, "api.GenerateRequest"),
+                                      "GenerateRequest")
+    if not req.model:
+        raise ApiError(400, "model is required")
+    check_logprobs(req.top_logprobs)
+    keep_alive = parse_keep_alive(ctx, req.keep_alive)
+    if req.raw and (req.template or req.system or req.context):
+        raise ApiError(400, "raw mode does not support template, system, or context")
+    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
+    check_think(req.model, req.think)
+    fmt = check_format(req.format)
+    decode_images(req.model, req.images)
+
+    if not req.prompt and req.keep_alive is not None and keep_alive == 0:
+        await ctx.scheduler.unload(model)
+        return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
+                              "done_reason": "unload"})
+    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
+    options = merged_options(model, req.options, prompting)
+    if not req.raw and req.suffix and not (req.template or prompting.supports_insert):
+        raise ApiError(400, f'"{req.model}" does not support insert')
+
+    def render() -> str:
+        if req.raw:
+            return req.prompt
+        try:
+            return prompting.generate_prompt(
+                prompt=req.prompt, system=req.system or model.system, suffix=req.suffix or None,
+                template=req.template or None,
+                history=[] if req.context else [Message.from_dict(m) for m in model.messages])
+        except InsertNotSupported:
+            raise ApiError(400, f'"{req.model}" does not support insert') from None
+        except PromptError as e:
+            raise ApiError(e.status, str(e)) from None
+
+    if req.debug_render_only:
+        text = await anyio.to_thread.run_sync(render)
+        return json_response({"model": req.model, "created_at": rfc3339(),
+                              "debug_info": {"rendered_template": text, "image_count": 0}})
+
+    gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0,
+                     load_options(model, req.options))
+    if not req.prompt:  # load only
+        await gen.load_only()
+        return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
+                              "done_reason": "load"})
+
+    async def build(lease: Lease) -> EngineRequest:
+        prompt = await anyio.to_thread.run_sync(render)
+        return EngineRequest(prompt=prompt, options=options, raw_tokens=list(req.context) if req.context else None,
+                             add_bos=None if req.raw else prompting.add_bos_for(prompt),
+                             logprobs=req.logprobs or req.top_logprobs > 0, top_logprobs=req.top_logprobs,
+                             trace=bool(options.get("draft_trace")), shift=req.shift, truncate=req.truncate,
+                             format=fmt)
+
+    await gen.open(build)
+
+    def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
+        return merge_native(items, "response", "".join(i.get("response", "") for i in items))
+
+    return await stream_or_collect(native_events(gen, req.model, lambda text: {"response": text},
+                                                 with_context=not req.raw), req.stream, merge)
+
+
+async def native_events(gen: Generation, model: str, payload: Callable[[str], dict[str, Any]],
+                        with_context: bool) -> AsyncIterator[dict[str, Any]]:
+    """The NDJSON objects of /api/generate and /api/chat, which differ only in how text is carried
+    (``payload``: `response` or `message`) and whether the final one has `context`."""
+    async for item in gen.events():
+        if isinstance(item, TokenChunk):
+            if not item.text and not item.logprobs:
+                continue
+            out: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(item.text), "done": False}
+            if item.logprobs:
+                out["logprobs"] = logprobs_json(item.logprobs)
+            yield out
+        else:
+            final: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(""), "done": True,
+                                     "done_reason": item.done_reason}
+            if with_context:
+                final["context"] = item.context
+            final.update(gen.stats(item))
+            final.update(speculation_fields(item))
+            yield final
+
+
+def merge_native(items: list[dict[str, Any]], key: str, value: Any) -> dict[str, Any]:
+    """The `stream:false` answer: the final object with the whole text under ``key`` and every logprob."""
+    final = dict(items[-1])
+    final[key] = value
+    lps = [lp for i in items for lp in i.get("logprobs", [])]
+    if lps:
+        final["logprobs"] = lps
+    return _reorder(final, ["model", "created_at", key, "logprobs", "done"])
+
+
+def _reorder(obj: dict[str, Any], first: list[str]) -> dict[str, Any]:
+    out = {k: obj[k] for k in first if k in obj}
+    out.update({k: v for k, v in obj.items() if k not in out})
+    return out
+
+
+def decode_messages(raw: list[dict[str, Any]]) -> list[Message]:
+    out = []
+    for m in raw:
+        body: MessageBody = decode_struct(MessageBody, m, "Message")
+        out.append(Message.from_dict({**m, "role": body.role.lower(), "content": body.content}))
+    return out
+
+
+@router.post("/api/chat")
+async def chat(request: Request) -> Response:
+    t0 = time.perf_counter_ns()
+    ctx = ctx_of(request)
+    req: ChatBody = decode_struct(ChatBody, await read_json(request, "api.ChatRequest"), "ChatRequest")
+    if not req.model:
+        raise ApiError(400, "model is required")
+    check_logprobs(req.top_logprobs)
+    keep_alive = parse_keep_alive(ctx, req.keep_alive)
+    messages = decode_messages(req.messages)
+    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
+    if req.tools:  # no tool-call parser yet, so no model claims the capability
+        raise ApiError(400, f'"{req.model}" does not support tools')
+    check_think(req.model, req.think)
+    fmt = check_format(req.format)
+    for m in req.messages:
+        decode_images(req.model, m.get("images") or [])
+
+    if not messages and req.keep_alive is not None and keep_alive == 0:
+        await ctx.scheduler.unload(model)
+        return json_response({"model": req.model, "created_at": rfc3339(),
+                              "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "unload"})
+    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
+    options = merged_options(model, req.options, prompting)
+    full = chat_messages(model, messages)
+
+    if req.debug_render_only:
+        try:
+            text = await anyio.to_thread.run_sync(lambda: prompting.chat_prompt(full, []))
+        except PromptError as e:
+            raise ApiError(e.status, str(e)) from None
+        return json_response({"model": req.model, "created_at": rfc3339(),
+                              "message": {"role": "assistant", "content": ""},
+                              "debug_info": {"rendered_template": text, "image_count": 0}})
+
+    gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0,
+                     load_options(model, req.options))
+    if not messages:  # load only
+        await gen.load_only()
+        return json_response({"model": req.model, "created_at": rfc3339(),
+                              "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
+
+    build = await chat_engine_request(gen, prompting, full, [], options, truncate=req.truncate, shift=req.shift,
+                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
+    await gen.open(build)
+
+    def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
+        text = "".join(i["message"]["content"] for i in items)
+        return merge_native(items, "message", {"role": "assistant", "content": text})
+
+    return await stream_or_collect(
+        native_events(gen, req.model, lambda text: {"message": {"role": "assistant", "content": text}},
+                      with_context=False), req.stream, merge)

@@ -1,0 +1,74 @@
+"""Request checks shared by /api and /v1, made before any model is loaded so a bad request fails fast
+with Ollama's status and message."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from blobs import InvalidNameError, ModelNotFoundError
+from blobs.model import StoredModel, load_stored_model
+from engine.text.json_grammar import SchemaError, compile_format
+
+from .context import ServerContext
+from .gojson import ApiError
+from .settings import keep_alive_seconds
+
+
+def stored_model(ctx: ServerContext, name: str, *, invalid_status: int = 404) -> StoredModel:
+    """The stored model ``name`` or 404 `model 'X' not found` (Ollama answers an invalid name on
+    generate/chat with the same 404; elsewhere with 400 `invalid model name`)."""
+    try:
+        model = load_stored_model(ctx.store, name)
+    except InvalidNameError:
+        if invalid_status == 404:
+            raise ApiError(404, f"model '{name}' not found") from None
+        raise ApiError(400, "invalid model name") from None
+    except ModelNotFoundError:
+        raise ApiError(404, f"model '{name}' not found") from None
+    if model.model_path is None:
+        raise ApiError(400, f"model '{name}' has no weights (no model layer)")
+    return model
+
+
+def parse_keep_alive(ctx: ServerContext, value: Any) -> float:
+    try:
+        return keep_alive_seconds(value, ctx.settings.keep_alive)
+    except ValueError as e:
+        raise ApiError(400, str(e)) from None
+
+
+def check_think(name: str, think: Any) -> None:
+    if think is None or think is False:
+        return
+    if think is True or think in ("low", "medium", "high", "max"):
+        raise ApiError(400, f'"{name}" does not support thinking')
+    raise ApiError(400, f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", true, or false)')
+
+
+def check_format(fmt: Any) -> Any:
+    """Validate ``format`` (None/"", "json", or a JSON schema in engine.text.json_grammar's subset) before
+    anything is loaded; returns what the engine request carries (None: free text)."""
+    try:
+        node = compile_format(fmt)
+    except SchemaError as e:
+        raise ApiError(400, str(e)) from None
+    return None if node is None else fmt
+
+
+def check_logprobs(top: int) -> None:
+    if not 0 <= top <= 20:
+        raise ApiError(400, "top_logprobs must be between 0 and 20")
+
+
+def decode_images(name: str, images: list[str]) -> None:
+    """Images need a vision model; tandem runs text models only, so any image is refused (after the
+    base64 check Go's decoder would have made)."""
+    for img in images:
+        try:
+            base64.b64decode(img, validate=True)
+        except (ValueError, TypeError):
+            raise ApiError(400, "illegal base64 data in images") from None
+    if images:
+        raise ApiError(400, f'"{name}" does not support vision')
