@@ -31,6 +31,12 @@ from blobs import (
     parse_digest,
 )
 from blobs.model import StoredModel, load_stored_model
+from engine.options import (
+    SPECULATION_DEFAULTS,
+    SPECULATION_OPTIONS,
+    Options,
+    coerce_options,
+)
 from engine.process.protocol import (
     EngineCrashedError,
     EngineError,
@@ -39,6 +45,7 @@ from engine.process.protocol import (
     TokenLogprob,
 )
 from engine.process.protocol import GenerateRequest as EngineRequest
+from engine.speculative.plan import plan_speculation
 from importer import (
     CreateError,
     CreateRequest,
@@ -48,15 +55,7 @@ from importer import (
     hf_source,
     request_from_modelfile,
 )
-from modelfile import (
-    SPECULATION_DEFAULTS,
-    SPECULATION_OPTIONS,
-    ParamError,
-    ParseError,
-    coerce_options,
-    parse,
-    resolve_options,
-)
+from modelfile import ParamError, ParseError, parse
 
 from .gojson import (
     ApiError,
@@ -119,28 +118,19 @@ def parse_keep_alive(ctx: "ServerContext", value: Any) -> float:
         raise ApiError(400, str(e)) from None
 
 
-def merged_options(model: StoredModel, options: dict[str, Any] | None, prompting: ModelPrompting) -> dict[str, Any]:
-    """defaults <- model params <- request options, speculation resolved. A wrong option type is
-    Ollama's `option "x" must be of type ...`, which it surfaces as 500 on generate/chat."""
+def merged_options(model: StoredModel, options: dict[str, Any] | None) -> Options:
+    """defaults <- model params <- request options, parsed once here; the engine decides the
+    speculation from them. A wrong option type is Ollama's `option "x" must be of type ...`, which
+    it surfaces as 500 on generate/chat."""
     try:
-        return resolve_options(model.params, options, has_draft_layer=model.draft_path is not None,
-                               has_mtp_head=prompting.facts.has_mtp_head)
+        return Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(500, str(e)) from None
 
 
-def load_options(model: StoredModel, options: dict[str, Any] | None) -> dict[str, Any]:
+def load_options(options: Options) -> dict[str, Any]:
     """Load-time options the model's parameters or the request set explicitly (a change reloads)."""
-    try:
-        request = coerce_options(options)
-    except ParamError as e:
-        raise ApiError(500, str(e)) from None
-    out = {}
-    for key in ("num_ctx", "num_thread"):
-        value = request.get(key, model.params.get(key))
-        if value is not None:
-            out[key] = value
-    return out
+    return {key: getattr(options, key) for key in ("num_ctx", "num_thread") if key in options.explicit}
 
 
 def check_think(name: str, think: Any) -> None:
@@ -213,7 +203,7 @@ class Generation:
     (a disconnect cancels the engine's work), and on completion logs the request and counts metrics."""
 
     def __init__(self, ctx: "ServerContext", request: Request, endpoint: str, name: str, model: StoredModel,
-                 options: dict[str, Any], keep_alive: float, t_start_ns: int, load: dict[str, Any]):
+                 options: Options, keep_alive: float, t_start_ns: int, load: dict[str, Any]):
         self.ctx = ctx
         self.load = load
         self.request = request
@@ -472,7 +462,7 @@ async def generate(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
                               "done_reason": "unload"})
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    options = merged_options(model, req.options, prompting)
+    options = merged_options(model, req.options)
     if not req.raw and req.suffix and not (req.template or prompting.supports_insert):
         raise ApiError(400, f'"{req.model}" does not support insert')
 
@@ -495,7 +485,7 @@ async def generate(request: Request) -> Response:
                               "debug_info": {"rendered_template": text, "image_count": 0}})
 
     gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0,
-                     load_options(model, req.options))
+                     load_options(options))
     if not req.prompt:  # load only
         await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
@@ -506,7 +496,7 @@ async def generate(request: Request) -> Response:
         return EngineRequest(prompt=prompt, options=options, raw_tokens=list(req.context) if req.context else None,
                              add_bos=None if req.raw else prompting.add_bos_for(prompt),
                              logprobs=req.logprobs or req.top_logprobs > 0, top_logprobs=req.top_logprobs,
-                             trace=bool(options.get("draft_trace")), shift=req.shift, truncate=req.truncate,
+                             shift=req.shift, truncate=req.truncate,
                              format=fmt)
 
     await gen.open(build)
@@ -570,7 +560,7 @@ def decode_messages(raw: list[dict[str, Any]]) -> list[Message]:
 
 
 async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messages: list[Message],
-                              tools: list[Tool], options: dict[str, Any], *, truncate: bool, shift: bool,
+                              tools: list[Tool], options: Options, *, truncate: bool, shift: bool,
                               logprobs: bool, top_logprobs: int,
                               format: Any = None) -> Callable[[Lease], Awaitable[EngineRequest]]:
     """The `build` step of a chat: render with Ollama's truncation (oldest messages dropped until the
@@ -591,7 +581,7 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
         prompt = await anyio.to_thread.run_sync(render)
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
                              logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs,
-                             trace=bool(options.get("draft_trace")), shift=shift, truncate=truncate,
+                             shift=shift, truncate=truncate,
                              format=format)
 
     return build
@@ -620,7 +610,7 @@ async def chat(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "unload"})
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    options = merged_options(model, req.options, prompting)
+    options = merged_options(model, req.options)
     full = chat_messages(model, messages)
 
     if req.debug_render_only:
@@ -633,7 +623,7 @@ async def chat(request: Request) -> Response:
                               "debug_info": {"rendered_template": text, "image_count": 0}})
 
     gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0,
-                     load_options(model, req.options))
+                     load_options(options))
     if not messages:  # load only
         await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(),
@@ -798,14 +788,17 @@ def draft_details(model: StoredModel) -> dict[str, Any] | None:
 
 def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp_head: bool) -> dict[str, Any]:
     """tandem's addition to /api/show: the draft model, the tunables' defaults, the model's own
-    settings and what a request with these options would use."""
-    effective = resolve_options(model.params, options, has_draft_layer=model.draft_path is not None,
-                                has_mtp_head=has_mtp_head)
+    settings and what a request with these options would use (the engine's own rule)."""
+    try:
+        merged = Options.merged(model.params, options)
+    except ParamError as e:
+        raise ApiError(400, str(e)) from None
+    plan = plan_speculation(merged, has_draft_layer=model.draft_path is not None, has_mtp_head=has_mtp_head)
     return {
         "draft": draft_details(model),
         "defaults": dict(SPECULATION_DEFAULTS),
         "parameters": {k: v for k, v in model.params.items() if k in SPECULATION_OPTIONS or k == "n_max"},
-        "effective": {k: effective[k] for k in SPECULATION_DEFAULTS},
+        "effective": plan.as_options(),
     }
 
 

@@ -8,7 +8,13 @@ import json
 import pytest
 import torch
 
-from engine.process.protocol import EngineError, GenerateRequest, GenerateResult, LoadSpec
+from engine.options import Options
+from engine.process.protocol import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+)
 from engine.sampling.constrain import (
     JsonRecognizer,
     SchemaError,
@@ -202,7 +208,7 @@ def engine(tmp_path_factory):
 
 def run(engine, fmt, options, prompt="Reply in JSON:") -> tuple[str, GenerateResult]:
     parts, result = [], None
-    for item in engine.generate(GenerateRequest(prompt=prompt, options=options, format=fmt)):
+    for item in engine.generate(GenerateRequest(prompt=prompt, options=Options.from_map(options), format=fmt)):
         if isinstance(item, GenerateResult):
             result = item
         else:

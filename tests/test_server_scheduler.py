@@ -16,6 +16,7 @@ import pytest
 
 from blobs import BlobStore
 from blobs.model import load_stored_model
+from engine.options import Options
 from engine.process.protocol import (
     EngineCrashedError,
     GenerateRequest,
@@ -45,7 +46,6 @@ class FakeEngine:
 
     instances: list["FakeEngine"] = []
     step = 0.01
-    tokens = 20
 
     def __init__(self) -> None:
         self.pid = 10_000 + len(FakeEngine.instances)
@@ -59,6 +59,7 @@ class FakeEngine:
         self.generated = 0
         self.cancels = 0
         self.calls = 0
+        self.requests: list[GenerateRequest] = []
         FakeEngine.instances.append(self)
 
     def load(self, spec: LoadSpec, timeout: float | None = None) -> ModelFacts:
@@ -69,11 +70,12 @@ class FakeEngine:
 
     def generate(self, req: GenerateRequest):
         self.calls += 1
+        self.requests.append(req)
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self._cancel.clear()
         try:
-            n = int(req.options.get("num_predict", self.tokens))
+            n = req.options.num_predict
             for i in range(n):
                 if self._cancel.is_set():
                     break
@@ -125,7 +127,6 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> BlobStore:
 def _reset() -> None:
     FakeEngine.instances.clear()
     FakeEngine.step = 0.01
-    FakeEngine.tokens = 20
 
 
 def scheduler(**kw) -> Scheduler:
@@ -134,7 +135,7 @@ def scheduler(**kw) -> Scheduler:
 
 async def run_one(s: Scheduler, model, keep_alive: float = 300, load=None, num_predict: int = 3) -> str:
     lease = await s.acquire(model, load or {}, keep_alive)
-    stream = GenerationStream(lease, GenerateRequest(prompt="x", options={"num_predict": num_predict}))
+    stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=num_predict)))
     text = ""
     async for item in stream:
         if isinstance(item, TokenChunk):
@@ -244,7 +245,7 @@ def test_crash_gives_error_and_next_request_restarts(model_store: BlobStore) -> 
         await run_one(s, model)
         FakeEngine.instances[0].crash_after = 1
         lease = await s.acquire(model, {}, 300)
-        stream = GenerationStream(lease, GenerateRequest(prompt="x", options={"num_predict": 5}))
+        stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=5)))
         got = []
         with pytest.raises(EngineCrashedError):
             async for item in stream:
@@ -265,7 +266,7 @@ def test_cancel_stops_engine_and_frees_the_model(model_store: BlobStore) -> None
     async def main() -> None:
         s = scheduler()
         lease = await s.acquire(model, {}, 300)
-        stream = GenerationStream(lease, GenerateRequest(prompt="x", options={"num_predict": 500}))
+        stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=500)))
         n = 0
         async for item in stream:
             n += 1

@@ -25,10 +25,17 @@ import numpy as np
 import pytest
 import torch
 
-from engine.process.protocol import EngineError, GenerateRequest, GenerateResult, LoadSpec, TokenChunk
-from engine.speculative.depth import AdaptiveDepth
+from engine.options import Options, ParamError
+from engine.process.protocol import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    TokenChunk,
+)
 from engine.runtime import ModelRuntime
 from engine.sampling.sampler import SamplingOptions, process
+from engine.speculative.depth import AdaptiveDepth
 from tests.tiny_gguf import TinySpec, tiny_tensors, vocab_for, write_tiny_gguf
 
 PROMPT = "def fib(n): return the"
@@ -113,7 +120,7 @@ class Run:
 def generate(engine: ModelRuntime, prompt: str = PROMPT, *, should_stop: Callable[[], bool] | None = None,
              request: dict | None = None, **options) -> Run:
     chunks, result = [], None
-    req = GenerateRequest(prompt=prompt, options=options, **(request or {}))
+    req = GenerateRequest(prompt=prompt, options=Options.from_map(options), **(request or {}))
     for item in engine.generate(req, should_stop=should_stop):
         if isinstance(item, GenerateResult):
             result = item
@@ -230,7 +237,7 @@ def test_auto_picks_the_draft_model_and_unknown_drafters_are_400(self_engine, pa
         with pytest.raises(EngineError) as e:
             generate(plain_engine, temperature=0, num_predict=4, drafter=bad)
         assert e.value.status == 400 and bad in str(e.value)
-    with pytest.raises(EngineError):
+    with pytest.raises(ParamError):  # rejected where the options are parsed, before the engine
         generate(plain_engine, temperature=0, num_predict=4, drafter="medusa")
     # draft_num_predict 0 turns speculation off whatever the drafter.
     off = generate(self_engine, temperature=0, num_predict=8, drafter="model", draft_num_predict=0)
@@ -271,7 +278,7 @@ def dist_engine(tmp_path_factory):
 
 def exact_first_tokens(engine: ModelRuntime, prompt: str, opts: dict, n: int) -> dict[tuple[int, ...], float]:
     """P(first n tokens) of the target alone, from its logits (full forwards, no speculation)."""
-    so = SamplingOptions.from_options(opts)
+    so = SamplingOptions.from_options(Options.from_map(opts))
     model = engine.target
 
     def dist(ctx):
