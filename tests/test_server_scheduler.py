@@ -392,6 +392,35 @@ def test_queue_full_over_http(model_store: BlobStore) -> None:
             assert FakeEngine.instances[0].cancels >= 1
 
 
+def test_options_reach_the_engine_typed(model_store: BlobStore, tmp_path: Path) -> None:
+    """The edge parses options once and the engine gets them typed: draft_acceptance from a Modelfile
+    PARAMETER or the request's options (both used to drop it), the trace flag only as draft_trace."""
+    from modelfile import parameters_from_commands, parse
+    from tests.test_server_api import ServerThread
+
+    write_tiny_gguf(tmp_path / "t.gguf", TinySpec(arch="llama", n_layer=1, n_embd=32, n_ff=64, seed=1))
+    digest, _ = model_store.add_file(tmp_path / "t.gguf")
+    params, _ = parameters_from_commands(parse("FROM t\nPARAMETER draft_acceptance match\nPARAMETER n_max 2\n"))
+    create_model(model_store, CreateRequest(model="fake-match", files={"t.gguf": digest}, parameters=params))
+    with ServerThread(model_store, Settings(), engine_factory=FakeEngine) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            r = c.post("/api/generate", json={"model": "fake-match", "prompt": "hi", "stream": False,
+                                              "options": {"num_predict": 1, "draft_trace": True}})
+            assert r.status_code == 200
+            r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
+                                              "options": {"num_predict": 1, "draft_acceptance": "match"}})
+            assert r.status_code == 200
+            r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
+                                              "options": {"draft_acceptance": "lossy"}})
+            assert (r.status_code, r.json()) == (
+                500, {"error": 'invalid draft_acceptance value [lossy]: must be "strict" or "match"'})
+    from_params, from_request = [req.options for e in FakeEngine.instances for req in e.requests]
+    assert isinstance(from_params, Options) and from_params.draft_acceptance == "match"
+    assert from_params.draft_num_predict == 2 and from_params.draft_trace
+    assert from_params.explicit == {"draft_acceptance", "draft_num_predict", "num_predict", "draft_trace"}
+    assert from_request.draft_acceptance == "match" and not from_request.draft_trace
+
+
 def test_startup_prunes_unused_blobs_unless_noprune(tmp_path: Path) -> None:
     from tests.test_server_api import ServerThread
 

@@ -244,6 +244,44 @@ def test_auto_picks_the_draft_model_and_unknown_drafters_are_400(self_engine, pa
     assert off.spec.drafter == "none" and off.spec.draft_n == 0
 
 
+def test_engine_and_show_agree_on_an_mtp_head(paths, tmp_path):
+    """One rule: /api/show's "effective" drafter is what the engine uses. With an MTP head and no DRAFT,
+    Ollama's rule needs an explicit cap (the engine used to pick the head on its own)."""
+    from blobs import BlobStore
+    from blobs.model import load_stored_model
+    from engine.capabilities import has_mtp_head
+    from engine.gguf import GGUFFile
+    from importer import CreateRequest, create_model
+    from server.native import merged_options, speculation_info
+
+    store = BlobStore(tmp_path / "models")
+    digest, _ = store.add_file(paths["mtp"])
+    create_model(store, CreateRequest(model="mtp", files={"mtp.gguf": digest}))
+    model = load_stored_model(store, "mtp")
+    with GGUFFile(str(model.model_path)) as f:
+        head = has_mtp_head(f.tensors)
+    engine = load_engine(paths["mtp"])
+    seen = []
+    for request in ({"temperature": 0, "num_predict": 6}, {"temperature": 0, "num_predict": 6, "n_max": 3}):
+        shown = speculation_info(model, request, head)["effective"]
+        run = generate(engine, **request)
+        # what the server sends the engine for the same request
+        sent = GenerateRequest(prompt=PROMPT, options=merged_options(model, request))
+        assert run.spec.drafter == shown["drafter"] == engine.plan(sent).drafter
+        seen.append(shown["drafter"])
+    assert seen == ["none", "mtp"]
+
+
+def test_draft_acceptance_from_a_modelfile_reaches_the_engine(dist_engine):
+    from modelfile import parameters_from_commands, parse
+
+    params, _ = parameters_from_commands(parse("FROM m\nPARAMETER draft_acceptance match\n"))
+    req = GenerateRequest(prompt=DIST_PROMPT, options=Options.merged(params, {**DIST_OPTS, "seed": 1}))
+    plan = dist_engine.plan(req)
+    assert plan.rule == "match"
+    assert dist_engine.settings(req, plan, plan.cap, num_ctx=64, num_keep=4).rule == "match"
+
+
 # ------------------------------------------------------------------------------------------------
 # (b) strict acceptance samples the target's distribution
 # ------------------------------------------------------------------------------------------------
