@@ -334,10 +334,13 @@ class TandemSubject:
         return _clock() - t0
 
     def decode_e2e(self, ids: list[int], n: int) -> DecodeOutput:
+        from engine.options import Options
         from engine.process.protocol import GenerateRequest, GenerateResult
 
+        # num_ctx: the whole cache, as before options had a 4096 default.
         req = GenerateRequest(prompt="", raw_tokens=list(ids), add_bos=False,
-                              options={"temperature": 0.0, "num_predict": n, "seed": 0, "drafter": "none"})
+                              options=Options(temperature=0.0, num_predict=n, seed=0, drafter="none",
+                                              num_ctx=self.engine.cache.capacity))
         result = None
         for item in self.engine.generate(req):
             if isinstance(item, GenerateResult):

@@ -30,9 +30,10 @@ from typing import Any
 
 import torch
 
+from engine.options import Options
 from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
-from server.bench.prompt_sets import PROMPTS, TEMPERATURES
 from engine.runtime import ModelRuntime
+from server.bench.prompt_sets import PROMPTS, TEMPERATURES
 
 # PROMPTS and TEMPERATURES are shared with `tandem bench` (server/bench/).
 
@@ -117,7 +118,7 @@ def render_prompt(engine: ModelRuntime, text: str, raw: bool) -> str:
 
 def run_once(engine: ModelRuntime, prompt: str, options: dict) -> Sample:
     result = None
-    for item in engine.generate(GenerateRequest(prompt=prompt, options=options)):
+    for item in engine.generate(GenerateRequest(prompt=prompt, options=Options.from_map(options))):
         if isinstance(item, GenerateResult):
             result = item
     assert result is not None
@@ -247,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                 for cfg in configs:
                     if cfg.temps and temp not in cfg.temps:
                         continue
-                    opts = dict(TEMPERATURES[temp], num_predict=args.tokens, seed=1000 + rep, **cfg.options)
+                    # num_ctx: the whole cache, as before options had a 4096 default.
+                    opts = dict(TEMPERATURES[temp], num_predict=args.tokens, seed=1000 + rep,
+                                num_ctx=engine.cache.capacity, **cfg.options)
                     sample = run_once(engine, prompt, opts)
                     if rep >= args.warmup:
                         cells.setdefault((pname, temp, cfg.name), Cell(pname, temp, cfg.name)).samples.append(sample)

@@ -14,7 +14,7 @@ per-depth cost persist across requests. A request only resolves its options, tok
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Iterator, Mapping
+from typing import Callable, Iterator
 
 import torch
 
@@ -42,10 +42,8 @@ from engine.speculative.loop import (
 )
 from engine.speculative.mtp import MtpDrafter, find_nextn_block
 from engine.speculative.ngram import NgramDrafter
+from engine.speculative.plan import SpeculationPlan, plan_speculation
 from engine.text.json_grammar import SchemaError, compile_format
-
-DRAFTER_KINDS = ("auto", "model", "mtp", "ngram", "none")
-DEFAULT_DRAFT_CAP = 4  # Ollama's draft_num_predict default
 
 
 def resolve_device(device: str) -> torch.device:
@@ -94,11 +92,6 @@ def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity
     except (UnsupportedModelError, KeyError) as e:
         df.close()
         raise EngineError(f"draft model {spec.draft_path}: MTP head: {e}", 400) from None
-
-
-def _opt(options: Mapping[str, Any], name: str, default: Any) -> Any:
-    v = options.get(name)
-    return default if v is None else v
 
 
 class ModelRuntime:
@@ -219,29 +212,28 @@ class ModelRuntime:
     # ------------------------------------------------------------------------------------------
     # speculation settings
     # ------------------------------------------------------------------------------------------
-    def resolve_drafter(self, options: Mapping[str, Any]) -> tuple[Drafter, int]:
-        """(drafter, depth cap) for a request; cap 0 means plain decoding."""
-        kind = str(_opt(options, "drafter", "auto")).lower()
-        cap = int(_opt(options, "draft_num_predict", _opt(options, "n_max", DEFAULT_DRAFT_CAP)))
-        if kind not in DRAFTER_KINDS:
-            raise EngineError(f"unknown drafter {kind!r} (expected one of {', '.join(DRAFTER_KINDS)})", 400)
-        if kind == "auto":
-            kind = "model" if "model" in self.drafters else "mtp" if "mtp" in self.drafters else "none"
+    def plan(self, req: GenerateRequest) -> SpeculationPlan:
+        """The request's speculation, decided by the one rule with what this engine loaded."""
+        return plan_speculation(req.options, has_draft_layer=self.draft_kind is not None,
+                                has_mtp_head="mtp" in self.drafters)
+
+    def resolve_drafter(self, plan: SpeculationPlan) -> tuple[Drafter, int]:
+        """(drafter, depth cap) for a plan; cap 0 means plain decoding. The plan chose the drafter;
+        this only checks that the model has it (an explicit ``model``/``mtp`` it lacks is a 400)."""
+        kind = plan.drafter
         if kind == "model" and self.draft_kind == "mtp":
             kind = "mtp"  # the DRAFT layer is an MTP head: asking for the DRAFT drafter gets the head
         if kind == "model" and "model" not in self.drafters:
             raise EngineError("drafter 'model' was requested but this model has no draft model (DRAFT)", 400)
         if kind == "mtp" and "mtp" not in self.drafters:
             raise EngineError("drafter 'mtp' was requested but this model has no MTP (NextN) head", 400)
-        if kind == "none" or cap <= 0:
+        if kind == "none":
             return NullDrafter(), 0
-        return self.drafters[kind], cap
+        return self.drafters[kind], plan.cap
 
     def controller(self, kind: str, schedule: str, n_min: int) -> DepthController:
         if schedule == "fixed":
             return FixedDepth(n_min=n_min)
-        if schedule != "adaptive":
-            raise EngineError(f"unknown draft_schedule {schedule!r} (expected adaptive or fixed)", 400)
         if kind not in self.controllers:
             self.controllers[kind] = AdaptiveDepth()
         return self.controllers[kind]
@@ -262,39 +254,31 @@ class ModelRuntime:
             tokens = tokens[:keep] + tokens[len(tokens) - (num_ctx - keep):]
         return tokens
 
-    def settings(self, req: GenerateRequest, cap: int, prompt_len: int) -> DecodeSettings:
+    def settings(self, req: GenerateRequest, plan: SpeculationPlan, cap: int, num_ctx: int,
+                 num_keep: int) -> DecodeSettings:
+        """The loop's settings: typed options and the plan, resolved against this request's context."""
         o = req.options
-        num_ctx = min(int(_opt(o, "num_ctx", self.cache.capacity)), self.cache.capacity)
-        num_keep = int(_opt(o, "num_keep", 4))
-        if num_keep < 0:
-            num_keep = prompt_len
-        stops = _opt(o, "stop", ())
-        if isinstance(stops, str):
-            stops = (stops,)
         eog = set(self.tokenizer.eot_ids)
         if self.tokenizer.eos_id is not None:
             eog.add(self.tokenizer.eos_id)
-        rule = str(_opt(o, "draft_acceptance", "strict"))
-        if rule not in ("strict", "match"):
-            raise EngineError(f"unknown draft_acceptance {rule!r} (expected strict or match)", 400)
         return DecodeSettings(
             sampling=SamplingOptions.from_options(o, num_ctx),
             num_ctx=num_ctx,
-            num_predict=int(_opt(o, "num_predict", -1)),
+            num_predict=o.num_predict,
             num_keep=num_keep,
             shift=req.shift,
             cap=cap,
-            schedule=str(_opt(o, "draft_schedule", "adaptive")),
-            p_min=float(_opt(o, "draft_p_min", 0.0)),
-            n_min=int(_opt(o, "draft_n_min", 0)),
-            relaxed_top_n=int(_opt(o, "relaxed_top_n", 0)),
-            rule=rule,
+            schedule=plan.schedule,
+            p_min=plan.p_min,
+            n_min=plan.n_min,
+            relaxed_top_n=plan.relaxed_top_n,
+            rule=plan.rule,
             logprobs=bool(req.logprobs),
             top_logprobs=int(req.top_logprobs or 0) if req.logprobs else 0,
-            trace=bool(req.trace or _opt(o, "draft_trace", False) or trace_from_env()),
-            stops=tuple(str(s) for s in stops),
+            trace=plan.trace or trace_from_env(),
+            stops=o.stop,
             eog_ids=frozenset(eog),
-            prefill_chunk=max(1, int(_opt(o, "num_batch", 512))),
+            prefill_chunk=max(1, o.num_batch),
         )
 
     def generate(self, req: GenerateRequest,
@@ -302,20 +286,20 @@ class ModelRuntime:
         if req.images:
             raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
         should_stop = should_stop or (lambda: False)
-        o = req.options
-        num_ctx = min(int(_opt(o, "num_ctx", self.cache.capacity)), self.cache.capacity)
-        num_keep = int(_opt(o, "num_keep", 4))
+        num_ctx = min(req.options.num_ctx, self.cache.capacity)
+        num_keep = req.options.num_keep  # < 0: keep everything (the whole context, then the whole prompt)
         prompt = self._prompt_tokens(req, num_ctx, num_keep if num_keep >= 0 else num_ctx)
         try:
             node = compile_format(req.format)
         except SchemaError as e:
             raise EngineError(str(e), 400) from None
-        drafter, cap = self.resolve_drafter(o)
+        plan = self.plan(req)
+        drafter, cap = self.resolve_drafter(plan)
         if node is not None:
             # Drafts are not constrained: verifying them would be correct but mostly wasted (any
             # draft that breaks the JSON is rejected), and only the plain step carries the filter.
             drafter, cap = NullDrafter(), 0
-        s = self.settings(req, cap, len(prompt))
+        s = self.settings(req, plan, cap, num_ctx, num_keep if num_keep >= 0 else len(prompt))
         constraint = None
         if node is not None:
             if self.pieces is None:
@@ -323,7 +307,7 @@ class ModelRuntime:
             constraint = TokenConstraint(node, self.pieces, s.eog_ids)
         controller = self.controller(drafter.kind, s.schedule, s.n_min) if cap > 0 else FixedDepth()
 
-        seed = int(_opt(o, "seed", -1))
+        seed = req.options.seed
         if seed < 0:  # one random seed for both streams, so a request is internally consistent
             seed = int.from_bytes(os.urandom(8), "little") >> 1
         loop = DecodeLoop(target=self.target, cache=self.cache, tokenizer=self.tokenizer, drafter=drafter,

@@ -14,6 +14,7 @@ import anyio
 from fastapi import Request
 
 from blobs.model import StoredModel
+from engine.options import Options
 from engine.process.protocol import (
     EngineCrashedError,
     EngineError,
@@ -59,7 +60,7 @@ class Generation:
     (a disconnect cancels the engine's work), and on completion logs the request and counts metrics."""
 
     def __init__(self, ctx: ServerContext, request: Request, endpoint: str, name: str, model: StoredModel,
-                 options: dict[str, Any], keep_alive: float, t_start_ns: int, load: dict[str, Any]):
+                 options: Options, keep_alive: float, t_start_ns: int, load: dict[str, Any]):
         self.ctx = ctx
         self.load = load
         self.request = request
@@ -195,7 +196,7 @@ def speculation_fields(result: GenerateResult) -> dict[str, Any]:
 
 
 async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messages: list[Message],
-                              tools: list[Tool], options: dict[str, Any], *, truncate: bool, shift: bool,
+                              tools: list[Tool], options: Options, *, truncate: bool, shift: bool,
                               logprobs: bool, top_logprobs: int,
                               format: Any = None) -> Callable[[Lease], Awaitable[EngineRequest]]:
     """The `build` step of a chat: render with Ollama's truncation (oldest messages dropped until the
@@ -216,7 +217,7 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
         prompt = await anyio.to_thread.run_sync(render)
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
                              logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs,
-                             trace=bool(options.get("draft_trace")), shift=shift, truncate=truncate,
+                             shift=shift, truncate=truncate,
                              format=format)
 
     return build

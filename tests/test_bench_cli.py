@@ -350,6 +350,7 @@ def test_logprobs_under_relaxed_speculation_are_the_targets(pair: tuple[Path, Pa
     """What the prose measurement relies on: with a lossy rule accepting drafts the target would not
     have picked, each emitted token's logprob is still the target's log-probability of it given the
     emitted prefix, and top_logprobs[0] is the target's argmax there."""
+    from engine.options import Options
     from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
     from engine.runtime import ModelRuntime
 
@@ -358,9 +359,9 @@ def test_logprobs_under_relaxed_speculation_are_the_targets(pair: tuple[Path, Pa
     engine = ModelRuntime.load(LoadSpec(model_path=str(target), draft_path=str(draft), num_ctx=256, device="cpu",
                                   weight_format="f32", draft_weight_format="f32"))
     opts = {"temperature": 1.0, "seed": 7, "num_predict": 40, "drafter": "model", "draft_num_predict": 3,
-            "draft_schedule": "fixed", "relaxed_top_n": 20}
+            "draft_schedule": "fixed", "relaxed_top_n": 20, "draft_trace": True}
     lps, result = [], None
-    req = GenerateRequest(prompt="def add(a, b):", options=opts, logprobs=True, top_logprobs=1, trace=True)
+    req = GenerateRequest(prompt="def add(a, b):", options=Options.from_map(opts), logprobs=True, top_logprobs=1)
     for item in engine.generate(req):
         if isinstance(item, GenerateResult):
             result = item

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from engine.options import Options
 from engine.process.protocol import (
     EngineError,
     GenerateRequest,
@@ -202,7 +203,7 @@ def engine(tmp_path_factory):
 
 def run(engine, fmt, options, prompt="Reply in JSON:") -> tuple[str, GenerateResult]:
     parts, result = [], None
-    for item in engine.generate(GenerateRequest(prompt=prompt, options=options, format=fmt)):
+    for item in engine.generate(GenerateRequest(prompt=prompt, options=Options.from_map(options), format=fmt)):
         if isinstance(item, GenerateResult):
             result = item
         else:

@@ -1,55 +1,27 @@
-"""Parameter typing (Ollama's FormatParams / Options.FromMap) and tandem's speculation tunables."""
+"""Modelfile parameter typing (Ollama's FormatParams, Go strconv) against engine.options' table.
+
+JSON options (Options.FromMap), the table itself and the speculation rule: tests/test_options.py.
+"""
 from __future__ import annotations
 
 import math
 
 import pytest
 
-from modelfile import (DEFAULT_OPTIONS, OPTION_TYPES, SPECULATION_DEFAULTS, Command, ParamError,
-                       coerce_options, format_params, parse, parameters_from_commands)
-from modelfile.params import (OPTION_ALIASES, effective_draft_num_predict, go_parse_bool,
-                              go_parse_float, go_parse_int, resolve_options, resolve_speculation)
+from modelfile import (
+    Command,
+    ParamError,
+    format_params,
+    parameters_from_commands,
+    parse,
+)
+from modelfile.params import go_parse_bool, go_parse_float, go_parse_int
 
 
 def perr(fn, *args, **kwargs):
     with pytest.raises(ParamError) as info:
         fn(*args, **kwargs)
     return str(info.value)
-
-
-# --------------------------------------------------------------------------- the table
-
-def test_option_types_table():
-    ints = {"num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx", "num_batch",
-            "num_gpu", "num_thread", "draft_num_predict", "main_gpu", "draft_n_min", "relaxed_top_n"}
-    floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
-              "frequency_penalty", "draft_p_min"}
-    bools = {"use_mmap", "draft_trace"}
-    strs = {"draft_schedule", "drafter"}
-    assert {k for k, v in OPTION_TYPES.items() if v is int} == ints
-    assert {k for k, v in OPTION_TYPES.items() if v is float} == floats
-    assert {k for k, v in OPTION_TYPES.items() if v is bool} == bools
-    assert {k for k, v in OPTION_TYPES.items() if v is str} == strs
-    assert OPTION_TYPES["stop"] == list[str]
-    assert len(OPTION_TYPES) == len(ints | floats | bools | strs) + 1
-    assert OPTION_ALIASES == {"n_max": "draft_num_predict"}
-
-
-def test_default_options():
-    assert DEFAULT_OPTIONS == {
-        "num_keep": 4, "seed": -1, "num_predict": -1, "top_k": 40, "top_p": 0.9, "min_p": 0.0,
-        "typical_p": 1.0, "repeat_last_n": 64, "temperature": 0.8, "repeat_penalty": 1.0,
-        "presence_penalty": 0.0, "frequency_penalty": 0.0, "num_ctx": 4096, "num_batch": 512,
-        "num_gpu": -1, "num_thread": 0}
-
-
-def test_speculation_defaults():
-    assert SPECULATION_DEFAULTS == {
-        "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
-        "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False}
-    # every default passes its own validation
-    typed = coerce_options(SPECULATION_DEFAULTS)
-    assert typed == SPECULATION_DEFAULTS
 
 
 # --------------------------------------------------------------------------- Go strconv
@@ -219,106 +191,8 @@ def test_all_drafters_accepted(drafter):
     assert format_params({"drafter": [drafter]}) == ({"drafter": drafter}, [])
 
 
-# --------------------------------------------------------------------------- coerce_options (JSON)
-
-def test_coerce_options_types():
-    out = coerce_options({"temperature": 0, "top_p": 0.95, "top_k": 20.9, "num_predict": -1.7,
-                          "seed": 42, "use_mmap": False, "stop": ["a", "b"], "n_max": 3,
-                          "drafter": "mtp", "draft_trace": True, "draft_p_min": 1})
-    assert out == {"temperature": 0.0, "top_p": 0.95, "top_k": 20, "num_predict": -1, "seed": 42,
-                   "use_mmap": False, "stop": ["a", "b"], "draft_num_predict": 3,
-                   "drafter": "mtp", "draft_trace": True, "draft_p_min": 1.0}
-    assert type(out["temperature"]) is float and type(out["top_k"]) is int
-
-
-def test_coerce_options_unknown_dropped_and_reported():
-    unknown = []
-    out = coerce_options({"numa": True, "penalize_newline": True, "top_k": 5, "Top_K": 1},
-                         unknown=unknown)
-    assert out == {"top_k": 5}
-    assert unknown == ["numa", "penalize_newline", "Top_K"]
-
-
-def test_coerce_options_null_and_empty():
-    assert coerce_options({"top_k": None, "temperature": 0.5}) == {"temperature": 0.5}
-    assert coerce_options({}) == {}
-    assert coerce_options(None) == {}
-
-
-@pytest.mark.parametrize("options,message", [
-    ({"top_k": "40"}, 'option "top_k" must be of type integer'),
-    ({"top_k": True}, 'option "top_k" must be of type integer'),
-    ({"top_k": [1]}, 'option "top_k" must be of type integer'),
-    ({"n_max": "4"}, 'option "n_max" must be of type integer'),
-    ({"temperature": "0.5"}, 'option "temperature" must be of type float32'),
-    ({"temperature": False}, 'option "temperature" must be of type float32'),
-    ({"use_mmap": 1}, 'option "use_mmap" must be of type boolean'),
-    ({"use_mmap": "true"}, 'option "use_mmap" must be of type boolean'),
-    ({"draft_trace": 0}, 'option "draft_trace" must be of type boolean'),
-    ({"stop": 5}, 'option "stop" must be of type array'),
-    ({"stop": {"a": 1}}, 'option "stop" must be of type array'),
-    ({"stop": ["a", 1]}, 'option "stop" must be of an array of strings'),
-    ({"drafter": 1}, 'option "drafter" must be of type string'),
-    ({"draft_schedule": None, "drafter": "fast"},
-     'invalid drafter value [fast]: must be one of "auto", "model", "mtp", "ngram", or "none"'),
-    ({"draft_schedule": "ADAPTIVE"},
-     'invalid draft_schedule value [ADAPTIVE]: must be "adaptive" or "fixed"'),
-    ({"draft_p_min": 1.5}, "invalid draft_p_min value [1.5]: must be between 0 and 1"),
-    ({"draft_n_min": -2}, "invalid draft_n_min value [-2]: must be >= 0"),
-    ({"relaxed_top_n": -1.0}, "invalid relaxed_top_n value [-1.0]: must be >= 0"),
-])
-def test_coerce_options_errors(options, message):
-    assert perr(coerce_options, options) == message
-
-
-def test_coerce_options_single_stop_string():
-    assert coerce_options({"stop": "\n\n"}) == {"stop": ["\n\n"]}
-
-
-def test_coerce_options_does_not_mutate_input():
-    opts = {"stop": ["a"], "n_max": 2}
-    coerce_options(opts)
-    assert opts == {"stop": ["a"], "n_max": 2}
-
-
-# --------------------------------------------------------------------------- draft depth resolution
-
-@pytest.mark.parametrize("merged,explicit,has_draft,drafter,has_mtp,expected", [
-    # Ollama's rule: default 4, forced to 0 without a DRAFT layer unless set explicitly
-    ({}, False, True, "auto", False, ("model", 4)),
-    ({}, False, False, "auto", False, ("none", 0)),
-    ({"draft_num_predict": 4}, False, False, "auto", True, ("none", 0)),
-    ({"draft_num_predict": 6}, True, False, "auto", True, ("mtp", 6)),
-    ({"draft_num_predict": 6}, True, False, "auto", False, ("none", 0)),
-    ({"draft_num_predict": 8}, True, True, "auto", False, ("model", 8)),
-    ({"draft_num_predict": 0}, True, True, "auto", False, ("none", 0)),
-    ({"draft_num_predict": -3}, True, True, "auto", False, ("none", 0)),
-    ({"draft_num_predict": 4}, False, True, "none", False, ("none", 0)),
-    # an explicitly chosen drafter keeps the default cap
-    ({"draft_num_predict": 4}, False, False, "ngram", False, ("ngram", 4)),
-    ({"draft_num_predict": 2}, True, False, "mtp", True, ("mtp", 2)),
-    ({"draft_num_predict": 4}, False, True, "model", False, ("model", 4)),
-    ({"draft_num_predict": 0}, True, False, "ngram", False, ("none", 0)),
-])
-def test_resolve_speculation(merged, explicit, has_draft, drafter, has_mtp, expected):
-    assert resolve_speculation(merged, explicit, has_draft, drafter, has_mtp_head=has_mtp) == expected
-    assert effective_draft_num_predict(merged, explicit, has_draft, drafter,
-                                       has_mtp_head=has_mtp) == expected[1]
-
-
-def test_resolve_speculation_reads_drafter_from_options():
-    assert resolve_speculation({"drafter": "ngram", "draft_num_predict": 5}, True, False) == ("ngram", 5)
-
-
-def test_resolve_options_merge_order():
-    params, _ = format_params({"temperature": ["0.2"], "stop": ["</s>"], "n_max": ["6"]})
-    merged = resolve_options(params, {"temperature": 0.9, "top_k": 3.0}, has_draft_layer=True)
-    assert merged["temperature"] == 0.9 and merged["top_k"] == 3 and merged["stop"] == ["</s>"]
-    assert merged["draft_num_predict"] == 6 and merged["drafter"] == "model"
-    assert merged["num_ctx"] == 4096 and merged["draft_schedule"] == "adaptive"
-    # no DRAFT layer, nothing set -> speculation off; the request can pick n-gram drafting
-    assert resolve_options({}, {}, has_draft_layer=False)["draft_num_predict"] == 0
-    merged = resolve_options({}, {"drafter": "ngram"}, has_draft_layer=False)
-    assert (merged["drafter"], merged["draft_num_predict"]) == ("ngram", 4)
-    merged = resolve_options({}, {"n_max": 3}, has_draft_layer=False, has_mtp_head=True)
-    assert (merged["drafter"], merged["draft_num_predict"]) == ("mtp", 3)
+def test_draft_acceptance_is_a_parameter():
+    cmds = parse("FROM m\nPARAMETER draft_acceptance match\n")
+    assert parameters_from_commands(cmds) == ({"draft_acceptance": "match"}, [])
+    assert perr(format_params, {"draft_acceptance": ["lossy"]}) == (
+        'invalid draft_acceptance value [lossy]: must be "strict" or "match"')

@@ -13,10 +13,25 @@ import signal
 import pytest
 import torch
 
-from engine.process.protocol import ContextLengthError, EngineCrashedError, EngineError, GenerateRequest, GenerateResult, LoadSpec
+from engine.options import Options
+from engine.process.protocol import (
+    ContextLengthError,
+    EngineCrashedError,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+)
 from engine.sampling.sampler import SamplingOptions, process
 from engine.text.stops import StopMatcher, TextStream
-from tests.test_speculation import GREEDY, PROMPT, generate, load_engine, spec_opts, write_model
+from tests.test_speculation import (
+    GREEDY,
+    PROMPT,
+    generate,
+    load_engine,
+    spec_opts,
+    write_model,
+)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,13 +277,14 @@ def test_engine_client_load_stream_cancel_and_crash(paths):
                     chunks.append(item)
             return [t for c in chunks for t in c.token_ids], result
 
-        req = GenerateRequest(prompt=PROMPT, options=dict(temperature=0, num_predict=6, drafter="ngram",
-                                                          draft_num_predict=3))
+        req = GenerateRequest(prompt=PROMPT, options=Options.from_map(dict(temperature=0, num_predict=6, drafter="ngram",
+                                                                           draft_num_predict=3)))
         first, res = collect(req)
         assert len(first) == 6 and res.done_reason == "length" and res.eval_count == 6
 
         # Cancel mid-stream: the engine stops at the next round and still sends its final result.
-        endless = GenerateRequest(prompt=PROMPT, options=dict(temperature=0, num_predict=-1, drafter="none"))
+        endless = GenerateRequest(prompt=PROMPT, options=Options.from_map(dict(temperature=0, num_predict=-1,
+                                                                               drafter="none")))
         n_chunks, result = 0, None
         for item in client.generate(endless):
             if isinstance(item, GenerateResult):

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
+from engine.options import Options
 from engine.sampling.sampler import (
     SamplingOptions,
     apply_penalties,
@@ -98,20 +99,20 @@ def test_defaults_and_from_options() -> None:
     assert (d.repeat_last_n, d.seed) == (64, -1)
 
     o = SamplingOptions.from_options(
-        {"temperature": 0, "top_k": "5", "top_p": 0.5, "min_p": 0.1, "typical_p": 0.7,
-         "repeat_penalty": 1.3, "presence_penalty": 0.2, "frequency_penalty": 0.1,
-         "repeat_last_n": -1, "seed": 42, "num_ctx": 999, "stop": ["x"], "top_n": None},
+        Options.from_map({"temperature": 0, "top_k": 5, "top_p": 0.5, "min_p": 0.1, "typical_p": 0.7,
+                          "repeat_penalty": 1.3, "presence_penalty": 0.2, "frequency_penalty": 0.1,
+                          "repeat_last_n": -1, "seed": 42, "num_ctx": 999, "stop": ["x"], "top_n": None}),
         num_ctx=8192,
     )
     assert o == SamplingOptions(0.0, 5, 0.5, 0.1, 0.7, 1.3, 0.2, 0.1, 8192, 42)
     assert o.greedy
-    # -1 falls back to the options' own num_ctx, then to 2048; None means default.
-    assert SamplingOptions.from_options({"repeat_last_n": -1, "num_ctx": 300}).repeat_last_n == 300
-    assert SamplingOptions.from_options({"repeat_last_n": -1}).repeat_last_n == 2048
-    assert SamplingOptions.from_options({"temperature": None}) == SamplingOptions()
-    assert SamplingOptions.from_options(None) == SamplingOptions()
-    with pytest.raises(ValueError):
-        SamplingOptions.from_options({"temperature": "hot"})
+    # -1 falls back to the options' own num_ctx (whose default is 4096); defaults are the sampler's.
+    assert SamplingOptions.from_options(Options.from_map({"repeat_last_n": -1, "num_ctx": 300})).repeat_last_n == 300
+    assert SamplingOptions.from_options(Options.from_map({"repeat_last_n": -1})).repeat_last_n == 4096
+    assert SamplingOptions.from_options(Options.from_map({"temperature": None})) == SamplingOptions()
+    assert SamplingOptions.from_options(Options()) == SamplingOptions()
+    with pytest.raises(ValueError):  # ParamError, where the options are parsed
+        SamplingOptions.from_options(Options.from_map({"temperature": "hot"}))
 
 
 def test_generators_are_reproducible_and_independent() -> None:

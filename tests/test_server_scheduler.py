@@ -16,6 +16,7 @@ import pytest
 
 from blobs import BlobStore
 from blobs.model import load_stored_model
+from engine.options import Options
 from engine.process.protocol import (
     EngineCrashedError,
     GenerateRequest,
@@ -45,7 +46,6 @@ class FakeEngine:
 
     instances: list["FakeEngine"] = []
     step = 0.01
-    tokens = 20
 
     def __init__(self) -> None:
         self.pid = 10_000 + len(FakeEngine.instances)
@@ -59,6 +59,7 @@ class FakeEngine:
         self.generated = 0
         self.cancels = 0
         self.calls = 0
+        self.requests: list[GenerateRequest] = []
         FakeEngine.instances.append(self)
 
     def load(self, spec: LoadSpec, timeout: float | None = None) -> ModelFacts:
@@ -69,11 +70,12 @@ class FakeEngine:
 
     def generate(self, req: GenerateRequest):
         self.calls += 1
+        self.requests.append(req)
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self._cancel.clear()
         try:
-            n = int(req.options.get("num_predict", self.tokens))
+            n = req.options.num_predict
             for i in range(n):
                 if self._cancel.is_set():
                     break
@@ -125,7 +127,6 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> BlobStore:
 def _reset() -> None:
     FakeEngine.instances.clear()
     FakeEngine.step = 0.01
-    FakeEngine.tokens = 20
 
 
 def scheduler(**kw) -> Scheduler:
@@ -134,7 +135,7 @@ def scheduler(**kw) -> Scheduler:
 
 async def run_one(s: Scheduler, model, keep_alive: float = 300, load=None, num_predict: int = 3) -> str:
     lease = await s.acquire(model, load or {}, keep_alive)
-    stream = GenerationStream(lease, GenerateRequest(prompt="x", options={"num_predict": num_predict}))
+    stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=num_predict)))
     text = ""
     async for item in stream:
         if isinstance(item, TokenChunk):
@@ -244,7 +245,7 @@ def test_crash_gives_error_and_next_request_restarts(model_store: BlobStore) -> 
         await run_one(s, model)
         FakeEngine.instances[0].crash_after = 1
         lease = await s.acquire(model, {}, 300)
-        stream = GenerationStream(lease, GenerateRequest(prompt="x", options={"num_predict": 5}))
+        stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=5)))
         got = []
         with pytest.raises(EngineCrashedError):
             async for item in stream:
@@ -265,7 +266,7 @@ def test_cancel_stops_engine_and_frees_the_model(model_store: BlobStore) -> None
     async def main() -> None:
         s = scheduler()
         lease = await s.acquire(model, {}, 300)
-        stream = GenerationStream(lease, GenerateRequest(prompt="x", options={"num_predict": 500}))
+        stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=500)))
         n = 0
         async for item in stream:
             n += 1
@@ -389,6 +390,35 @@ def test_queue_full_over_http(model_store: BlobStore) -> None:
             assert r.status_code == 200 and r.json()["response"] == "t0 t1 "
             assert FakeEngine.instances[0].generated < 40
             assert FakeEngine.instances[0].cancels >= 1
+
+
+def test_options_reach_the_engine_typed(model_store: BlobStore, tmp_path: Path) -> None:
+    """The edge parses options once and the engine gets them typed: draft_acceptance from a Modelfile
+    PARAMETER or the request's options (both used to drop it), the trace flag only as draft_trace."""
+    from modelfile import parameters_from_commands, parse
+    from tests.server_thread import ServerThread
+
+    write_tiny_gguf(tmp_path / "t.gguf", TinySpec(arch="llama", n_layer=1, n_embd=32, n_ff=64, seed=1))
+    digest, _ = model_store.add_file(tmp_path / "t.gguf")
+    params, _ = parameters_from_commands(parse("FROM t\nPARAMETER draft_acceptance match\nPARAMETER n_max 2\n"))
+    create_model(model_store, CreateRequest(model="fake-match", files={"t.gguf": digest}, parameters=params))
+    with ServerThread(model_store, Settings(), engine_factory=FakeEngine) as srv:
+        with httpx.Client(base_url=srv.url, timeout=30) as c:
+            r = c.post("/api/generate", json={"model": "fake-match", "prompt": "hi", "stream": False,
+                                              "options": {"num_predict": 1, "draft_trace": True}})
+            assert r.status_code == 200
+            r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
+                                              "options": {"num_predict": 1, "draft_acceptance": "match"}})
+            assert r.status_code == 200
+            r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
+                                              "options": {"draft_acceptance": "lossy"}})
+            assert (r.status_code, r.json()) == (
+                500, {"error": 'invalid draft_acceptance value [lossy]: must be "strict" or "match"'})
+    from_params, from_request = [req.options for e in FakeEngine.instances for req in e.requests]
+    assert isinstance(from_params, Options) and from_params.draft_acceptance == "match"
+    assert from_params.draft_num_predict == 2 and from_params.draft_trace
+    assert from_params.explicit == {"draft_acceptance", "draft_num_predict", "num_predict", "draft_trace"}
+    assert from_request.draft_acceptance == "match" and not from_request.draft_trace
 
 
 def test_startup_prunes_unused_blobs_unless_noprune(tmp_path: Path) -> None:

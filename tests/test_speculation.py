@@ -25,10 +25,17 @@ import numpy as np
 import pytest
 import torch
 
-from engine.process.protocol import EngineError, GenerateRequest, GenerateResult, LoadSpec, TokenChunk
-from engine.speculative.depth import AdaptiveDepth
+from engine.options import Options, ParamError
+from engine.process.protocol import (
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    TokenChunk,
+)
 from engine.runtime import ModelRuntime
 from engine.sampling.sampler import SamplingOptions, process
+from engine.speculative.depth import AdaptiveDepth
 from tests.tiny_gguf import TinySpec, tiny_tensors, vocab_for, write_tiny_gguf
 
 PROMPT = "def fib(n): return the"
@@ -113,7 +120,7 @@ class Run:
 def generate(engine: ModelRuntime, prompt: str = PROMPT, *, should_stop: Callable[[], bool] | None = None,
              request: dict | None = None, **options) -> Run:
     chunks, result = [], None
-    req = GenerateRequest(prompt=prompt, options=options, **(request or {}))
+    req = GenerateRequest(prompt=prompt, options=Options.from_map(options), **(request or {}))
     for item in engine.generate(req, should_stop=should_stop):
         if isinstance(item, GenerateResult):
             result = item
@@ -230,11 +237,49 @@ def test_auto_picks_the_draft_model_and_unknown_drafters_are_400(self_engine, pa
         with pytest.raises(EngineError) as e:
             generate(plain_engine, temperature=0, num_predict=4, drafter=bad)
         assert e.value.status == 400 and bad in str(e.value)
-    with pytest.raises(EngineError):
+    with pytest.raises(ParamError):  # rejected where the options are parsed, before the engine
         generate(plain_engine, temperature=0, num_predict=4, drafter="medusa")
     # draft_num_predict 0 turns speculation off whatever the drafter.
     off = generate(self_engine, temperature=0, num_predict=8, drafter="model", draft_num_predict=0)
     assert off.spec.drafter == "none" and off.spec.draft_n == 0
+
+
+def test_engine_and_show_agree_on_an_mtp_head(paths, tmp_path):
+    """One rule: /api/show's "effective" drafter is what the engine uses. With an MTP head and no DRAFT,
+    Ollama's rule needs an explicit cap (the engine used to pick the head on its own)."""
+    from blobs import BlobStore
+    from blobs.model import load_stored_model
+    from engine.capabilities import has_mtp_head
+    from engine.gguf import GGUFFile
+    from importer import CreateRequest, create_model
+    from server.options import merged_options, speculation_info
+
+    store = BlobStore(tmp_path / "models")
+    digest, _ = store.add_file(paths["mtp"])
+    create_model(store, CreateRequest(model="mtp", files={"mtp.gguf": digest}))
+    model = load_stored_model(store, "mtp")
+    with GGUFFile(str(model.model_path)) as f:
+        head = has_mtp_head(f.tensors)
+    engine = load_engine(paths["mtp"])
+    seen = []
+    for request in ({"temperature": 0, "num_predict": 6}, {"temperature": 0, "num_predict": 6, "n_max": 3}):
+        shown = speculation_info(model, request, head)["effective"]
+        run = generate(engine, **request)
+        # what the server sends the engine for the same request
+        sent = GenerateRequest(prompt=PROMPT, options=merged_options(model, request))
+        assert run.spec.drafter == shown["drafter"] == engine.plan(sent).drafter
+        seen.append(shown["drafter"])
+    assert seen == ["none", "mtp"]
+
+
+def test_draft_acceptance_from_a_modelfile_reaches_the_engine(dist_engine):
+    from modelfile import parameters_from_commands, parse
+
+    params, _ = parameters_from_commands(parse("FROM m\nPARAMETER draft_acceptance match\n"))
+    req = GenerateRequest(prompt=DIST_PROMPT, options=Options.merged(params, {**DIST_OPTS, "seed": 1}))
+    plan = dist_engine.plan(req)
+    assert plan.rule == "match"
+    assert dist_engine.settings(req, plan, plan.cap, num_ctx=64, num_keep=4).rule == "match"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,7 +316,7 @@ def dist_engine(tmp_path_factory):
 
 def exact_first_tokens(engine: ModelRuntime, prompt: str, opts: dict, n: int) -> dict[tuple[int, ...], float]:
     """P(first n tokens) of the target alone, from its logits (full forwards, no speculation)."""
-    so = SamplingOptions.from_options(opts)
+    so = SamplingOptions.from_options(Options.from_map(opts))
     model = engine.target
 
     def dist(ctx):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.options import Options
+
 
 class EngineError(Exception):
     """A request the engine could not serve; ``status`` is the HTTP status the server answers with."""
@@ -48,13 +50,12 @@ class GenerateRequest:
     """One generation. ``prompt`` is the fully rendered prompt text (templates are applied by the server)."""
 
     prompt: str
-    options: dict[str, Any] = field(default_factory=dict)  # merged: defaults <- model params <- request
+    options: Options = field(default_factory=Options)  # merged: defaults <- model params <- request
     images: list[bytes] = field(default_factory=list)
     raw_tokens: list[int] | None = None  # Ollama's deprecated `context`: tokens prepended to the prompt
     add_bos: bool | None = None  # None: the tokenizer's add_bos_token setting
     logprobs: bool = False
     top_logprobs: int = 0
-    trace: bool = False  # record the speculation verification trace
     shift: bool = True  # shift the context when num_ctx is exceeded (Ollama's default) instead of failing
     truncate: bool = True  # truncate a prompt longer than num_ctx (keeping num_keep + the end)
     format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.text.json_grammar)

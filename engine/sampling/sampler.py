@@ -42,12 +42,14 @@ Randomness contract (shared with ``engine.speculative.acceptance``)
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
+
+from engine.options import Options
 
 __all__ = [
     "SamplingOptions",
@@ -86,30 +88,17 @@ class SamplingOptions:
     repeat_last_n: int = 64
     seed: int = -1
 
-    # Not annotated, so plain class attributes rather than dataclass fields.
-    _FLOATS = ("temperature", "top_p", "min_p", "typical_p", "repeat_penalty",
-               "presence_penalty", "frequency_penalty")
-    _INTS = ("top_k", "repeat_last_n", "seed")
-
     @classmethod
-    def from_options(cls, opts: Mapping[str, Any] | None, num_ctx: int | None = None) -> "SamplingOptions":
-        """Build from an Ollama ``options`` dict; unknown keys (num_ctx, stop, ...) are ignored.
+    def from_options(cls, options: Options, num_ctx: int | None = None) -> "SamplingOptions":
+        """The sampler's share of a request's options (same names, already typed and validated).
 
-        ``None`` values mean "default". ``repeat_last_n = -1`` means the context size: ``num_ctx``
-        if given, else ``opts["num_ctx"]``, else 2048.
+        ``repeat_last_n = -1`` means the context size: ``num_ctx`` (the context the request
+        actually gets) if given, else ``options.num_ctx``.
         """
-        opts = dict(opts or {})
-        kwargs: dict[str, Any] = {}
-        for name in cls._FLOATS:
-            if opts.get(name) is not None:
-                kwargs[name] = float(opts[name])
-        for name in cls._INTS:
-            if opts.get(name) is not None:
-                kwargs[name] = int(opts[name])
-        if kwargs.get("repeat_last_n", 0) < 0:
-            ctx = num_ctx if num_ctx is not None else opts.get("num_ctx")
-            kwargs["repeat_last_n"] = int(ctx) if ctx is not None else 2048
-        return cls(**kwargs)
+        values = {f.name: getattr(options, f.name) for f in fields(cls)}
+        if values["repeat_last_n"] < 0:
+            values["repeat_last_n"] = num_ctx if num_ctx is not None else options.num_ctx
+        return cls(**values)
 
     @property
     def greedy(self) -> bool:

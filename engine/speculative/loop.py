@@ -51,6 +51,11 @@ TRACE_ENV = "TANDEM_DRAFT_TRACE"
 
 
 def trace_from_env() -> bool:
+    """Whether TANDEM_DRAFT_TRACE asks for the verification trace of every request.
+
+    An operator's switch that needs no client change; the engine reads it here and nowhere else
+    (``ModelRuntime.settings`` ORs it with the request's ``draft_trace`` option).
+    """
     return os.environ.get(TRACE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 

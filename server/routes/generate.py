@@ -64,7 +64,7 @@ async def generate(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
                               "done_reason": "unload"})
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    options = merged_options(model, req.options, prompting)
+    options = merged_options(model, req.options)
     if not req.raw and req.suffix and not (req.template or prompting.supports_insert):
         raise ApiError(400, f'"{req.model}" does not support insert')
 
@@ -87,7 +87,7 @@ async def generate(request: Request) -> Response:
                               "debug_info": {"rendered_template": text, "image_count": 0}})
 
     gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0,
-                     load_options(model, req.options))
+                     load_options(options))
     if not req.prompt:  # load only
         await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
@@ -98,7 +98,7 @@ async def generate(request: Request) -> Response:
         return EngineRequest(prompt=prompt, options=options, raw_tokens=list(req.context) if req.context else None,
                              add_bos=None if req.raw else prompting.add_bos_for(prompt),
                              logprobs=req.logprobs or req.top_logprobs > 0, top_logprobs=req.top_logprobs,
-                             trace=bool(options.get("draft_trace")), shift=req.shift, truncate=req.truncate,
+                             shift=req.shift, truncate=req.truncate,
                              format=fmt)
 
     await gen.open(build)
@@ -179,7 +179,7 @@ async def chat(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "unload"})
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    options = merged_options(model, req.options, prompting)
+    options = merged_options(model, req.options)
     full = chat_messages(model, messages)
 
     if req.debug_render_only:
@@ -192,7 +192,7 @@ async def chat(request: Request) -> Response:
                               "debug_info": {"rendered_template": text, "image_count": 0}})
 
     gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0,
-                     load_options(model, req.options))
+                     load_options(options))
     if not messages:  # load only
         await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(),

@@ -26,6 +26,7 @@ from blobs import (
     parse_digest,
 )
 from blobs.model import StoredModel, load_stored_model
+from engine.options import coerce_options
 from importer import (
     CreateError,
     CreateRequest,
@@ -35,7 +36,7 @@ from importer import (
     hf_source,
     request_from_modelfile,
 )
-from modelfile import ParamError, ParseError, coerce_options, parse
+from modelfile import ParamError, ParseError, parse
 
 from ..context import ServerContext, ctx_of
 from ..gojson import (

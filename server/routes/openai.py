@@ -248,11 +248,11 @@ async def chat_completions(request: Request) -> Response:
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
     raw_options = _options(req, top_p_default_when_zero=False)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    options = merged_options(model, raw_options, prompting)
+    options = merged_options(model, raw_options)
     full = chat_messages(model, messages)
 
     gen = Generation(ctx, request, "/v1/chat/completions", req.model, model, options, keep_alive, t0,
-                     load_options(model, raw_options))
+                     load_options(options))
     build = await chat_engine_request(gen, prompting, full, [], options, truncate=True, shift=True,
                                       logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
     await gen.open(build)
@@ -332,7 +332,7 @@ async def completions(request: Request) -> Response:
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
     raw_options = _options(req, top_p_default_when_zero=True)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    options = merged_options(model, raw_options, prompting)
+    options = merged_options(model, raw_options)
     if req.suffix and not prompting.supports_insert:
         raise ApiError(400, f'"{req.model}" does not support insert', "suffix")
 
@@ -349,10 +349,10 @@ async def completions(request: Request) -> Response:
     async def build(lease: Lease) -> EngineRequest:
         prompt = await anyio.to_thread.run_sync(render)
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
-                             logprobs=top > 0, top_logprobs=top, trace=bool(options.get("draft_trace")))
+                             logprobs=top > 0, top_logprobs=top)
 
     gen = Generation(ctx, request, "/v1/completions", req.model, model, options, keep_alive, t0,
-                     load_options(model, raw_options))
+                     load_options(options))
     await gen.open(build)
     cid = _completion_id("cmpl")
     created = int(time.time())

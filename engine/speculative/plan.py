@@ -1,0 +1,65 @@
+"""The one rule that decides how a request speculates: drafter, depth cap and the loop's tunables.
+
+Why one function: the server (for /api/show's "effective" settings) and the engine (for the
+request it runs) used to decide the drafter separately, with different "auto" rules.  Both now
+call :func:`plan_speculation` with the merged :class:`~engine.options.Options` and what the model
+has; the engine then only checks that the chosen drafter is actually loaded.
+
+Torch-free: the server imports this module.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from engine.options import SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options
+
+PlannedDrafter = Literal["model", "mtp", "ngram", "none"]
+
+
+@dataclass(frozen=True)
+class SpeculationPlan:
+    """What a request's speculation will be; ``cap`` is 0 exactly when ``drafter`` is ``none``."""
+
+    drafter: PlannedDrafter
+    cap: int  # most tokens drafted per round
+    rule: AcceptanceRule
+    schedule: DraftSchedule
+    p_min: float
+    n_min: int
+    relaxed_top_n: int
+    trace: bool  # the draft_trace option (the engine also honours TANDEM_DRAFT_TRACE)
+
+    def as_options(self) -> dict[str, Any]:
+        """The plan under the option names, in :data:`SPECULATION_DEFAULTS` order (/api/show)."""
+        values = {"draft_num_predict": self.cap, "draft_n_min": self.n_min, "draft_p_min": self.p_min,
+                  "relaxed_top_n": self.relaxed_top_n, "draft_schedule": self.schedule,
+                  "drafter": self.drafter, "draft_trace": self.trace, "draft_acceptance": self.rule}
+        return {name: values[name] for name in SPECULATION_DEFAULTS}
+
+
+def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: bool) -> SpeculationPlan:
+    """Decide the drafter and the depth cap for one request.
+
+    * ``none`` or a cap <= 0 -> drafter ``none``, cap 0.
+    * ``auto``: the DRAFT layer if the model has one; otherwise Ollama's rule applies (the cap
+      counts only when set explicitly, i.e. by the model's parameters or the request) and an
+      explicit cap uses the model's MTP head when it has one; otherwise no speculation.
+    * ``model``/``mtp``/``ngram``: that drafter, with the default cap 4 unless set; the engine
+      reports an error if the model cannot provide it.
+    """
+    drafter: str = options.drafter
+    cap = options.draft_num_predict
+    if drafter == "auto":
+        if has_draft_layer:
+            drafter = "model"
+        elif "draft_num_predict" in options.explicit and has_mtp_head:
+            drafter = "mtp"
+        else:
+            drafter = "none"
+    if drafter == "none" or cap <= 0:
+        drafter, cap = "none", 0
+    return SpeculationPlan(drafter=drafter, cap=cap, rule=options.draft_acceptance,  # type: ignore[arg-type]
+                           schedule=options.draft_schedule, p_min=options.draft_p_min,
+                           n_min=options.draft_n_min, relaxed_top_n=options.relaxed_top_n,
+                           trace=options.draft_trace)
