@@ -18,7 +18,7 @@ pytestmark = pytest.mark.realmodel
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from engine.models.transformer import load_model  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
 from tests import realmodels  # noqa: E402
 
 TEXT = '''def fibonacci(n):
@@ -203,7 +203,7 @@ def rss():
         if key in ('VmRSS', 'RssAnon', 'RssFile'):
             out[key] = int(line.split()[1]) * 1024
     return out
-from engine.models.transformer import load_model
+from engine.models.loader import load_model
 from engine.ops.kernels import qdot_status
 qdot_status()  # the kernel library is not the model's memory
 before = rss()
