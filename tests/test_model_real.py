@@ -1,4 +1,4 @@
-"""engine.models.transformer on real GGUFs (SmolLM2-135M, gemma-3-270m, Qwen2.5-Coder-0.5B) against transformers' GGUF loading of the same file.
+"""engine.models (loader, layers, transformer) on real GGUFs (SmolLM2-135M, gemma-3-270m, Qwen2.5-Coder-0.5B) against transformers' GGUF loading of the same file.
 
 transformers dequantizes the GGUF to f32, so our f32 format must agree with it almost exactly; we check
 top-1 agreement >= 99 % over >= 256 positions of a fixed text and 16 greedy tokens.

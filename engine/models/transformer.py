@@ -11,7 +11,7 @@ are the same call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch import nn
@@ -20,6 +20,9 @@ from engine.cache.kv import KVCache
 from engine.models.config import ModelConfig
 from engine.models.layers import Block, ForwardStep, RMSNorm, RotaryEmbedding
 from engine.ops.linear import Linear
+
+if TYPE_CHECKING:
+    from engine.gguf import GGUFFile
 
 # Token ids [n] -> embedding rows [n, n_embd] (engine.ops.linear.Embedding reads them from a GGUF mapping).
 TokenEmbedding = Callable[[torch.Tensor], torch.Tensor]
@@ -67,6 +70,10 @@ class Model(nn.Module):
         self._ropes = {"global": self.rope_global, "local": self.rope_local}
         self._embed_scale = cfg.embed_scale
         self.block_ops = _block_ops_for(device, dtype)
+        # Set by engine.models.loader: the file the weights came from, kept open while the model lives
+        # (the embedding reads its rows from the mapping), and its path.
+        self.gguf: GGUFFile | None = None
+        self.source_path: str | None = None
 
     def use_block_ops(self, enabled: bool) -> None:
         """Switch the fused block ops on (when this device and dtype can use them) or off."""
@@ -78,9 +85,8 @@ class Model(nn.Module):
 
     def close(self) -> None:
         """Release the GGUF mapping (the model cannot run afterwards: embeddings read from it)."""
-        f = getattr(self, "gguf", None)
-        if f is not None:
-            f.close()
+        if self.gguf is not None:
+            self.gguf.close()
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache on the model's device in its compute dtype (capacity defaults to the context)."""
