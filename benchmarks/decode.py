@@ -881,7 +881,7 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
 
     # --- formats: resolve 'auto' and drop duplicates
     from engine.gguf import GGUFFile
-    from engine.models.transformer import default_format
+    from engine.models.loader import default_format
 
     with GGUFFile(path) as f:
         resolved = []

@@ -1,9 +1,11 @@
 """What the engine can run, as plain constants, so the importer can validate without loading torch."""
 
-# Architectures with a model definition in engine/arch/ (GGUF `general.architecture` values).
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset({"llama", "qwen2", "gemma3"})
+from engine.models import ARCHITECTURES
 
-# Tensor types the engine's dequantizers read (engine/dequant.py).
+# GGUF `general.architecture` values with a module in the registry of engine/models/.
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(ARCHITECTURES)
+
+# Tensor types the engine's dequantizers read (engine/ops/dequant.py).
 SUPPORTED_TENSOR_TYPES: frozenset[str] = frozenset(
     {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
 )

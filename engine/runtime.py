@@ -40,7 +40,7 @@ from engine.speculative.loop import (
     TimeBreakdown,
     trace_from_env,
 )
-from engine.speculative.mtp import MtpDrafter, find_nextn_block
+from engine.speculative.mtp import MtpDrafter
 from engine.speculative.ngram import NgramDrafter
 from engine.speculative.plan import SpeculationPlan, plan_speculation
 from engine.text.json_grammar import SchemaError, compile_format
@@ -71,10 +71,16 @@ def _vocab_check(target_tokens, draft_tokens, draft_path: str) -> None:
 
 def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity: int) -> tuple[MtpDrafter, str]:
     """An MtpDrafter over a DRAFT file holding only an MTP head; the head must fit the target."""
-    from engine.models.transformer import UnsupportedModelError, default_format
+    from engine.models.config import UnsupportedModelError
+    from engine.models.loader import (
+        default_format,
+        find_nextn_block,
+        load_nextn_head,
+        nextn_hidden_size,
+    )
 
     block = find_nextn_block(df.tensors)
-    hidden = df.tensors[f"blk.{block}.nextn.eh_proj.weight"].shape[0]
+    hidden = nextn_hidden_size(df, block)
     arch = df.metadata.get("general.architecture")
     problem = None
     if arch != target.config.arch:
@@ -88,7 +94,7 @@ def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity
     if fmt == "auto":
         fmt = default_format(df, device, role="drafter")
     try:
-        return MtpDrafter(target, df, block, fmt, capacity), fmt
+        return MtpDrafter(load_nextn_head(target, df, block, fmt), capacity), fmt
     except (UnsupportedModelError, KeyError) as e:
         df.close()
         raise EngineError(f"draft model {spec.draft_path}: MTP head: {e}", 400) from None
@@ -118,7 +124,8 @@ class ModelRuntime:
     @classmethod
     def load(cls, spec: LoadSpec) -> "ModelRuntime":
         from engine.gguf import GGUFFile
-        from engine.models.transformer import UnsupportedModelError, load_model
+        from engine.models.config import UnsupportedModelError
+        from engine.models.loader import find_nextn_block, load_model, load_nextn_head
         from engine.text.tokenizer import Tokenizer, TokenizerError
 
         device = resolve_device(spec.device)
@@ -165,7 +172,7 @@ class ModelRuntime:
                 draft_kind = "model"
         nextn = find_nextn_block(f.tensors)
         if nextn is not None and "mtp" not in drafters:
-            drafters["mtp"] = MtpDrafter(target, f, nextn, fmt, num_ctx)
+            drafters["mtp"] = MtpDrafter(load_nextn_head(target, f, nextn, fmt), num_ctx)
 
         memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
         toks = tokenizer.token_strings()

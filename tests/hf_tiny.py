@@ -1,4 +1,4 @@
-"""Tiny random transformers models and the same weights as a GGUF, for oracle tests of engine.models.transformer.
+"""Tiny random transformers models and the same weights as a GGUF, for oracle tests of engine.models.
 
 ``make_pair(arch, dir)`` builds a LlamaForCausalLM / Qwen2ForCausalLM / Gemma3ForCausalLM with a few layers,
 randomised weights, norms and biases, converts its state dict to GGUF names the way llama.cpp's converter

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.models.layers import RotaryEmbedding
 from engine.ops.kernels import load_block_ops, qdot_status
-from engine.models.transformer import RotaryEmbedding
 
 pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"native kernels not available here: {qdot_status().detail}")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.models.loader import find_nextn_block, load_nextn_head
 from engine.sampling.sampler import SamplingOptions, make_generator, process
 from engine.speculative.depth import AdaptiveDepth, FixedDepth
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import DraftContext, TargetOutput
-from engine.speculative.mtp import MtpDrafter, find_nextn_block
+from engine.speculative.mtp import MtpDrafter
 from engine.speculative.ngram import NgramDrafter
 from tests.test_speculation import GREEDY, generate, load_engine, spec_opts, write_model
 
@@ -237,8 +238,9 @@ def test_mtp_cache_equals_pairs_built_from_true_hidden_states(models):
     assert mtp.cache.length == L - 1 == engine.cache.length
     assert mtp.cache.tokens == ctx_tokens[1:]
     out = engine.target.forward(ctx_tokens[:-1], engine.target.new_cache(128), logits_for="none", return_hidden=True)
-    fresh = MtpDrafter(engine.target, engine.gguf, find_nextn_block(engine.gguf.tensors), engine.facts.weight_format,
-                       128)
+    head = load_nextn_head(engine.target, engine.gguf, find_nextn_block(engine.gguf.tensors),
+                           engine.facts.weight_format)
+    fresh = MtpDrafter(head, 128)
     fresh.begin(ctx_tokens[:1])
     fresh.commit(ctx_tokens[1:], L, TargetOutput(0, out.prenorm_hidden))
     n = L - 1

@@ -24,17 +24,30 @@ import torch
 pytest.importorskip("transformers")
 
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore, ModelNotFoundError  # noqa: E402
-from engine.process.protocol import EngineError, LoadSpec  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
-from engine.models.transformer import load_model  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
+from engine.process.protocol import EngineError, LoadSpec  # noqa: E402
 from engine.runtime import ModelRuntime  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
-from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402
+from importer import (  # noqa: E402
+    CreateError,
+    CreateRequest,
+    LocalBlobSink,
+    create_model,
+    request_from_modelfile,
+)
 from importer.hf_to_gguf import convert_folder  # noqa: E402
 from importer.safetensors_import import read_header  # noqa: E402
 from modelfile import parse  # noqa: E402
 from tests import hf_folders  # noqa: E402
-from tests.hf_folders import SAMPLE, Folder, add_nextn, head_folder, make_folder, random_ids  # noqa: E402
+from tests.hf_folders import (  # noqa: E402
+    SAMPLE,
+    Folder,
+    add_nextn,
+    head_folder,
+    make_folder,
+    random_ids,
+)
 from tests.test_speculation import GREEDY, generate, spec_opts  # noqa: E402
 from tests.tiny_gguf import CHATML_TEMPLATE, TinySpec, spm_vocab, write_tiny_gguf  # noqa: E402
 

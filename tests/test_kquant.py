@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.ops.dequant import load_tensor
 from engine.gguf import GGUFFile, TensorInfo
+from engine.ops.dequant import load_tensor
 from importer import kquant
 from importer.quantize import (
     copy_metadata,
@@ -415,7 +415,7 @@ MIX_SPEC = {"arch": "qwen2", "n_layer": 8, "n_embd": 256, "n_ff": 320, "n_head":
 def test_create_q4_k_m_and_run(tmp_path: Path) -> None:
     from blobs import BlobStore
     from blobs.model import load_stored_model
-    from engine.models.transformer import load_model
+    from engine.models.loader import load_model
     from importer import LocalBlobSink, create_model, request_from_modelfile
     from modelfile import parse
 
@@ -528,7 +528,7 @@ def _token_ids(path, n: int) -> list[int]:
 
 
 def top1(path, ids) -> torch.Tensor:
-    from engine.models.transformer import load_model
+    from engine.models.loader import load_model
 
     model = load_model(path, fmt="f32")
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""engine.models.transformer on real GGUFs (SmolLM2-135M, gemma-3-270m, Qwen2.5-Coder-0.5B) against transformers' GGUF loading of the same file.
+"""engine.models (loader, layers, transformer) on real GGUFs (SmolLM2-135M, gemma-3-270m, Qwen2.5-Coder-0.5B) against transformers' GGUF loading of the same file.
 
 transformers dequantizes the GGUF to f32, so our f32 format must agree with it almost exactly; we check
 top-1 agreement >= 99 % over >= 256 positions of a fixed text and 16 greedy tokens.
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.realmodel
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from engine.models.transformer import load_model  # noqa: E402
+from engine.models.loader import load_model  # noqa: E402
 from tests import realmodels  # noqa: E402
 
 TEXT = '''def fibonacci(n):
@@ -203,7 +203,7 @@ def rss():
         if key in ('VmRSS', 'RssAnon', 'RssFile'):
             out[key] = int(line.split()[1]) * 1024
     return out
-from engine.models.transformer import load_model
+from engine.models.loader import load_model
 from engine.ops.kernels import qdot_status
 qdot_status()  # the kernel library is not the model's memory
 before = rss()

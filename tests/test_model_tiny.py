@@ -1,4 +1,4 @@
-"""engine.models.transformer against transformers (float64) on tiny random llama / qwen2 / gemma3 models."""
+"""engine.models (GGUF loader, layers, transformer) against transformers (float64) on tiny random llama / qwen2 / gemma3 models."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import torch
 
 pytest.importorskip("transformers")
 
-from tests import hf_tiny  # noqa: E402
-
-from engine.gguf import GGUFFile  # noqa: E402
 from engine.cache.kv import ContextOverflowError  # noqa: E402
+from engine.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
+from engine.gguf import GGUFFile  # noqa: E402
+from engine.models.config import UnsupportedArchitectureError, UnsupportedModelError  # noqa: E402
+from engine.models.loader import load_model, read_config  # noqa: E402
+from engine.models.transformer import ForwardOutput  # noqa: E402
 from engine.ops.kernels import qdot_fast, qdot_status
-from engine.models.transformer import (SUPPORTED_ARCHITECTURES, ForwardOutput, UnsupportedArchitectureError,  # noqa: E402
-                          UnsupportedModelError, load_model, read_config)
+from tests import hf_tiny  # noqa: E402
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
 
 ARCHS = ["llama", "qwen2", "gemma3"]

@@ -1,7 +1,10 @@
-"""One module per supported architecture; each exposes ``read_config(f: GGUFFile) -> ModelConfig``.
+"""The registry of supported architectures: GGUF ``general.architecture`` -> the module that reads its config.
 
-The transformer block is shared (``engine.models.transformer``); an architecture module only reads its metadata and
-declares its deviations from the plain llama block as ``ModelConfig`` fields.
+Each module exposes ``read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig`` and declares its
+deviations from the plain llama block as ``ModelConfig`` fields; the layers (``engine.models.layers``),
+the model (``engine.models.transformer``) and the loader (``engine.models.loader``) are shared. Adding an
+architecture means one module here and one entry below. Torch-free: ``engine.capabilities`` derives the
+importer's list of supported architectures from this one.
 """
 
 from __future__ import annotations
@@ -9,15 +12,15 @@ from __future__ import annotations
 from types import ModuleType
 
 from engine.models import gemma3, llama, qwen2
+from engine.models.config import UnsupportedArchitectureError
 
 ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
 
 
 def get_arch(name: str, path: str = "") -> ModuleType:
-    from engine.models.transformer import SUPPORTED_ARCHITECTURES, UnsupportedArchitectureError
-
+    """The module of architecture ``name``; ``UnsupportedArchitectureError`` (naming ``path``) if none."""
     module = ARCHITECTURES.get(name)
-    if module is None or name not in SUPPORTED_ARCHITECTURES:
+    if module is None:
         where = f"{path}: " if path else ""
         raise UnsupportedArchitectureError(
             f"{where}model architecture {name!r} is not supported (supported: {', '.join(sorted(ARCHITECTURES))})")

@@ -19,9 +19,15 @@ Deviations from the shared block:
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from engine.gguf import GGUFFile
-from engine.models.transformer import ModelConfig, UnsupportedModelError, base_config
+from engine.models.config import (
+    ModelConfig,
+    UnsupportedModelError,
+    WeightLayout,
+    base_config,
+)
 
 DEFAULT_PATTERN = 6
 DEFAULT_LOCAL_BASE = 10000.0
@@ -41,16 +47,16 @@ def local_layers(n_layer: int, pattern) -> tuple[bool, ...]:
     return tuple((i + 1) % period != 0 for i in range(n_layer))
 
 
-def read_config(f: GGUFFile) -> ModelConfig:
-    cfg = base_config(f)
+def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
+    cfg = base_config(f, layout)
     window = f.arch_key("attention.sliding_window")
     window = int(window) if window else None
     flags = local_layers(cfg.n_layer, f.arch_key("attention.sliding_window_pattern")) if window else ()
     attn_scale = cfg.attn_scale
     if not attn_scale and cfg.n_layer == 62:  # gemma-3-27b: query_pre_attn_scalar = n_embd / n_head
         attn_scale = 1.0 / math.sqrt(cfg.n_embd / cfg.n_head)
-    return base_config(
-        f,
+    return replace(
+        cfg,
         rope_style="neox",
         activation="gelu_tanh",
         embed_scale=math.sqrt(cfg.n_embd),

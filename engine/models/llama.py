@@ -9,8 +9,8 @@ by the model when the tensor is present.
 from __future__ import annotations
 
 from engine.gguf import GGUFFile
-from engine.models.transformer import ModelConfig, base_config
+from engine.models.config import ModelConfig, WeightLayout, base_config
 
 
-def read_config(f: GGUFFile) -> ModelConfig:
-    return base_config(f, rope_style="normal", activation="silu")
+def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
+    return base_config(f, layout, rope_style="normal", activation="silu")

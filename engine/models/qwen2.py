@@ -7,8 +7,8 @@ the GGUF), tied or untied output (``output.weight`` present or not).
 from __future__ import annotations
 
 from engine.gguf import GGUFFile
-from engine.models.transformer import ModelConfig, base_config
+from engine.models.config import ModelConfig, WeightLayout, base_config
 
 
-def read_config(f: GGUFFile) -> ModelConfig:
-    return base_config(f, rope_style="neox", activation="silu")
+def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
+    return base_config(f, layout, rope_style="neox", activation="silu")

@@ -1,0 +1,147 @@
+"""``ModelConfig``: what the shared transformer needs to know about one model, read from GGUF metadata.
+
+Torch-free, so that the registry in ``engine.models`` (and through it ``engine.capabilities``, which the
+importer validates with) can be imported without loading torch. The fields every architecture shares are
+read here (``base_config``); each architecture's module overrides the ones it deviates in.
+
+Which weights a file holds (biases, q/k norms, a separate output head) also shapes the config; only
+``engine.models.loader`` knows the tensor names, so it hands those facts in as a ``WeightLayout``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from engine.gguf import GGUFFile
+
+
+class UnsupportedModelError(ValueError):
+    """The GGUF describes a model this engine cannot run (with a message fit for a user)."""
+
+
+class UnsupportedArchitectureError(UnsupportedModelError):
+    """``general.architecture`` is not one of the architectures registered in ``engine.models``."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    context_length: int
+    rms_eps: float
+    rope_base: float
+    rope_dim: int
+    rope_style: str = "neox"  # 'neox' (rotate halves) | 'normal' (rotate adjacent pairs; llama GGUF layout)
+    rope_base_local: float | None = None  # RoPE base of sliding-window layers (gemma3), None = rope_base
+    rope_scaling: str = "none"  # 'none' | 'linear'
+    rope_scale_factor: float = 1.0  # linear: positions are divided by this (global layers only)
+    sliding_window: int | None = None
+    local_layers: tuple[bool, ...] = ()  # per layer: True = sliding-window (local) attention
+    attn_scale: float = 0.0  # query scale; 0 = 1/sqrt(head_dim)
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    tied_output: bool = True
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    post_norms: bool = False  # gemma: norms after attention and after the FFN, before the residual add
+    embed_scale: float | None = None  # gemma: multiply embeddings by sqrt(n_embd)
+    activation: str = "silu"  # 'silu' (SwiGLU) | 'gelu_tanh' (GeGLU)
+
+    def is_local(self, layer: int) -> bool:
+        return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
+
+    @property
+    def query_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """The config's facts that come from which tensors a file holds rather than from its metadata."""
+
+    vocab_size: int | None  # rows of the token embedding; None: take ``{arch}.vocab_size`` from the metadata
+    tied_output: bool  # no separate output head: the logits reuse the token embedding
+    qkv_bias: bool  # q/k/v projections carry biases
+    qk_norm: bool  # per-head RMSNorm of q and k
+
+
+def _uniform_int(value, what: str, path: str) -> int:
+    """A per-model integer that some GGUFs store per layer as an array."""
+    if value is None:
+        raise UnsupportedModelError(f"{path}: GGUF metadata lacks {what}")
+    if isinstance(value, (list, tuple)) or hasattr(value, "shape"):
+        vals = {int(v) for v in value}
+        if len(vals) != 1:
+            raise UnsupportedModelError(f"{path}: per-layer {what} values {sorted(vals)} are not supported")
+        return vals.pop()
+    return int(value)
+
+
+def base_config(f: GGUFFile, layout: WeightLayout, **overrides) -> ModelConfig:
+    """The fields every architecture shares, read from ``{arch}.*`` metadata and ``layout``; ``overrides``
+    replace them."""
+    path = f.path
+    n_layer = _uniform_int(f.arch_key("block_count"), "block_count", path)
+    n_embd = _uniform_int(f.arch_key("embedding_length"), "embedding_length", path)
+    n_head = _uniform_int(f.arch_key("attention.head_count"), "attention.head_count", path)
+    n_head_kv = _uniform_int(f.arch_key("attention.head_count_kv", n_head), "attention.head_count_kv", path)
+    n_ff = _uniform_int(f.arch_key("feed_forward_length"), "feed_forward_length", path)
+    head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
+    v_head_dim = int(f.arch_key("attention.value_length", head_dim))
+    if v_head_dim != head_dim:
+        raise UnsupportedModelError(f"{path}: key_length {head_dim} != value_length {v_head_dim} is not supported")
+    rope_dim = int(f.arch_key("rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise UnsupportedModelError(f"{path}: partial RoPE (rope.dimension_count {rope_dim} < head_dim {head_dim}) "
+                                    "is not supported")
+    vocab_size = layout.vocab_size if layout.vocab_size is not None else int(f.arch_key("vocab_size", 0))
+
+    # RoPE scaling: linear is a plain position divisor; anything else is refused rather than run wrong.
+    scaling = f.arch_key("rope.scaling.type")
+    factor = f.arch_key("rope.scaling.factor")
+    if scaling is None and f.arch_key("rope.scale_linear") is not None:  # older key
+        scaling, factor = "linear", f.arch_key("rope.scale_linear")
+    scaling = str(scaling or "none").lower()
+    factor = float(factor) if factor else 1.0
+    if scaling in ("none", "") or factor == 1.0:
+        scaling, factor = "none", 1.0
+    elif scaling != "linear":
+        raise UnsupportedModelError(f"{path}: RoPE scaling type {scaling!r} (factor {factor}) is not supported "
+                                    "(supported: none, linear)")
+
+    cfg = ModelConfig(
+        arch=f.architecture,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_ff=n_ff,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        vocab_size=int(vocab_size),
+        context_length=int(f.arch_key("context_length", 4096)),
+        rms_eps=float(f.arch_key("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_base=float(f.arch_key("rope.freq_base", 10000.0)),
+        rope_dim=rope_dim,
+        rope_scaling=scaling,
+        rope_scale_factor=factor,
+        attn_scale=float(f.arch_key("attention.scale", 0.0) or 0.0),
+        attn_softcap=_opt_float(f.arch_key("attn_logit_softcapping")),
+        final_softcap=_opt_float(f.arch_key("final_logit_softcapping")),
+        tied_output=layout.tied_output,
+        qkv_bias=layout.qkv_bias,
+        qk_norm=layout.qk_norm,
+    )
+    return replace(cfg, **overrides) if overrides else cfg
+
+
+def _opt_float(v) -> float | None:
+    return float(v) if v not in (None, 0, 0.0) else None

@@ -1,0 +1,215 @@
+"""The shared pre-norm transformer layers, built from a ``ModelConfig`` and weights that are already loaded.
+
+One block covers llama, qwen2 and gemma3: the architectures' deviations (RoPE layout, biases, q/k norms,
+post norms, activation, sliding-window layers, soft-capping) are config fields. The layers take
+``engine.ops.linear.Linear`` modules and plain tensors, never a file or a tensor name, so that any source
+of weights (``engine.models.loader`` for GGUF, or tensors in memory) builds the same modules.
+
+RoPE layouts. llama.cpp's converter permutes the q/k rows of llama models so that rotation pairs are
+adjacent (x[2i], x[2i+1]); we keep the GGUF layout and rotate adjacent pairs ("normal"/GPT-J style) as
+llama.cpp does, so loading needs no work. qwen2 and gemma3 are stored unpermuted and rotate
+(x[i], x[i + d/2]) ("neox" style, HF's rotate-half).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.cache.kv import KVCache
+from engine.models.config import ModelConfig, UnsupportedModelError
+from engine.ops.linear import Linear
+
+
+class RMSNorm(nn.Module):
+    """x / rms(x) * w, computed in f32. The GGUF weight is used as stored (gemma GGUFs store 1 + w)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(weight.float(), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, ops=None) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op on the hot path
+            if ops is not None:
+                return ops.block_rms_norm(x, self.weight, self.eps)
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        return F.rms_norm(x.float(), self.weight.shape, self.weight, self.eps).to(x.dtype)
+
+
+class RotaryEmbedding:
+    """cos/sin tables for one RoPE base, built in float64, cached per (device, dtype), grown on demand."""
+
+    def __init__(self, dim: int, base: float, style: str, *, position_scale: float = 1.0,
+                 freq_factors: torch.Tensor | None = None, initial_length: int = 4096):
+        if style not in ("neox", "normal"):
+            raise ValueError(f"unknown RoPE style {style!r}")
+        self.dim = dim
+        self.style = style
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+        if freq_factors is not None:  # llama 3.x "rope_freqs": per-frequency divisors
+            inv_freq = inv_freq / freq_factors.to(torch.float64)
+        self.inv_freq = inv_freq / position_scale
+        self.length = max(int(initial_length), 1)
+        self._tables: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _build(self, length: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = torch.outer(torch.arange(length, dtype=torch.float64), self.inv_freq)
+        return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+    def get(self, start: int, n: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin for positions [start, start + n), shaped [n, 1, dim/2]."""
+        end = start + n
+        if end > self.length:
+            while self.length < end:
+                self.length *= 2
+            self._tables.clear()
+        key = (device, dtype)
+        tables = self._tables.get(key)
+        if tables is None:
+            tables = self._tables[key] = self._build(self.length, device, dtype)
+        cos, sin = tables
+        return cos[start:end, None, :], sin[start:end, None, :]
+
+    def apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops=None) -> torch.Tensor:
+        """Rotate x [n, heads, dim] by the angles of its positions (with engine.ops.kernels' fused op
+        when ``ops`` is given: one call, a contiguous result)."""
+        if ops is not None:
+            return ops.block_rope(x, cos, sin, self.style == "neox")
+        if self.style == "neox":
+            x1, x2 = x.chunk(2, dim=-1)
+            return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        xp = x.unflatten(-1, (-1, 2))
+        x1, x2 = xp[..., 0], xp[..., 1]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+
+@dataclass
+class ForwardStep:
+    """Per-forward state shared by all layers: computed once per call by whoever runs the blocks (the
+    model, or an MTP head), so each layer only looks up its attention kind's entry."""
+
+    start: int
+    n: int
+    rope: dict  # 'global'/'local' -> (cos, sin)
+    mask: dict  # 'global'/'local' -> bool mask [n, S] or None
+    key_start: dict  # 'global'/'local' -> first cached position the layer attends to
+    # engine.ops.kernels' fused block ops (f32 on the CPU), or None for PyTorch's own ops
+    ops: object | None = None
+
+
+@dataclass
+class BlockWeights:
+    """One block's loaded weights. The q/k/v projections are fused along the output dim (one matmul),
+    and so are the FFN's gate and up projections. Optional entries are present iff the config asks for
+    them (``qk_norm``, ``post_norms``)."""
+
+    attn_norm: torch.Tensor
+    wqkv: Linear  # rows: q (n_head * head_dim), k, v (n_head_kv * head_dim each); biases if qkv_bias
+    wo: Linear
+    ffn_norm: torch.Tensor
+    w13: Linear  # rows: gate (n_ff), up (n_ff)
+    w2: Linear
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    post_attn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+
+
+def _required(weight: torch.Tensor | None, what: str) -> torch.Tensor:
+    if weight is None:
+        raise UnsupportedModelError(f"the config asks for {what} but the weights have none")
+    return weight
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, wqkv: Linear, wo: Linear,
+                 q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None):
+        super().__init__()
+        self.wqkv = wqkv
+        self.wo = wo
+        self.q_norm = self.k_norm = None
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(_required(q_norm, "a q norm"), cfg.rms_eps)
+            self.k_norm = RMSNorm(_required(k_norm, "a k norm"), cfg.rms_eps)
+        self.layer = layer  # the cache layer this attention stores its keys and values in
+        self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+        self.scale = cfg.query_scale
+        self.softcap = cfg.attn_softcap
+        self.kind = "local" if cfg.is_local(layer) else "global"
+
+    def forward(self, x: torch.Tensor, cache: KVCache, step: ForwardStep, rope: RotaryEmbedding) -> torch.Tensor:
+        n, H, Hkv, D = x.shape[0], self.n_head, self.n_head_kv, self.head_dim
+        ops = step.ops
+        qkv = self.wqkv(x)
+        v = qkv[:, (H + Hkv) * D:].view(n, Hkv, D)
+        if self.q_norm is not None:
+            qk = torch.cat((self.q_norm(qkv[:, :H * D].view(n, H, D), ops),
+                            self.k_norm(qkv[:, H * D:(H + Hkv) * D].view(n, Hkv, D), ops)), dim=1)
+        else:
+            qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)
+        cos, sin = step.rope[self.kind]
+        q, k = rope.apply(qk, cos, sin, ops).split([H, Hkv], dim=1)  # q and k rotated in one pass
+        keys, values = cache.store(self.layer, k.transpose(0, 1), v.transpose(0, 1), step.key_start[self.kind])
+        q = q.transpose(0, 1)  # [H, n, D]
+        mask = step.mask[self.kind]
+        if self.softcap is None:
+            o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                               scale=self.scale, enable_gqa=(H != Hkv))[0]
+        else:  # gemma2-style attention logit soft-capping: no fused kernel does it
+            rep = H // Hkv
+            kk = keys.repeat_interleave(rep, dim=0) if rep > 1 else keys
+            vv = values.repeat_interleave(rep, dim=0) if rep > 1 else values
+            s = torch.matmul(q.float(), kk.float().transpose(-1, -2)) * self.scale
+            s = torch.tanh(s / self.softcap) * self.softcap
+            if mask is not None:
+                s = s.masked_fill(~mask, float("-inf"))
+            o = torch.matmul(torch.softmax(s, dim=-1), vv.float()).to(q.dtype)
+        return self.wo(o.transpose(0, 1).reshape(n, H * D))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig, w13: Linear, w2: Linear):
+        super().__init__()
+        self.w13 = w13
+        self.w2 = w2
+        if cfg.activation == "silu":
+            self.act = F.silu
+        elif cfg.activation == "gelu_tanh":
+            self.act = lambda t: F.gelu(t, approximate="tanh")
+        else:
+            raise UnsupportedModelError(f"unknown activation {cfg.activation!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(self.act(gate) * up)
+
+
+class Block(nn.Module):
+    """Pre-norm attention and FFN with residual adds; ``layer`` is its index in the cache it writes."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, w: BlockWeights):
+        super().__init__()
+        eps = cfg.rms_eps
+        self.attn_norm = RMSNorm(w.attn_norm, eps)
+        self.attn = Attention(cfg, layer, w.wqkv, w.wo, w.q_norm, w.k_norm)
+        self.ffn_norm = RMSNorm(w.ffn_norm, eps)
+        self.ffn = FeedForward(cfg, w.w13, w.w2)
+        self.post_attn_norm = self.post_ffn_norm = None
+        if cfg.post_norms:
+            self.post_attn_norm = RMSNorm(_required(w.post_attn_norm, "a post-attention norm"), eps)
+            self.post_ffn_norm = RMSNorm(_required(w.post_ffn_norm, "a post-FFN norm"), eps)
+
+    def forward(self, x: torch.Tensor, cache: KVCache, step: ForwardStep, rope: RotaryEmbedding) -> torch.Tensor:
+        ops = step.ops
+        h = self.attn(self.attn_norm(x, ops), cache, step, rope)
+        if self.post_attn_norm is not None:
+            h = self.post_attn_norm(h, ops)
+        x = x + h
+        h = self.ffn(self.ffn_norm(x, ops))
+        if self.post_ffn_norm is not None:
+            h = self.post_ffn_norm(h, ops)
+        return x + h

@@ -1,0 +1,182 @@
+"""GGUF -> ``Model`` (and NextN head): the one place in the engine that knows GGUF tensor names.
+
+It opens the file, reads the config through the architecture registry (``engine.models``), builds each
+layer's ``Linear`` modules and tensors with ``engine.ops.linear`` and assembles the layers and the model
+(``engine.models.layers``, ``engine.models.transformer``, ``engine.models.nextn``), which take weights
+and know nothing of where they came from.
+
+Memory: each layer's source pages are released once its weights are converted, so the peak stays near
+the converted model rather than converted model + mapped file. The file stays open with the model: the
+token embedding reads its rows from the mapping on demand, and some weight formats may be views of it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import torch
+
+from engine.gguf import GGUFFile
+from engine.models import get_arch
+from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
+from engine.models.layers import Block, BlockWeights
+from engine.models.nextn import NextNHead, NextNWeights
+from engine.models.transformer import Model
+from engine.ops.dequant import load_tensor
+from engine.ops.linear import Embedding, load_linear
+from engine.ops.linear import default_format as linear_default_format
+
+EMBEDDING = "token_embd.weight"
+OUTPUT = "output.weight"
+OUTPUT_NORM = "output_norm.weight"
+ROPE_FREQS = "rope_freqs.weight"
+_NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.eh_proj\.weight$")
+
+
+# ------------------------------------------------------------------------------------------------
+# config
+# ------------------------------------------------------------------------------------------------
+def weight_layout(f: GGUFFile) -> WeightLayout:
+    """The config's facts that come from which tensors ``f`` holds."""
+    emb = f.tensors.get(EMBEDDING)
+    if emb is None:
+        raise UnsupportedModelError(f"{f.path}: GGUF has no {EMBEDDING}")
+    return WeightLayout(
+        vocab_size=emb.dims[1] if len(emb.dims) > 1 else None,
+        tied_output=OUTPUT not in f.tensors,
+        qkv_bias="blk.0.attn_q.bias" in f.tensors,
+        qk_norm="blk.0.attn_q_norm.weight" in f.tensors,
+    )
+
+
+def read_config(f: GGUFFile) -> ModelConfig:
+    """The ModelConfig of an open GGUF, via its architecture's module in ``engine.models``."""
+    arch = get_arch(f.architecture, f.path)
+    return arch.read_config(f, weight_layout(f))
+
+
+# ------------------------------------------------------------------------------------------------
+# weights
+# ------------------------------------------------------------------------------------------------
+def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> BlockWeights:
+    """Block ``i``'s weights (``blk.{i}.*``): q/k/v fused into one linear, gate/up into another."""
+    p = f"blk.{i}."
+
+    def norm(name: str) -> torch.Tensor:
+        return load_tensor(f, p + name + ".weight")
+
+    qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
+    bias = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"] if cfg.qkv_bias else None
+    return BlockWeights(
+        attn_norm=norm("attn_norm"),
+        wqkv=load_linear(f, qkv, fmt, bias_names=bias, device=device),
+        wo=load_linear(f, p + "attn_output.weight", fmt, device=device),
+        q_norm=norm("attn_q_norm") if cfg.qk_norm else None,
+        k_norm=norm("attn_k_norm") if cfg.qk_norm else None,
+        ffn_norm=norm("ffn_norm"),
+        w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
+        w2=load_linear(f, p + "ffn_down.weight", fmt, device=device),
+        post_attn_norm=norm("post_attention_norm") if cfg.post_norms else None,
+        post_ffn_norm=norm("post_ffw_norm") if cfg.post_norms else None,
+    )
+
+
+def default_format(f: GGUFFile, device: torch.device, role: str = "target") -> str:
+    """'auto': engine.ops.linear's choice from the GGUF's linear weight types on CPU; bf16 elsewhere."""
+    if device.type != "cpu":
+        return "bf16"
+    types = {t.type_name for name, t in f.tensors.items() if name.startswith("blk.") and len(t.dims) == 2}
+    return linear_default_format(role, types)
+
+
+# ------------------------------------------------------------------------------------------------
+# model
+# ------------------------------------------------------------------------------------------------
+def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, device: torch.device) -> Model:
+    # Embedding rows are dequantized on demand from the mmap: the GGUFFile must stay open.
+    embed = Embedding(f, EMBEDDING, dtype, device=device)
+    blocks = []
+    for i in range(cfg.n_layer):
+        blocks.append(Block(cfg, i, load_block_weights(f, cfg, i, fmt, device)))
+        f.release_pages()  # this layer's source bytes are converted: keep peak memory near the result
+    norm = load_tensor(f, OUTPUT_NORM)
+    output = load_linear(f, EMBEDDING if cfg.tied_output else OUTPUT, fmt, device=device)
+    f.release_pages()
+    rope_freqs = load_tensor(f, ROPE_FREQS) if ROPE_FREQS in f.tensors else None
+    return Model(cfg, embed=embed, layers=blocks, norm=norm, output=output, fmt=fmt, dtype=dtype, device=device,
+                 rope_freqs=rope_freqs)
+
+
+def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None, *, role: str = "target") -> Model:
+    """Load a GGUF into a ``Model``.
+
+    ``fmt``: weight format of the linear layers ('f32', 'bf16', 'bf16-packed', 'int8', 'int4', 'auto-int4');
+    'auto' asks ``engine.ops.linear.default_format(role, weight types)`` on CPU (auto-int4 for Q4 files,
+    bf16-packed otherwise, for a target) and is dense bf16 elsewhere. ``dtype``: compute dtype of activations and of the KV
+    cache; default f32 on CPU (norms, RoPE and attention in f32 as llama.cpp does; the linears cast
+    internally) and bf16 on CUDA unless fmt is 'f32'.
+    """
+    device = torch.device(device)
+    if isinstance(path_or_file, GGUFFile):
+        f, owned = path_or_file, False
+    else:
+        f, owned = GGUFFile(path_or_file), True
+    try:
+        config = read_config(f)
+        if fmt == "auto":
+            fmt = default_format(f, device, role)
+        if dtype is None:
+            dtype = torch.float32 if (device.type == "cpu" or fmt == "f32") else torch.bfloat16
+        model = _build_model(f, config, fmt, dtype, device)
+    except BaseException:
+        if owned:
+            f.close()
+        raise
+    model.source_path = f.path
+    # Keep the file open with the model: some weight formats may stay as views of the mapping,
+    # and the embedding reads its rows from it.
+    model.gguf = f
+    if device.type != "cpu":
+        model.to(device)  # norms and the other small tensors; linears were built on the device
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# NextN (MTP) head
+# ------------------------------------------------------------------------------------------------
+def find_nextn_block(tensor_names) -> int | None:
+    """The block index N of a NextN head (``blk.N.nextn.eh_proj.weight``), or None."""
+    for name in tensor_names:
+        m = _NEXTN.match(name)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def nextn_hidden_size(f: GGUFFile, block: int) -> int:
+    """The hidden size the NextN head in block ``block`` of ``f`` works in (its eh_proj's output rows)."""
+    return f.tensors[f"blk.{block}.nextn.eh_proj.weight"].shape[0]
+
+
+def load_nextn_head(target: Model, f: GGUFFile, block: int, fmt: str) -> NextNHead:
+    """The NextN head in block ``block`` of ``f`` (the target's own file or a head-only one) over ``target``.
+
+    Its attention/FFN weights are block ``block``'s usual ``blk.N.*`` tensors; ``blk.N.nextn.*`` holds the
+    rest. Output norm, output projection and embedding are the target's unless the file has its own.
+    """
+    device = target.device
+    p = f"blk.{block}.nextn."
+    weights = NextNWeights(
+        block=load_block_weights(f, target.config, block, fmt, device),
+        eh_proj=load_linear(f, p + "eh_proj.weight", fmt, device=device),
+        enorm=load_tensor(f, p + "enorm.weight"),
+        hnorm=load_tensor(f, p + "hnorm.weight"),
+        head_norm=load_tensor(f, p + "shared_head_norm.weight") if p + "shared_head_norm.weight" in f.tensors else None,
+        head=(load_linear(f, p + "shared_head_head.weight", fmt, device=device)
+              if p + "shared_head_head.weight" in f.tensors else None),
+        embed=(Embedding(f, p + "embed_tokens.weight", target.dtype, device=device)
+               if p + "embed_tokens.weight" in f.tensors else None),
+    )
+    return NextNHead(target, weights)
