@@ -1,7 +1,6 @@
 """The options a generation runs with: defaults <- the model's parameters <- the request's options,
-parsed once into one typed `engine.options.Options`; the load-time subset that decides when an engine
-must reload; and what /api/show reports about speculation (decided by the engine's own rule,
-`engine.speculative.plan.plan_speculation`).
+parsed once into one typed `engine.options.Options`, and what /api/show reports about speculation
+(decided by the engine's own rule, `engine.speculative.plan.plan_speculation`).
 
 Kept together because they are one policy: how a model's settings and a request combine.
 """
@@ -31,11 +30,6 @@ def merged_options(model: StoredModel, options: dict[str, Any] | None) -> Option
         return Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(500, str(e)) from None
-
-
-def load_options(options: Options) -> dict[str, Any]:
-    """Load-time options the model's parameters or the request set explicitly (a change reloads)."""
-    return {key: getattr(options, key) for key in ("num_ctx", "num_thread") if key in options.explicit}
 
 
 def draft_details(model: StoredModel) -> dict[str, Any] | None:

@@ -60,9 +60,8 @@ class Generation:
     (a disconnect cancels the engine's work), and on completion logs the request and counts metrics."""
 
     def __init__(self, ctx: ServerContext, request: Request, endpoint: str, name: str, model: StoredModel,
-                 options: Options, keep_alive: float, t_start_ns: int, load: dict[str, Any]):
+                 options: Options, keep_alive: float, t_start_ns: int):
         self.ctx = ctx
-        self.load = load
         self.request = request
         self.endpoint = endpoint
         self.name = name
@@ -104,7 +103,7 @@ class Generation:
 
     async def _acquire(self) -> Lease:
         """The scheduler's lease, given up if the client leaves while the request waits in the queue."""
-        acquire = asyncio.ensure_future(self.ctx.scheduler.acquire(self.model, self.load, self.keep_alive))
+        acquire = asyncio.ensure_future(self.ctx.scheduler.acquire(self.model, self.options, self.keep_alive))
         gone = asyncio.ensure_future(self._gone.wait())
         try:
             await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -27,6 +27,7 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import anyio
 
 from blobs.model import StoredModel
+from engine.options import Options
 from engine.process.protocol import (
     EngineCrashedError,
     EngineError,
@@ -149,12 +150,12 @@ class Scheduler:
         self._tasks: set[asyncio.Task] = set()
 
     # -- acquiring ------------------------------------------------------------------------------
-    def load_spec(self, model: StoredModel, load_options: dict[str, Any]) -> LoadSpec:
-        """The LoadSpec for a request. ``load_options`` holds only load-time options that the model's
-        parameters or the request set explicitly; num_ctx defaults to the server's context length and
-        is capped at the model's trained context length, as Ollama does."""
+    def load_spec(self, model: StoredModel, options: Options) -> LoadSpec:
+        """The LoadSpec for a request. Only load-time options that the model's parameters or the request
+        set explicitly count (a change reloads the engine); num_ctx defaults to the server's context
+        length and is capped at the model's trained context length, as Ollama does."""
         trained = int(model.config.get("context_length") or 0)
-        num_ctx = int(load_options.get("num_ctx") or 0)
+        num_ctx = options.num_ctx if "num_ctx" in options.explicit else 0
         if num_ctx <= 0:
             num_ctx = self.settings.context_length
             if trained:
@@ -162,7 +163,7 @@ class Scheduler:
         elif trained and num_ctx > trained:
             log.warning("requested context size too large for model: num_ctx=%d n_ctx_train=%d", num_ctx, trained)
             num_ctx = trained
-        num_thread = int(load_options.get("num_thread") or self.settings.num_thread or 0)
+        num_thread = (options.num_thread if "num_thread" in options.explicit else 0) or self.settings.num_thread or 0
         assert model.model_path is not None
         return LoadSpec(
             model_path=str(model.model_path),
@@ -171,7 +172,7 @@ class Scheduler:
             num_thread=max(num_thread, 0),
         )
 
-    async def acquire(self, model: StoredModel, load_options: dict[str, Any], keep_alive: float) -> Lease:
+    async def acquire(self, model: StoredModel, options: Options, keep_alive: float) -> Lease:
         """Wait for the model's engine (loading or reloading it as needed). Raises QueueFullError when
         too many requests already wait, or the engine's error when it cannot load."""
         started = time.monotonic()
@@ -188,7 +189,7 @@ class Scheduler:
             slot.waiting -= 1
         try:
             slot.cancel_timer()
-            spec = self.load_spec(model, load_options)
+            spec = self.load_spec(model, options)
             runner = slot.runner
             if runner is not None and (not runner.engine.alive() or runner.spec != spec):
                 why = "engine exited" if not runner.engine.alive() else "load options changed"

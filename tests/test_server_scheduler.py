@@ -134,7 +134,7 @@ def scheduler(**kw) -> Scheduler:
 
 
 async def run_one(s: Scheduler, model, keep_alive: float = 300, load=None, num_predict: int = 3) -> str:
-    lease = await s.acquire(model, load or {}, keep_alive)
+    lease = await s.acquire(model, Options.from_map(load), keep_alive)
     stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=num_predict)))
     text = ""
     async for item in stream:
@@ -180,11 +180,11 @@ def test_queue_bound(model_store: BlobStore) -> None:
 
     async def main() -> None:
         s = scheduler(max_queue=1)
-        running = await s.acquire(model, {}, 300)
-        waiting = asyncio.create_task(s.acquire(model, {}, 300))
+        running = await s.acquire(model, Options(), 300)
+        waiting = asyncio.create_task(s.acquire(model, Options(), 300))
         await asyncio.sleep(0.05)
         with pytest.raises(QueueFullError) as e:
-            await s.acquire(model, {}, 300)
+            await s.acquire(model, Options(), 300)
         assert e.value.status == 503
         assert str(e.value) == "server busy, please try again.  maximum pending requests exceeded"
         running.release()
@@ -231,7 +231,7 @@ def test_load_option_change_reloads(model_store: BlobStore) -> None:
         await run_one(s, model, load={"num_ctx": 100})
         assert len(FakeEngine.instances) == 2
         # Same weights, another name with its own num_ctx parameter: one engine slot, reloaded.
-        assert s.load_spec(with_ctx, {"num_ctx": 128}).num_ctx == 128
+        assert s.load_spec(with_ctx, Options.from_map({"num_ctx": 128})).num_ctx == 128
         await s.shutdown()
 
     asyncio.run(main())
@@ -244,7 +244,7 @@ def test_crash_gives_error_and_next_request_restarts(model_store: BlobStore) -> 
         s = scheduler()
         await run_one(s, model)
         FakeEngine.instances[0].crash_after = 1
-        lease = await s.acquire(model, {}, 300)
+        lease = await s.acquire(model, Options(), 300)
         stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=5)))
         got = []
         with pytest.raises(EngineCrashedError):
@@ -265,7 +265,7 @@ def test_cancel_stops_engine_and_frees_the_model(model_store: BlobStore) -> None
 
     async def main() -> None:
         s = scheduler()
-        lease = await s.acquire(model, {}, 300)
+        lease = await s.acquire(model, Options(), 300)
         stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=500)))
         n = 0
         async for item in stream:

@@ -20,7 +20,7 @@ from engine.process.protocol import TokenChunk
 from ..context import ctx_of
 from ..gojson import ApiError, decode_struct, json_response, read_json, rfc3339
 from ..ndjson import stream_or_collect
-from ..options import load_options, merged_options
+from ..options import merged_options
 from ..pipeline import (
     Generation,
     chat_engine_request,
@@ -86,8 +86,7 @@ async def generate(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(),
                               "debug_info": {"rendered_template": text, "image_count": 0}})
 
-    gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0,
-                     load_options(options))
+    gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0)
     if not req.prompt:  # load only
         await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
@@ -191,8 +190,7 @@ async def chat(request: Request) -> Response:
                               "message": {"role": "assistant", "content": ""},
                               "debug_info": {"rendered_template": text, "image_count": 0}})
 
-    gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0,
-                     load_options(options))
+    gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0)
     if not messages:  # load only
         await gen.load_only()
         return json_response({"model": req.model, "created_at": rfc3339(),

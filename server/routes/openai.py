@@ -29,7 +29,7 @@ from engine.process.protocol import GenerateResult, TokenChunk
 
 from ..context import ctx_of
 from ..gojson import ApiError, decode_struct, jfield, json_response, read_json
-from ..options import load_options, merged_options
+from ..options import merged_options
 from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
 from ..scheduler import Lease
@@ -251,8 +251,7 @@ async def chat_completions(request: Request) -> Response:
     options = merged_options(model, raw_options)
     full = chat_messages(model, messages)
 
-    gen = Generation(ctx, request, "/v1/chat/completions", req.model, model, options, keep_alive, t0,
-                     load_options(options))
+    gen = Generation(ctx, request, "/v1/chat/completions", req.model, model, options, keep_alive, t0)
     build = await chat_engine_request(gen, prompting, full, [], options, truncate=True, shift=True,
                                       logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
     await gen.open(build)
@@ -351,8 +350,7 @@ async def completions(request: Request) -> Response:
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
                              logprobs=top > 0, top_logprobs=top)
 
-    gen = Generation(ctx, request, "/v1/completions", req.model, model, options, keep_alive, t0,
-                     load_options(options))
+    gen = Generation(ctx, request, "/v1/completions", req.model, model, options, keep_alive, t0)
     await gen.open(build)
     cid = _completion_id("cmpl")
     created = int(time.time())
