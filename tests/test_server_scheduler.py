@@ -23,9 +23,9 @@ from engine.process.protocol import (
     GenerateResult,
     LoadSpec,
     ModelFacts,
-    SpeculationStats,
     TokenChunk,
 )
+from engine.speculative.stats import SpeculationStats
 from importer import CreateRequest, create_model
 from server.scheduler import GenerationStream, QueueFullError, Scheduler
 from server.settings import (

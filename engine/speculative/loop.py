@@ -29,12 +29,7 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
-from engine.process.protocol import (
-    GenerateResult,
-    SpeculationStats,
-    TokenChunk,
-    TokenLogprob,
-)
+from engine.process.protocol import GenerateResult, TokenChunk, TokenLogprob
 from engine.sampling.constrain import TokenConstraint
 from engine.sampling.sampler import Distribution, SamplingOptions, process
 from engine.speculative.acceptance import (
@@ -45,6 +40,7 @@ from engine.speculative.acceptance import (
 )
 from engine.speculative.depth import DepthController
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, TargetOutput
+from engine.speculative.stats import SpeculationStats
 from engine.text.stops import TextStream
 
 TRACE_ENV = "TANDEM_DRAFT_TRACE"
