@@ -1,0 +1,161 @@
+"""Building a loaded model from a ``LoadSpec``: the target, its KV cache, every drafter with its own
+state, and the facts the server reports. ``engine.runtime.ModelRuntime`` serves requests over what this
+builds; everything here happens once per load, never per request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.cache.kv import KVCache
+from engine.capabilities import is_mtp_head_only
+from engine.gguf import GGUFFile
+from engine.models.config import UnsupportedModelError
+from engine.models.loader import (
+    default_format,
+    find_nextn_block,
+    load_model,
+    load_nextn_head,
+    nextn_hidden_size,
+)
+from engine.models.transformer import Model
+from engine.ops.memory import model_bytes
+from engine.process.protocol import EngineError, LoadSpec, ModelFacts
+from engine.speculative.draft_model import DraftModelDrafter
+from engine.speculative.drafter import Drafter
+from engine.speculative.mtp import MtpDrafter
+from engine.speculative.ngram import NgramDrafter
+from engine.text.tokenizer import Tokenizer, TokenizerError
+
+
+@dataclass
+class LoadedParts:
+    """Everything a load builds, owned by the runtime until it closes."""
+
+    spec: LoadSpec
+    target: Model
+    gguf: GGUFFile
+    tokenizer: Tokenizer
+    cache: KVCache
+    drafters: dict[str, Drafter]
+    facts: ModelFacts
+    draft_kind: str | None = None  # what the DRAFT layer became: "model", "mtp" (a head) or None
+    owned_files: list[GGUFFile] = field(default_factory=list)  # mappings a drafter reads from
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise EngineError("CUDA was requested but is not available", 400)
+    return torch.device(device)
+
+
+def _vocab_check(target_tokens, draft_tokens, draft_path: str) -> None:
+    """A drafter must speak the target's vocabulary: token i must be the same string in both."""
+    if not target_tokens or not draft_tokens:
+        raise EngineError(f"draft model {draft_path}: GGUF has no vocabulary to compare", 400)
+    n = min(len(target_tokens), len(draft_tokens))
+    for i in range(n):
+        if target_tokens[i] != draft_tokens[i]:
+            raise EngineError(
+                f"draft model {draft_path} does not share the target's vocabulary (token {i} is "
+                f"{draft_tokens[i]!r} in the draft, {target_tokens[i]!r} in the target)", 400)
+    if abs(len(target_tokens) - len(draft_tokens)) > 128:
+        raise EngineError(f"draft model {draft_path}: vocabulary of {len(draft_tokens)} tokens, the target "
+                          f"has {len(target_tokens)}", 400)
+
+
+def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity: int) -> tuple[MtpDrafter, str]:
+    """An MtpDrafter over a DRAFT file holding only an MTP head; the head must fit the target."""
+    block = find_nextn_block(df.tensors)
+    hidden = nextn_hidden_size(df, block)
+    arch = df.metadata.get("general.architecture")
+    problem = None
+    if arch != target.config.arch:
+        problem = f"MTP head architecture {arch} does not match the target's {target.config.arch}"
+    elif hidden != target.config.n_embd:
+        problem = f"MTP head hidden size {hidden} does not match the target's {target.config.n_embd}"
+    if problem is not None:
+        df.close()
+        raise EngineError(f"draft model {spec.draft_path}: {problem}", 400)
+    fmt = spec.draft_weight_format
+    if fmt == "auto":
+        fmt = default_format(df, device, role="drafter")
+    try:
+        return MtpDrafter(load_nextn_head(target, df, block, fmt), capacity), fmt
+    except (UnsupportedModelError, KeyError) as e:
+        df.close()
+        raise EngineError(f"draft model {spec.draft_path}: MTP head: {e}", 400) from None
+
+
+def load_parts(spec: LoadSpec) -> LoadedParts:
+    """Open, check and build everything ``spec`` names; a refusal is an ``EngineError`` with status 400."""
+    device = resolve_device(spec.device)
+    try:
+        f = GGUFFile(spec.model_path)
+    except ValueError as e:
+        raise EngineError(str(e), 400) from None
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
+        target = load_model(f, spec.weight_format, device, role="target")
+        fmt = target.fmt  # 'auto' resolved by the model loader (per role and file)
+    except (UnsupportedModelError, TokenizerError) as e:
+        f.close()
+        raise EngineError(str(e), 400) from None
+    num_ctx = int(spec.num_ctx) if spec.num_ctx and spec.num_ctx > 0 else target.config.context_length
+    cache = target.new_cache(num_ctx)
+    vocab = target.config.vocab_size
+
+    drafters: dict[str, Drafter] = {"ngram": NgramDrafter()}
+    draft_arch = draft_fmt = draft_kind = None
+    owned = []  # GGUF mappings a drafter reads from, closed with the engine
+    if spec.draft_path:
+        df = GGUFFile(spec.draft_path)
+        try:
+            _vocab_check(f.metadata.get("tokenizer.ggml.tokens"), df.metadata.get("tokenizer.ggml.tokens"),
+                         spec.draft_path)
+        except EngineError:
+            df.close()
+            raise
+        if is_mtp_head_only(df.tensors):
+            # A DRAFT that is an MTP head drafts from the target's hidden states; it takes the
+            # place of any head the target carries itself.
+            drafters["mtp"], draft_fmt = _mtp_head_drafter(target, df, spec, device, num_ctx)
+            owned.append(df)
+            draft_arch, draft_kind = target.config.arch, "mtp"
+        else:
+            try:
+                draft = load_model(df, spec.draft_weight_format, device, role="drafter")
+            except UnsupportedModelError as e:
+                raise EngineError(f"draft model: {e}", 400) from None
+            draft_fmt = draft.fmt
+            draft_arch = draft.config.arch
+            drafters["model"] = DraftModelDrafter(draft, num_ctx, vocab)
+            draft_kind = "model"
+    nextn = find_nextn_block(f.tensors)
+    if nextn is not None and "mtp" not in drafters:
+        drafters["mtp"] = MtpDrafter(load_nextn_head(target, f, nextn, fmt), num_ctx)
+
+    memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
+    toks = tokenizer.token_strings()
+
+    def name(i):
+        return toks[i] if i is not None and 0 <= i < len(toks) else ""
+
+    facts = ModelFacts(
+        architecture=target.config.arch,
+        context_length=num_ctx,
+        vocab_size=vocab,
+        device=str(device),
+        weight_format=fmt,
+        draft_architecture=draft_arch,
+        draft_weight_format=draft_fmt,
+        memory_bytes=int(memory),
+        bos_token=name(tokenizer.bos_id),
+        eos_token=name(tokenizer.eos_id),
+        add_bos=bool(tokenizer.add_bos),
+    )
+    return LoadedParts(spec=spec, target=target, gguf=f, tokenizer=tokenizer, cache=cache, drafters=drafters,
+                       facts=facts, draft_kind=draft_kind, owned_files=owned)
