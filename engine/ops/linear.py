@@ -1,10 +1,12 @@
 """Linear-layer weight formats built straight from GGUF tensors, behind one small interface.
 
-    lin = load_linear(f, ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"],
-                      "auto-int4", bias_names=["blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"])
+    lin = load_linear(f, [q_name, k_name, v_name], "auto-int4", bias_names=[q_bias, k_bias, v_bias])
     y = lin(x)          # x [..., K] in lin.compute_dtype -> y [..., N] in the same dtype
 
-Formats (``fmt``), all CPU kernels measured in docs/cpu-engine-measurements.md:
+(the tensor names come from ``engine.models.loader``, the one place that knows them).
+
+Formats (``fmt``); the kernels' measured costs are in docs/cpu-engine-measurements.md and
+docs/measurements.md ("Weight formats"):
 
 * ``f32``          dequantized f32 weights, ``F.linear`` (MKL). The test reference; 4 bytes/weight.
 * ``bf16``         bf16 weights, ``F.linear`` (oneDNN AMX). 2 bytes/weight.
@@ -36,7 +38,7 @@ Under ``int4`` every part goes to int4 (exact or requantized), so the whole thin
 Biases are stored in the compute dtype. They are fused into the kernel where it takes one
 (``F.linear``, oneDNN) and otherwise added to the output in the compute dtype.
 
-Activations for the bf16/int formats must be bf16 (the int kernels are 9-20x slower with f32
+Activations for the bf16/int formats must be bf16 (the int kernels are many times slower with f32
 activations); ``forward`` casts other dtypes to the compute dtype and back, as a safety net only.
 
 CUDA: the int4/int8 CPU kernels have no CUDA equivalent with the same packing (CUDA's
@@ -56,8 +58,8 @@ from typing import Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
-from engine.ops import dequant as dq
 from engine.gguf import GGML_TYPES, GGUFFile
+from engine.ops import dequant as dq
 from engine.ops.kernels import load_qdot, qdot_fast, qdot_status
 
 FORMATS = ("f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot")
@@ -606,15 +608,6 @@ def cpu_has_amx() -> bool:
         return False
 
 
-def linear_type_counts(f: GGUFFile) -> dict[str, int]:
-    """Elements per GGML type over the 2-D tensors of a model (its matmul weights and embeddings)."""
-    counts: dict[str, int] = {}
-    for info in f.tensors.values():
-        if len(info.shape) == 2:
-            counts[info.type_name] = counts.get(info.type_name, 0) + info.n_elements
-    return counts
-
-
 def _mostly_q4(source_types: Iterable[str] | Mapping[str, int]) -> bool:
     if isinstance(source_types, Mapping):
         total = sum(source_types.values())
@@ -629,18 +622,17 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
     """The weight format for a model, from its role, the GGML types of its weights and the CPU.
 
     ``source_type_names``: the type names of the model's linear weights, or (better) a mapping
-    type name -> element count such as :func:`linear_type_counts` returns. ``amx`` defaults to
-    :func:`cpu_has_amx`, ``qdot`` to whether the qdot kernel's AVX512-VNNI path is built here.
+    type name -> element count. ``amx`` defaults to :func:`cpu_has_amx`, ``qdot`` to whether the
+    qdot kernel's AVX512-VNNI path is built here.
 
     * where qdot is available: ``qdot`` for a drafter and for a quantized target (Q4_K_M, Q8_0,
       ...) unless bf16-packed applies below. It keeps every Q4/Q5/Q6/Q8 tensor's own codes (no
-      requantization at all) and was the fastest format at widths 1-4 on the 2-core AVX-512 VM
-      (1.5B Q4_K_M decode: 102 ms a token against 145 ms for auto-int4; README "Performance").
+      requantization at all) and was the fastest format at widths 1-4 on AVX-512 VNNI hosts.
       Without it the rules below apply.
 
     * drafter: always ``auto-int4``. A drafter runs at width 1, where the int kernels are the
-      fastest (int4 ~2x bf16, int8 ~1.2x on AMX, far more without AMX); its quality only moves the
-      acceptance rate, and ``auto-int4`` still keeps every non-Q4 tensor at 8 bits.
+      fastest; its quality only moves the acceptance rate, and ``auto-int4`` still keeps every
+      non-Q4 tensor at 8 bits.
     * target whose weights are mostly Q4_K/Q4_0/Q4_1 (Q4_K_M & co.): ``auto-int4``. The Q4 tensors
       are reproduced exactly (bf16 scales), it is the fastest format for widths 1-4 (draft length
       up to 3) and needs 0.6-1 byte/weight instead of 2.
@@ -649,16 +641,7 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
       these sources) without AMX, where bf16 falls back to a slow non-AMX path that costs several
       times more for 2+ rows than for 1 and than int8 at every width.
 
-    Measured on a real Qwen2.5-1.5B Q4_K layer, ms per call at widths 1/2/4/8/16, on a 2-core
-    AVX-512 VM *without* AMX/avx512_bf16 (1 thread; 2-thread runs were disturbed by other jobs):
-
-        in 1536 -> out 8960   f32 4.2/4.9/9.3/14/11   bf16 3.9/6.2/8.3/12/18   bf16-packed 2.4/9.5/10/13/21
-                              int8 2.3/2.5/2.9/5.5/15   int4 1.1/1.4/1.8/3.7/7.4
-        in 8960 -> out 1536   f32 4.3/4.6/13/18/16    bf16 4.2/5.5/12/16/28    bf16-packed 2.7/8.7/13/18/28
-                              int8 1.7/1.9/2.4/4.9/9.9  int4 1.4/1.6/2.1/4.1/12
-
-    With AMX (docs/cpu-engine-measurements.md, whole 1.5B forward, ms at w1/w4/w8/w16):
-    bf16-packed 135/134/135/135, int8 110/146/283/501, int4 71/95/182/340.
+    The per-width measurements behind these rules are in docs/measurements.md ("Weight formats").
     """
     if role not in ("target", "drafter"):
         raise ValueError(f"role must be 'target' or 'drafter', not {role!r}")

@@ -29,6 +29,7 @@ from typing import Callable, Generator, Sequence
 
 import torch
 
+from engine.cache.protocol import SequenceCache
 from engine.process.protocol import GenerateResult, TokenChunk, TokenLogprob
 from engine.sampling.constrain import TokenConstraint
 from engine.sampling.sampler import Distribution, SamplingOptions, process
@@ -104,7 +105,7 @@ class _Committed:
 
 
 class DecodeLoop:
-    def __init__(self, *, target, cache, tokenizer, drafter: Drafter, controller: DepthController,
+    def __init__(self, *, target, cache: SequenceCache, tokenizer, drafter: Drafter, controller: DepthController,
                  settings: DecodeSettings, target_gen: torch.Generator, draft_gen: torch.Generator,
                  clock: Callable[[], float] = time.perf_counter, constraint: TokenConstraint | None = None):
         self.target = target
