@@ -4,7 +4,7 @@ ggml/src/ggml-quants.c: ``quantize_row_q4_K_ref``, ``quantize_row_q5_K_ref``,
 ``quantize_row_q6_K_ref`` and their helpers ``make_qkx2_quants`` and ``make_qx_quants``. One super-block
 at a time, one sub-block at a time, with the same control flow as the C loops, so that it is easy to
 check line by line against the C source. It is the stand-in for libggml when that library is not
-installed (CI): tests/test_kquant.py proves it byte-identical to libggml where the library exists.
+installed (CI): tests/importer/test_kquant.py proves it byte-identical to libggml where the library exists.
 
 Only the innermost loops over the 16 or 32 values of a sub-block are numpy expressions. Every value is
 float32 and every operation is one IEEE float32 operation, as in the C code (which is compiled without

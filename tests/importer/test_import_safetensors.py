@@ -48,7 +48,7 @@ from tests.hf_folders import (  # noqa: E402
     make_folder,
     random_ids,
 )
-from tests.test_speculation import GREEDY, generate, spec_opts  # noqa: E402
+from tests.engine.speculative.test_speculation import GREEDY, generate, spec_opts  # noqa: E402
 from tests.tiny_gguf import CHATML_TEMPLATE, TinySpec, spm_vocab, write_tiny_gguf  # noqa: E402
 
 TOL = 1e-4  # max |Δlogit| relative to the reference's logit scale (weights are identical; f32 vs f64 compute)

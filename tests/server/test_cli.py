@@ -13,7 +13,7 @@ from modelfile import parse
 from server.cli import main
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import DraftContext, TargetOutput
 from engine.speculative.mtp import MtpDrafter
 from engine.speculative.ngram import NgramDrafter
-from tests.test_speculation import GREEDY, generate, load_engine, spec_opts, write_model
+from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts, write_model
 
 GREEDY_OPTS = SamplingOptions(temperature=0)
 

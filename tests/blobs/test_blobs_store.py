@@ -35,7 +35,7 @@ from blobs import (
     default_models_root,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def sha(data: bytes) -> str:

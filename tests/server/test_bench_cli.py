@@ -19,9 +19,9 @@ from blobs import BlobStore
 from importer import CreateRequest, create_model
 from server.bench import analysis, grid, quality, sandbox, stats
 from tests.server_thread import ServerThread
-from tests.test_speculation import write_model
+from tests.engine.speculative.test_speculation import write_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from engine.ops import dequant as dq
 from engine.ops import linear as L
 from engine.gguf import GGUFFile
 from engine.ops.kernels import load_qdot, qdot_status
-from tests.test_dequant import random_kquant_blocks
-from tests.test_linear import write_tensor_gguf
+from tests.engine.ops.test_dequant import random_kquant_blocks
+from tests.engine.ops.test_linear import write_tensor_gguf
 
 GT = gguf.GGMLQuantizationType
 

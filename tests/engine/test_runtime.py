@@ -24,7 +24,7 @@ from engine.process.protocol import (
 )
 from engine.sampling.sampler import SamplingOptions, process
 from engine.text.stops import StopMatcher, TextStream
-from tests.test_speculation import (
+from tests.engine.speculative.test_speculation import (
     GREEDY,
     PROMPT,
     generate,

@@ -13,7 +13,7 @@ import torch
 from engine.ops import dequant as dq
 from engine.ops import linear as L
 from engine.gguf import GGUFFile
-from tests.test_dequant import random_kquant_blocks
+from tests.engine.ops.test_dequant import random_kquant_blocks
 
 GT = gguf.GGMLQuantizationType
 K = 256
@@ -311,7 +311,7 @@ def test_default_format():
 
 @pytest.mark.realmodel
 def test_real_smollm2_linears():
-    from tests.test_dequant import _smollm2_path
+    from tests.engine.ops.test_dequant import _smollm2_path
 
     path = _smollm2_path()
     if path is None:

@@ -17,7 +17,7 @@ from server.api_client import Client
 from server.cli import _command, _Session, main
 from tests.server_thread import ServerThread, write_pair
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

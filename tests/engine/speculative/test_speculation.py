@@ -10,7 +10,7 @@
 (f) a sliding-window model stays exact when rounds wrap the window;
 (g) cancellation mid-stream, then a new request reuses the prefix and matches a fresh run.
 
-The helpers at the top build the tiny models; tests/test_runtime.py and tests/test_drafters.py use
+The helpers at the top build the tiny models; tests/engine/test_runtime.py and tests/engine/speculative/test_drafters.py use
 them too.
 """
 

