@@ -16,7 +16,7 @@ the whole chunk.
 Arithmetic follows the C code operation by operation in float32 (libggml-base is compiled for
 baseline x86-64, so no FMA contraction), and reductions over a sub-block are ``np.add.reduce`` over
 axis 0, which numpy evaluates row after row: the same left-to-right order as the C ``for`` loops.
-The output is therefore byte-identical to llama.cpp's reference quantizer (tests/test_kquant.py
+The output is therefore byte-identical to llama.cpp's reference quantizer (tests/importer/test_kquant.py
 checks this against libggml when it is available, and against a plain loop-per-block port in
 tests/kquant_reference.py everywhere).
 
