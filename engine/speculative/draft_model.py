@@ -9,17 +9,7 @@ from torch import Tensor
 
 from engine.cache.kv import KVCache
 from engine.ops.memory import model_bytes
-from engine.speculative.drafter import (
-    EMPTY,
-    DraftContext,
-    Drafter,
-    Proposal,
-    TargetOutput,
-    confidence,
-    draw,
-    fit_vocab,
-    stack,
-)
+from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
 
 
 class DraftModelDrafter(Drafter):
@@ -80,21 +70,8 @@ class DraftModelDrafter(Drafter):
             self._forward_tail(upto=len(self.tokens) - 2, want_logits=False)
             catchup = time.perf_counter() - t0
         logits = self._forward_tail(upto=len(self.tokens), want_logits=True)
-        drafts: list[int] = []
-        qs: list[Tensor | None] = []
-        confs: list[float] = []
-        for i in range(k):
-            row = fit_vocab(logits[-1:], self.vocab_size)
-            conf = confidence(row)
-            if conf < ctx.p_min:
-                break
-            token, q = draw(row, self.tokens + drafts, ctx)
-            drafts.append(token)
-            qs.append(q)
-            confs.append(conf)
-            if i + 1 < k:
-                logits = self.model.forward([token], self.cache, logits_for="last")
-        return Proposal(drafts, stack(qs), confs, catchup)
+        return sample_chain(k, ctx, self.tokens, self.vocab_size, logits[-1:],
+                            lambda token: self.model.forward([token], self.cache, logits_for="last"), catchup)
 
     def reset(self) -> None:
         super().reset()

@@ -28,7 +28,7 @@ Losslessness: ``Proposal.q`` holds, per drafted token, the distribution it was a
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -101,6 +101,28 @@ class Drafter:
 
 class NullDrafter(Drafter):
     """No speculation: the loop takes plain steps (depth 0)."""
+
+
+def sample_chain(k: int, ctx: DraftContext, history: list[int], vocab_size: int, logits: Tensor,
+                 advance: Callable[[int], Tensor], catchup_seconds: float = 0.0) -> Proposal:
+    """Up to ``k`` drafts sampled one after another: ``logits`` [1, V] give the first, ``advance(token)``
+    feeds a drafted token back and returns the next row (a model forward, a head step). Stops early
+    when the drafter's confidence falls below ``ctx.p_min``; ``advance`` is not called after the last."""
+    drafts: list[int] = []
+    qs: list[Tensor | None] = []
+    confs: list[float] = []
+    for i in range(k):
+        row = fit_vocab(logits, vocab_size)
+        conf = confidence(row)
+        if conf < ctx.p_min:
+            break
+        token, q = draw(row, history + drafts, ctx)
+        drafts.append(token)
+        qs.append(q)
+        confs.append(conf)
+        if i + 1 < k:
+            logits = advance(token)
+    return Proposal(drafts, stack(qs), confs, catchup_seconds)
 
 
 # Helpers every drafter that samples from logits shares.

@@ -7,17 +7,7 @@ from typing import Sequence
 from torch import Tensor
 
 from engine.models.nextn import NextNHead
-from engine.speculative.drafter import (
-    EMPTY,
-    DraftContext,
-    Drafter,
-    Proposal,
-    TargetOutput,
-    confidence,
-    draw,
-    fit_vocab,
-    stack,
-)
+from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
 
 
 class MtpDrafter(Drafter):
@@ -82,21 +72,14 @@ class MtpDrafter(Drafter):
         if k <= 0 or self._last is None:
             return EMPTY
         g = self._last
-        drafts: list[int] = []
-        qs: list[Tensor | None] = []
-        confs: list[float] = []
-        for i in range(k):
-            row = fit_vocab(self.head.logits(g), self.vocab_size)
-            conf = confidence(row)
-            if conf < ctx.p_min:
-                break
-            token, q = draw(row, self.tokens + drafts, ctx)
-            drafts.append(token)
-            qs.append(q)
-            confs.append(conf)
-            if i + 1 < k:  # chain: the head's own output stands in for the target's hidden state
-                g = self.head.forward(g.reshape(1, -1), [token], self.cache)[-1]
-        return Proposal(drafts, stack(qs), confs)
+
+        def advance(token: int) -> Tensor:
+            # chain: the head's own output stands in for the target's hidden state
+            nonlocal g
+            g = self.head.forward(g.reshape(1, -1), [token], self.cache)[-1]
+            return self.head.logits(g)
+
+        return sample_chain(k, ctx, self.tokens, self.vocab_size, self.head.logits(self._last), advance)
 
     def memory_bytes(self) -> int:
         return self.head.weight_bytes() + self.cache.nbytes()
