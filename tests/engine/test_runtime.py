@@ -194,6 +194,20 @@ def test_prompt_longer_than_num_ctx_errors_or_is_truncated(engine):
     assert run.result.context[:32] == ids[:5] + ids[len(ids) - 27:]
 
 
+def test_a_request_without_num_ctx_gets_the_whole_loaded_context(paths):
+    """The engine loaded with more than Options' default 4096 (the server's TANDEM_CONTEXT_LENGTH) serves a
+    request that does not set num_ctx with all of it; an explicit num_ctx still caps it."""
+    engine = load_engine(paths["target"], num_ctx=4200)
+    ids = (engine.tokenize(" ".join(["def fib(n): return the"] * 800), add_bos=False) * 2)[:4150]
+    run = engine.generate(GenerateRequest(prompt="", raw_tokens=ids, options=Options.from_map(
+        {"temperature": 0, "num_predict": 1})))
+    result = [item for item in run if isinstance(item, GenerateResult)][0]
+    assert result.prompt_eval_count == 4150
+    capped = engine.generate(GenerateRequest(prompt="", raw_tokens=ids, options=Options.from_map(
+        {"temperature": 0, "num_predict": 1, "num_ctx": 4096})))
+    assert [item for item in capped if isinstance(item, GenerateResult)][0].prompt_eval_count == 4096
+
+
 def reference_shift(engine, prompt_ids, n, num_ctx, num_keep):
     """Plain greedy decoding that recomputes every step from scratch over Ollama's shifted window."""
     model, log, out = engine.target, list(prompt_ids), []
