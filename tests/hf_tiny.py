@@ -96,7 +96,9 @@ def build_hf(spec: TinySpec, vocab_size: int, **overrides) -> torch.nn.Module:
     cfg = hf_config(spec, vocab_size, **overrides)
     cls = getattr(tf, _CLASSES[spec.arch])
     torch.manual_seed(spec.seed)
-    model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    # MoE models: the eager per-expert loop (the grouped-matmul default has no float64 kernel)
+    extra = {"experts_implementation": "eager"} if spec.n_expert else {}
+    model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float64, **extra)
     g = torch.Generator().manual_seed(spec.seed + 1)
     gemma = spec.arch == "gemma3"
     with torch.no_grad():
@@ -147,8 +149,8 @@ def to_gguf_tensors(model: torch.nn.Module, spec: TinySpec) -> dict[str, np.ndar
             rest = name[len("model.layers."):]
             idx, sub = rest.split(".", 1)
             stem, kind = sub.rsplit(".", 1)
-            if stem in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, rows, cols], no ".weight"
-                if stem.endswith("down_proj"):
+            if sub in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, rows, cols], no ".weight"
+                if sub.endswith("down_proj"):
                     out[f"blk.{idx}.ffn_down_exps.weight"] = np.ascontiguousarray(a.astype(np.float32))
                 else:
                     gate, up = np.split(a, 2, axis=1)
