@@ -181,3 +181,24 @@ def test_missing_expert_metadata(tmp_path):
     with GGUFFile(write_tiny_gguf(tmp_path / "bad.gguf", spec)) as f:
         with pytest.raises(UnsupportedModelError, match="expert_used_count"):
             read_config(f)
+
+
+def test_speculative_decoding_is_lossless(pair):
+    """The MoE target verifying drafts (k+1-wide forwards, grouped by expert) gives plain greedy decoding's
+    tokens, with the same tiny model as its draft model and with n-gram drafting."""
+    from engine.process.protocol import LoadSpec
+    from engine.runtime import ModelRuntime
+    from tests.engine.speculative.test_speculation import GREEDY, generate, spec_opts
+
+    engine = ModelRuntime.load(LoadSpec(model_path=str(pair.path), draft_path=str(pair.path), num_ctx=128,
+                                        weight_format="f32", draft_weight_format="f32", device="cpu"))
+    try:
+        base = generate(engine, **GREEDY, drafter="none")
+        for drafter in ("model", "ngram"):
+            run = generate(engine, **GREEDY, **spec_opts(drafter, 4))
+            assert run.tokens == base.tokens and run.spec.drafter == drafter
+        assert run.spec.draft_rounds > 0
+        model_run = generate(engine, **GREEDY, **spec_opts("model", 4))
+        assert model_run.spec.draft_n_accepted == model_run.spec.draft_n > 0  # the same model accepts all
+    finally:
+        engine.close()
