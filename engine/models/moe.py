@@ -79,22 +79,24 @@ class SparseMoE(nn.Module):
     def mix(self, x: torch.Tensor, routing: Routing) -> torch.Tensor:
         """The experts' outputs for ``routing`` (computed by this router or any other), weighted and summed."""
         n, k = routing.experts.shape
-        chosen = routing.experts.tolist()
         out = torch.zeros_like(x)
         if n == 1:  # decode: no grouping needed; experts in ascending id order, as the grouped path sums them
-            order = sorted(range(k), key=lambda j: chosen[0][j])
-            for j in order:
-                out += routing.weights[0, j] * self.experts[chosen[0][j]](x)
+            chosen = routing.experts[0].tolist()
+            for j in sorted(range(k), key=chosen.__getitem__):
+                out += routing.weights[0, j] * self.experts[chosen[j]](x)
             return out
-        groups: dict[int, tuple[list[int], list[int]]] = {}
-        for t, row in enumerate(chosen):
-            for j, e in enumerate(row):
-                toks, slots = groups.setdefault(e, ([], []))
-                toks.append(t)
-                slots.append(j)
-        for e in sorted(groups):
-            toks, slots = groups[e]
-            idx = torch.tensor(toks, dtype=torch.long, device=x.device)
-            w = routing.weights[idx, torch.tensor(slots, dtype=torch.long, device=x.device)]
-            out.index_add_(0, idx, self.experts[e](x[idx]) * w[:, None])
-        return out
+        # Several tokens: sort the (token, slot) pairs by expert, so that each chosen expert runs once on a
+        # contiguous slice of its tokens' rows; weight and scatter back in one op each.
+        flat = routing.experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        tokens = order // k
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()
+        xs = x[tokens]
+        ys = torch.empty_like(xs)
+        start = 0
+        for e, c in enumerate(counts):
+            if c:
+                ys[start:start + c] = self.experts[e](xs[start:start + c])
+                start += c
+        ys *= routing.weights.reshape(-1)[order, None]
+        return out.index_add_(0, tokens, ys)
