@@ -202,3 +202,14 @@ def test_speculative_decoding_is_lossless(pair):
         assert model_run.spec.draft_n_accepted == model_run.spec.draft_n > 0  # the same model accepts all
     finally:
         engine.close()
+
+
+def test_expert_tensors_that_do_not_match_the_metadata_are_refused(tmp_path):
+    spec = TinySpec(arch="qwen3moe", head_dim=16, n_expert=4, n_expert_used=2, n_ff_expert=32)
+    from tests.tiny_gguf import tiny_tensors, vocab_for
+
+    tensors = tiny_tensors(spec, len(vocab_for(spec)[0]))
+    tensors["blk.1.ffn_up_exps.weight"] = tensors["blk.1.ffn_up_exps.weight"][:3]  # an expert short
+    path = write_tiny_gguf(tmp_path / "short.gguf", spec, tensors=tensors)
+    with pytest.raises(UnsupportedModelError, match=r"blk\.1\.ffn_up_exps\.weight is shape \(3, 32, 64\), expected"):
+        load_model(path, fmt="f32")
