@@ -51,7 +51,8 @@ class Router(nn.Module):
         return self.weight.out_features
 
     def forward(self, x: torch.Tensor) -> Routing:
-        probs = torch.softmax(self.weight(x).float(), dim=-1)
+        # logits in f32 whatever the activations' dtype: a bf16 rounding of close logits can swap experts
+        probs = torch.softmax(self.weight(x.float()).float(), dim=-1)
         weights, experts = torch.topk(probs, self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)

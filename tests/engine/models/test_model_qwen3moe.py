@@ -213,3 +213,15 @@ def test_expert_tensors_that_do_not_match_the_metadata_are_refused(tmp_path):
     path = write_tiny_gguf(tmp_path / "short.gguf", spec, tensors=tensors)
     with pytest.raises(UnsupportedModelError, match=r"blk\.1\.ffn_up_exps\.weight is shape \(3, 32, 64\), expected"):
         load_model(path, fmt="f32")
+
+
+@pytest.mark.parametrize("fmt,dtype", [("bf16-packed", None), ("bf16-packed", torch.bfloat16), ("int8", None)])
+def test_other_formats(pair, model, fmt, dtype):
+    """The experts in the bf16 and int8 formats (and bf16 activations): the router still computes in f32."""
+    ids = _ids(pair, SEQ)
+    ref = model(ids, model.new_cache(64))
+    m = load_model(pair.path, fmt=fmt, dtype=dtype)
+    cache = m.new_cache(64)
+    out = torch.cat([m(ids[:7], cache), *[m([t], cache) for t in ids[7:]]])
+    assert float((out.argmax(-1) == ref.argmax(-1)).float().mean()) >= 0.9
+    assert _close(out, ref.double()) < 0.05
