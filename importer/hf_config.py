@@ -22,9 +22,12 @@ ARCHITECTURES: Mapping[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
 }
 _MODEL_TYPES: Mapping[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                                   "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration"}
+                                   "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration",
+                                   "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 
 # transformers' Gemma3TextConfig defaults: the text_config of a multimodal gemma3 lists only what
 # differs from them.
@@ -38,6 +41,8 @@ _ACTIVATIONS: Mapping[str, frozenset[str]] = {
     "llama": frozenset({"silu", "swish"}),
     "qwen2": frozenset({"silu", "swish"}),
     "gemma3": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
+    "qwen3": frozenset({"silu", "swish"}),
+    "qwen3moe": frozenset({"silu", "swish"}),
 }
 
 
@@ -77,6 +82,11 @@ class ModelParams:
     rope_base_local: float | None = None
     attn_scale: float | None = None  # set when query_pre_attn_scalar differs from head_dim
     final_softcap: float | None = None
+    # sparse MoE (qwen3moe): experts per layer, per token, one expert's FFN width; 0 = dense
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_expert: int = 0
+    expert_weights_norm: bool = True  # the top-k routing weights are renormalised to sum 1
 
 
 def _fail(role: str, message: str) -> CreateError:
@@ -157,8 +167,13 @@ def _check_supported(cfg: Mapping[str, Any], arch: str, role: str) -> None:
     if act not in _ACTIVATIONS[arch]:
         raise _fail(role, f"activation {act!r} is not supported for {arch} (tandem runs: "
                           f"{', '.join(sorted(_ACTIVATIONS[arch]))})")
-    if arch == "qwen2" and cfg.get("use_sliding_window"):
-        raise _fail(role, "qwen2 with use_sliding_window is not supported")
+    if arch in ("qwen2", "qwen3", "qwen3moe") and cfg.get("use_sliding_window"):
+        raise _fail(role, f"{arch} with use_sliding_window is not supported")
+    if arch in ("qwen3", "qwen3moe") and cfg.get("attention_bias"):
+        raise _fail(role, f"{arch} with attention_bias is not supported")
+    if arch == "qwen3moe" and (cfg.get("mlp_only_layers") or int(cfg.get("decoder_sparse_step") or 1) != 1):
+        raise _fail(role, "qwen3moe with dense layers (mlp_only_layers, decoder_sparse_step > 1) is not supported: "
+                          "every layer must be a MoE layer, as llama.cpp's qwen3moe has it")
     if cfg.get("mlp_bias"):
         raise _fail(role, "MLP biases (mlp_bias) are not supported")
 
@@ -207,9 +222,25 @@ def read_params(config: Mapping[str, Any], role: str) -> ModelParams:
         tied_output=bool(tied),
         n_nextn=_int(cfg, "num_nextn_predict_layers", role, 0),
     )
+    if arch == "qwen3moe":
+        return _moe_params(params, cfg, role)
     if arch != "gemma3":
         return params
     return _gemma3_params(params, cfg, role)
+
+
+def _moe_params(params: ModelParams, cfg: Mapping[str, Any], role: str) -> ModelParams:
+    from dataclasses import replace
+
+    # released checkpoints say num_experts; transformers 5 saves num_local_experts
+    key = "num_experts" if cfg.get("num_experts") is not None else "num_local_experts"
+    n_expert = _int(cfg, key, role)
+    n_used = _int(cfg, "num_experts_per_tok", role)
+    if not 0 < n_used <= n_expert:
+        raise _fail(role, f"config.json: num_experts_per_tok {n_used} with {n_expert} experts")
+    return replace(params, n_expert=n_expert, n_expert_used=n_used,
+                   n_ff_expert=_int(cfg, "moe_intermediate_size", role),
+                   expert_weights_norm=bool(cfg.get("norm_topk_prob", False)))  # transformers default
 
 
 def _gemma3_params(params: ModelParams, cfg: Mapping[str, Any], role: str) -> ModelParams:

@@ -10,7 +10,10 @@ What llama.cpp's convert_hf_to_gguf.py does for these architectures, in the engi
 * gemma3 norms stored as 1 + w (the engine uses GGUF norm weights as they are);
 * 2-D weights keep the source dtype (F32, F16 or BF16; F64 becomes F32), 1-D tensors are F32, and
   ``general.file_type`` records the dtype of the weights;
-* llama 3.x RoPE scaling as a ``rope_freqs`` tensor of per-frequency factors.
+* llama 3.x RoPE scaling as a ``rope_freqs`` tensor of per-frequency factors;
+* qwen3moe: each layer's per-expert ``mlp.experts.E.{gate,up,down}_proj`` stacked, in expert order,
+  into one 3-D ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols]; the router ``ffn_gate_inp`` kept F32
+  (llama.cpp's converter never stores it below F32); ``expert_*`` metadata.
 
 Every tensor is checked against config.json (name, shape, dtype) before the output is opened, and
 the output is written tensor by tensor: at most one tensor of the source is in memory at a time.
@@ -39,7 +42,9 @@ _GGML = {"F32": gguf.GGMLQuantizationType.F32, "F16": gguf.GGMLQuantizationType.
 _NP = {"F32": np.float32, "F16": np.float16, "BF16": np.int16}  # bf16 travels as its raw 16 bits
 _FILE_TYPE = {"F32": gguf.LlamaFileType.ALL_F32, "F16": gguf.LlamaFileType.MOSTLY_F16,
               "BF16": gguf.LlamaFileType.MOSTLY_BF16}
-_MODEL_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3}
+_MODEL_ARCH = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+               "qwen3": gguf.MODEL_ARCH.QWEN3, "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}
+_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 
 _NEXTN_RE = re.compile(r"^model\.layers\.(\d+)\.(eh_proj|enorm|hnorm|shared_head\.norm|shared_head\.head|embed_tokens)"
                        r"\.weight$")
@@ -54,12 +59,17 @@ _TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.",
                   ("language_model.lm_head.", "lm_head."))
 _SKIP_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
 
-_BLOCK_REQUIRED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
-                   "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+_ATTN_REQUIRED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
+                  "ffn_norm.weight")
+_BLOCK_REQUIRED = _ATTN_REQUIRED + ("ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+_QK_NORM = ("attn_q_norm.weight", "attn_k_norm.weight")
 _ARCH_REQUIRED = {
-    "llama": (),
-    "qwen2": ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
-    "gemma3": ("attn_q_norm.weight", "attn_k_norm.weight", "post_attention_norm.weight", "post_ffw_norm.weight"),
+    "llama": _BLOCK_REQUIRED,
+    "qwen2": _BLOCK_REQUIRED + ("attn_q.bias", "attn_k.bias", "attn_v.bias"),
+    "gemma3": _BLOCK_REQUIRED + _QK_NORM + ("post_attention_norm.weight", "post_ffw_norm.weight"),
+    "qwen3": _BLOCK_REQUIRED + _QK_NORM,
+    "qwen3moe": _ATTN_REQUIRED + _QK_NORM + ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                             "ffn_down_exps.weight"),
 }
 _NEXTN_REQUIRED = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
 
@@ -74,6 +84,7 @@ class TensorPlan:
     out_type: str  # "F32" | "F16" | "BF16"
     permute_heads: int = 0  # llama q/k: rows regrouped per head for adjacent-pair RoPE (0 = no)
     add_one: bool = False  # gemma norms: stored as 1 + w
+    stack: tuple[str, ...] = ()  # MoE experts: these sources (one per expert, in order) stacked on a new dim 0
 
     @property
     def nbytes(self) -> int:
@@ -114,6 +125,7 @@ def _text_name(name: str) -> str | None:
 def _expected_shape(gname: str, p: ModelParams) -> tuple[int, ...] | None:
     """The shape config.json implies for a GGUF tensor name; None for a name the engine has no use for."""
     D, V, F, hd = p.n_embd, p.vocab_size, p.n_ff, p.head_dim
+    E, Fe = p.n_expert, p.n_ff_expert
     q, kv = p.n_head * hd, p.n_head_kv * hd
     top = {"token_embd.weight": (V, D), "output.weight": (V, D), "output_norm.weight": (D,)}
     if gname in top:
@@ -127,6 +139,8 @@ def _expected_shape(gname: str, p: ModelParams) -> tuple[int, ...] | None:
         "attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,), "ffn_norm.weight": (D,),
         "post_attention_norm.weight": (D,), "post_ffw_norm.weight": (D,),
         "ffn_gate.weight": (F, D), "ffn_up.weight": (F, D), "ffn_down.weight": (D, F),
+        **({"ffn_gate_inp.weight": (E, D), "ffn_gate_exps.weight": (E, Fe, D), "ffn_up_exps.weight": (E, Fe, D),
+            "ffn_down_exps.weight": (E, D, Fe)} if E else {}),
         "nextn.eh_proj.weight": (D, 2 * D), "nextn.enorm.weight": (D,), "nextn.hnorm.weight": (D,),
         "nextn.shared_head_norm.weight": (D,), "nextn.shared_head_head.weight": (V, D),
         "nextn.embed_tokens.weight": (V, D),
@@ -145,8 +159,8 @@ def _gguf_name(name: str, tmap: gguf.TensorNameMap, nextn: tuple[int, ...]) -> s
     return tmap.get_name(name, try_suffixes=(".weight", ".bias"))
 
 
-def _out_type(dtype: str, shape: tuple[int, ...]) -> str:
-    if len(shape) < 2 or dtype in ("F32", "F64"):
+def _out_type(dtype: str, shape: tuple[int, ...], gname: str = "") -> str:
+    if len(shape) < 2 or dtype in ("F32", "F64") or gname.endswith("ffn_gate_inp.weight"):
         return "F32"
     return dtype
 
@@ -176,11 +190,37 @@ def _plan_tensor(src: str, gname: str, entry_dtype: str, shape: tuple[int, ...],
         elif gname.endswith(("attn_k.weight", "attn_k.bias")):
             permute = p.n_head_kv
     add_one = p.arch == "gemma3" and gname.endswith("norm.weight")
-    return TensorPlan(src, gname, tuple(shape), _out_type(entry_dtype, shape), permute, add_one)
+    return TensorPlan(src, gname, tuple(shape), _out_type(entry_dtype, shape, gname), permute, add_one)
+
+
+def _plan_experts(experts: dict[tuple[int, str], dict[int, str]], source: HFSource, p: ModelParams,
+                  role: str) -> list[TensorPlan]:
+    """One stacked ``blk.L.ffn_{kind}_exps.weight`` per (layer, kind) from the per-expert source tensors."""
+    if experts and not p.n_expert:
+        raise _fail(role, f"the checkpoint has MoE experts, but tandem's {p.arch} model is dense")
+    plans = []
+    for (layer, kind), by_expert in sorted(experts.items()):
+        if layer >= p.n_layer:
+            raise _fail(role, f"experts of layer {layer}, but config.json has {p.n_layer} layers")
+        missing = [e for e in range(p.n_expert) if e not in by_expert]
+        extra = sorted(e for e in by_expert if e >= p.n_expert)
+        if missing or extra:
+            what = f"lacks expert {missing[0]}" if missing else f"has expert {extra[0]}"
+            raise _fail(role, f"layer {layer}'s {kind}_proj {what}; config.json has {p.n_expert} experts")
+        srcs = tuple(by_expert[e] for e in range(p.n_expert))
+        entries = [source.tensors[s] for s in srcs]
+        dtypes = {en.dtype for en in entries}
+        shapes = {tuple(en.shape) for en in entries}
+        if len(dtypes) != 1 or len(shapes) != 1:
+            raise _fail(role, f"layer {layer}'s experts ({kind}_proj) differ in dtype or shape")
+        plan = _plan_tensor(srcs[0], f"blk.{layer}.ffn_{kind}_exps.weight", dtypes.pop(),
+                            (p.n_expert, *shapes.pop()), p, role)
+        plans.append(TensorPlan(plan.source, plan.name, plan.shape, plan.out_type, stack=srcs))
+    return plans
 
 
 def _required(p: ModelParams, nextn: tuple[int, ...], head_only: bool) -> list[str]:
-    per_block = _BLOCK_REQUIRED + _ARCH_REQUIRED[p.arch]
+    per_block = _ARCH_REQUIRED[p.arch]
     names = [f"blk.{b}.{s}" for b in nextn for s in per_block + _NEXTN_REQUIRED]
     if head_only:
         return names
@@ -201,9 +241,13 @@ def plan_conversion(source: HFSource) -> ConversionPlan:
                           f"{p.n_layer} layers (NextN layers follow num_hidden_layers)")
     tmap = gguf.TensorNameMap(_MODEL_ARCH[p.arch], max([p.n_layer, *[b + 1 for b in nextn]]))
     plans: list[TensorPlan] = []
+    experts: dict[tuple[int, str], dict[int, str]] = {}  # (layer, gate|up|down) -> expert -> source name
     for src, text in texts.items():
         if text == "lm_head.weight" and p.tied_output:
             continue  # tied: the output is the embedding (a duplicate copy is not stored)
+        if (m := _EXPERT_RE.match(text)) is not None:
+            experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = src
+            continue
         gname = _gguf_name(text, tmap, nextn)
         if gname is None:
             raise _fail(role, f"tensor {src} has no counterpart in tandem's {p.arch} model")
@@ -213,6 +257,7 @@ def plan_conversion(source: HFSource) -> ConversionPlan:
                               f"{p.n_layer} layers and no MTP module there")
         entry = source.tensors[src]
         plans.append(_plan_tensor(src, gname, entry.dtype, entry.shape, p, role))
+    plans += _plan_experts(experts, source, p, role)
     have = {t.name for t in plans}
     missing = [n for n in _required(p, nextn, head_only) if n not in have]
     if missing:
@@ -269,9 +314,15 @@ def _write_params(w: gguf.GGUFWriter, p: ModelParams, file_type: int) -> None:
     w.add_rope_freq_base(p.rope_base)
     w.add_rope_dimension_count(p.head_dim)
     w.add_vocab_size(p.vocab_size)  # the tokenizer is padded to (or must equal) the embedding rows
-    if p.arch == "gemma3" or p.head_dim != p.n_embd // p.n_head:
+    if p.arch in ("gemma3", "qwen3", "qwen3moe") or p.head_dim != p.n_embd // p.n_head:
         w.add_key_length(p.head_dim)
         w.add_value_length(p.head_dim)
+    if p.n_expert:
+        w.add_expert_count(p.n_expert)
+        w.add_expert_used_count(p.n_expert_used)
+        w.add_expert_feed_forward_length(p.n_ff_expert)
+        if not p.expert_weights_norm:  # llama.cpp's qwen3moe renormalises unless told otherwise
+            w.add_expert_weights_norm(False)
     if p.rope_scaling and p.rope_scaling.kind == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(p.rope_scaling.factor)
@@ -284,6 +335,15 @@ def _write_params(w: gguf.GGUFWriter, p: ModelParams, file_type: int) -> None:
         w.add_attention_scale(p.attn_scale)
     if p.final_softcap is not None:
         w.add_final_logit_softcapping(p.final_softcap)
+
+
+def _read(reader: TensorReader, plan: TensorPlan) -> Any:
+    """The source tensor of ``plan`` (torch), or its experts stacked."""
+    if not plan.stack:
+        return reader.get(plan.source)
+    import torch
+
+    return torch.stack([reader.get(s) for s in plan.stack])
 
 
 def _prepare(t: Any, plan: TensorPlan) -> np.ndarray:
@@ -321,7 +381,7 @@ def write_gguf(source: HFSource, plan: ConversionPlan, out: Path, vocab_writer: 
         total, done = plan.total_bytes, 0
         with TensorReader(source) as reader:
             for t in plan.tensors:
-                w.write_tensor_data(_prepare(reader.get(t.source), t))
+                w.write_tensor_data(_prepare(_read(reader, t), t))
                 done += t.nbytes
                 if progress:
                     progress(done, total)

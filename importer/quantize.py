@@ -84,11 +84,12 @@ def parse_quant_type(name: str) -> QuantizePlan:
 def _tensor_target(name: str, shape: tuple[int, ...], target: str) -> str | None:
     """The type a tensor gets under a single-type target, or None to copy it unchanged.
 
-    As llama.cpp's quantizer does: only 2-D weight matrices are quantized (norms and biases stay f32),
-    rows must hold whole blocks, and the output head keeps at least 8 bits because it is the tensor
-    most sensitive to rounding.
+    As llama.cpp's quantizer does: only weight matrices are quantized, 2-D or stacked MoE experts (3-D),
+    row by row (norms and biases stay f32; so does a MoE router, ``ffn_gate_inp``, which decides which
+    weights run at all), rows must hold whole blocks, and the output head keeps at least 8 bits because
+    it is the tensor most sensitive to rounding.
     """
-    if len(shape) != 2 or not name.endswith(".weight"):
+    if len(shape) < 2 or not name.endswith(".weight") or name.endswith("ffn_gate_inp.weight"):
         return None
     if target in ("F32", "F16", "BF16"):
         return target

@@ -3,7 +3,7 @@
 ``make_tokenizer(style)`` builds a real ``tokenizers`` tokenizer laid out as the released models lay
 theirs out (the pre-tokenizer regexes are copied from Llama 3's and Qwen2's tokenizer.json; the
 SentencePiece styles are byte-fallback BPEs like Llama 2's and Gemma's). ``make_folder`` saves a tiny
-random llama / qwen2 / gemma3 with transformers' ``save_pretrained`` (any dtype, optionally sharded)
+random llama / qwen2 / gemma3 / qwen3 / qwen3moe with transformers' ``save_pretrained`` (any dtype, optionally sharded)
 next to such a tokenizer, and returns the float64 reference model loaded back from those files.
 ``add_nextn`` adds a random NextN (MTP) module in DeepSeek-V3 naming, inside the checkpoint or as a
 folder of its own.
@@ -27,7 +27,7 @@ LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
 QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 STYLES = ("llama3", "qwen2", "smollm", "llama2", "gemma")
-DEFAULT_STYLE = {"llama": "llama3", "qwen2": "qwen2", "gemma3": "gemma"}
+DEFAULT_STYLE = {"llama": "llama3", "qwen2": "qwen2", "gemma3": "gemma", "qwen3": "qwen2", "qwen3moe": "qwen2"}
 SAMPLE = ("Hello world! def fib(n): return the 12345 numbers\n\n   indented\tthe end <|im_start|>user\n"
           "ünïcödé 日本 <start_of_turn>model theer  ")
 
@@ -140,8 +140,9 @@ def make_folder(arch: str, directory: Path, *, dtype: str = "F32", shard_size: s
         setattr(model.config, key, value)
     model.to(_DTYPES[dtype]).save_pretrained(directory, **({"max_shard_size": shard_size} if shard_size else {}))
     save_tokenizer(tok, directory, template=template)
-    cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "gemma3": tf.Gemma3ForCausalLM}[arch]
-    ref = cls.from_pretrained(directory, dtype=torch.float64, attn_implementation="eager").eval()
+    cls = getattr(tf, hf_tiny._CLASSES[arch])
+    extra = {"experts_implementation": "eager"} if spec.n_expert else {}  # float64 MoE: the per-expert loop
+    ref = cls.from_pretrained(directory, dtype=torch.float64, attn_implementation="eager", **extra).eval()
     return Folder(arch, directory, ref, vocab_size, json.loads((directory / "config.json").read_text()))
 
 

@@ -1,8 +1,10 @@
 """Tiny random transformers models and the same weights as a GGUF, for oracle tests of engine.models.
 
-``make_pair(arch, dir)`` builds a LlamaForCausalLM / Qwen2ForCausalLM / Gemma3ForCausalLM with a few layers,
+``make_pair(arch, dir)`` builds a LlamaForCausalLM / Qwen2ForCausalLM / Gemma3ForCausalLM / Qwen3ForCausalLM /
+Qwen3MoeForCausalLM with a few layers,
 randomised weights, norms and biases, converts its state dict to GGUF names the way llama.cpp's converter
-does (llama: q/k rows permuted; gemma3: norms stored as 1 + w) and writes it with ``tiny_gguf``'s writer,
+does (llama: q/k rows permuted; gemma3: norms stored as 1 + w; qwen3moe: each layer's experts stacked into
+3-D ``ffn_{gate,up,down}_exps``) and writes it with ``tiny_gguf``'s writer,
 so the GGUF and the HF model hold the same weights. The HF model is returned in float64 as the reference.
 """
 
@@ -18,7 +20,14 @@ from tests.tiny_gguf import TinySpec, vocab_for, write_tiny_gguf
 
 N_EMBD, N_FF, N_HEAD, N_HEAD_KV = 64, 128, 4, 2
 HEAD_DIM = N_EMBD // N_HEAD
-ROPE_BASE = {"llama": 10000.0, "qwen2": 1_000_000.0, "gemma3": 1_000_000.0}
+ROPE_BASE = {"llama": 10000.0, "qwen2": 1_000_000.0, "gemma3": 1_000_000.0, "qwen3": 1_000_000.0,
+             "qwen3moe": 1_000_000.0}
+# qwen3: a head size that is not n_embd / n_head, as in the released models (1024 dims, 16 heads of 128)
+QWEN3_HEAD_DIM = 32
+# qwen3moe: 8 experts of width 32, 2 per token
+N_EXPERT, N_EXPERT_USED, N_FF_EXPERT = 8, 2, 32
+_CLASSES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
 GEMMA_LOCAL_BASE = 10000.0
 GEMMA_WINDOW = 8
 
@@ -36,9 +45,13 @@ def tiny_spec(arch: str, *, n_layer: int | None = None, tied: bool = True, seed:
               extra_metadata: dict | None = None) -> TinySpec:
     if n_layer is None:
         n_layer = 6 if arch == "gemma3" else 2  # gemma3: 6 layers = 5 sliding + 1 global
+    qwen3 = arch in ("qwen3", "qwen3moe")
+    moe = arch == "qwen3moe"
     return TinySpec(arch=arch, n_layer=n_layer, n_embd=N_EMBD, n_ff=N_FF, n_head=N_HEAD, n_head_kv=N_HEAD_KV,
                     context_length=256, rope_base=ROPE_BASE[arch], rms_eps=1e-6, tied_output=tied,
                     sliding_window=GEMMA_WINDOW, seed=seed, name=f"tiny-{arch}",
+                    head_dim=QWEN3_HEAD_DIM if qwen3 else None, n_expert=N_EXPERT if moe else 0,
+                    n_expert_used=N_EXPERT_USED if moe else 0, n_ff_expert=N_FF_EXPERT if moe else 0,
                     extra_metadata=dict(extra_metadata or {}))
 
 
@@ -55,6 +68,16 @@ def hf_config(spec: TinySpec, vocab_size: int, **overrides):
     if spec.arch == "qwen2":
         return tf.Qwen2Config(**common, rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base},
                               use_sliding_window=False)
+    if spec.arch == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=spec.head_dim, use_sliding_window=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base}, **overrides)
+    if spec.arch == "qwen3moe":
+        return tf.Qwen3MoeConfig(**common, head_dim=spec.head_dim, use_sliding_window=False,
+                                 num_experts=spec.n_expert, num_experts_per_tok=spec.n_expert_used,
+                                 moe_intermediate_size=spec.n_ff_expert, norm_topk_prob=True,
+                                 decoder_sparse_step=1, mlp_only_layers=[],
+                                 rope_parameters={"rope_type": "default", "rope_theta": spec.rope_base},
+                                 **overrides)
     if spec.arch == "gemma3":
         head_dim = spec.n_embd // spec.n_head
         layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(spec.n_layer)]
@@ -71,9 +94,11 @@ def build_hf(spec: TinySpec, vocab_size: int, **overrides) -> torch.nn.Module:
     import transformers as tf
 
     cfg = hf_config(spec, vocab_size, **overrides)
-    cls = {"llama": tf.LlamaForCausalLM, "qwen2": tf.Qwen2ForCausalLM, "gemma3": tf.Gemma3ForCausalLM}[spec.arch]
+    cls = getattr(tf, _CLASSES[spec.arch])
     torch.manual_seed(spec.seed)
-    model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    # MoE models: the eager per-expert loop (the grouped-matmul default has no float64 kernel)
+    extra = {"experts_implementation": "eager"} if spec.n_expert else {}
+    model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float64, **extra)
     g = torch.Generator().manual_seed(spec.seed + 1)
     gemma = spec.arch == "gemma3"
     with torch.no_grad():
@@ -84,6 +109,8 @@ def build_hf(spec: TinySpec, vocab_size: int, **overrides) -> torch.nn.Module:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
             elif "q_proj.weight" in name or "k_proj.weight" in name:
                 # large enough that attention is peaked, so RoPE, masks and windows matter to the logits
+                p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+            elif name.endswith("mlp.gate.weight"):  # a MoE router: peaked enough that routing is decisive
                 p.copy_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
             elif "embed_tokens" in name:
                 p.copy_((0.1 if gemma else 0.5) * torch.randn(p.shape, generator=g, dtype=p.dtype))
@@ -122,7 +149,17 @@ def to_gguf_tensors(model: torch.nn.Module, spec: TinySpec) -> dict[str, np.ndar
             rest = name[len("model.layers."):]
             idx, sub = rest.split(".", 1)
             stem, kind = sub.rsplit(".", 1)
-            if stem == "post_attention_layernorm":
+            if sub in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # [E, rows, cols], no ".weight"
+                if sub.endswith("down_proj"):
+                    out[f"blk.{idx}.ffn_down_exps.weight"] = np.ascontiguousarray(a.astype(np.float32))
+                else:
+                    gate, up = np.split(a, 2, axis=1)
+                    out[f"blk.{idx}.ffn_gate_exps.weight"] = np.ascontiguousarray(gate.astype(np.float32))
+                    out[f"blk.{idx}.ffn_up_exps.weight"] = np.ascontiguousarray(up.astype(np.float32))
+                continue
+            if stem == "mlp.gate":
+                base = "ffn_gate_inp"
+            elif stem == "post_attention_layernorm":
                 base = "post_attention_norm" if gemma else "ffn_norm"
             elif stem == "pre_feedforward_layernorm":
                 base = "ffn_norm"

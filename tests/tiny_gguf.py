@@ -75,7 +75,7 @@ def spm_vocab() -> tuple[list[str], list[int], list[float]]:
 
 @dataclass
 class TinySpec:
-    arch: str = "llama"  # llama | qwen2 | gemma3
+    arch: str = "llama"  # llama | qwen2 | gemma3 | qwen3 | qwen3moe
     n_layer: int = 2
     n_embd: int = 64
     n_ff: int = 128
@@ -86,6 +86,10 @@ class TinySpec:
     rms_eps: float = 1e-6
     tied_output: bool = True
     sliding_window: int = 8  # gemma3 only
+    head_dim: int | None = None  # written as attention.key_length/value_length; None: n_embd // n_head
+    n_expert: int = 0  # qwen3moe: experts per layer (every layer's FFN is a sparse MoE)
+    n_expert_used: int = 0  # experts each token runs through
+    n_ff_expert: int = 0  # one expert's FFN width
     tokenizer: str = "gpt2"  # gpt2 | llama (SentencePiece-style)
     pre: str = "smollm"  # tokenizer.ggml.pre for gpt2 vocabularies
     chat_template: str | None = CHATML_TEMPLATE
@@ -116,7 +120,7 @@ _FILE_TYPE = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2}
 def tiny_tensors(spec: TinySpec, n_vocab: int) -> dict[str, np.ndarray]:
     """Random weights in GGUF naming and torch order (outermost dimension first)."""
     rng = np.random.default_rng(spec.seed)
-    head_dim = spec.n_embd // spec.n_head
+    head_dim = spec.head_dim or spec.n_embd // spec.n_head
 
     def w(*shape: int, scale: float = 0.08) -> np.ndarray:
         return (rng.standard_normal(shape) * scale).astype(np.float32)
@@ -136,12 +140,20 @@ def tiny_tensors(spec: TinySpec, n_vocab: int) -> dict[str, np.ndarray]:
             t[p + "attn_q.bias"] = w(spec.n_head * head_dim, scale=0.2)
             t[p + "attn_k.bias"] = w(spec.n_head_kv * head_dim, scale=0.2)
             t[p + "attn_v.bias"] = w(spec.n_head_kv * head_dim, scale=0.2)
-        if spec.arch == "gemma3":
+        if spec.arch in ("gemma3", "qwen3", "qwen3moe"):
             t[p + "attn_q_norm.weight"] = norm(head_dim)
             t[p + "attn_k_norm.weight"] = norm(head_dim)
+        if spec.arch == "gemma3":
             t[p + "post_attention_norm.weight"] = norm(spec.n_embd)
             t[p + "post_ffw_norm.weight"] = norm(spec.n_embd)
         t[p + "ffn_norm.weight"] = norm(spec.n_embd)
+        if spec.n_expert:  # llama.cpp's layout: router [E, D], experts stacked [E, rows, cols]
+            E, F = spec.n_expert, spec.n_ff_expert
+            t[p + "ffn_gate_inp.weight"] = w(E, spec.n_embd, scale=0.3)
+            t[p + "ffn_gate_exps.weight"] = w(E, F, spec.n_embd)
+            t[p + "ffn_up_exps.weight"] = w(E, F, spec.n_embd)
+            t[p + "ffn_down_exps.weight"] = w(E, spec.n_embd, F)
+            continue
         t[p + "ffn_gate.weight"] = w(spec.n_ff, spec.n_embd)
         t[p + "ffn_up.weight"] = w(spec.n_ff, spec.n_embd)
         t[p + "ffn_down.weight"] = w(spec.n_embd, spec.n_ff)
@@ -170,11 +182,16 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
     writer.add_layer_norm_rms_eps(spec.rms_eps)
     writer.add_rope_freq_base(spec.rope_base)
     writer.add_vocab_size(n_vocab)
-    if arch == "gemma3":
-        head_dim = spec.n_embd // spec.n_head
+    if arch == "gemma3" or spec.head_dim:
+        head_dim = spec.head_dim or spec.n_embd // spec.n_head
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if arch == "gemma3":
         writer.add_sliding_window(spec.sliding_window)
+    if spec.n_expert:
+        writer.add_expert_count(spec.n_expert)
+        writer.add_expert_used_count(spec.n_expert_used)
+        writer.add_expert_feed_forward_length(spec.n_ff_expert)
     if spec.tokenizer == "llama":
         tokens, types, scores = spm_vocab()
         writer.add_tokenizer_model("llama")
@@ -211,7 +228,9 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
         else:
             raise TypeError(f"unsupported metadata value for {key}: {value!r}")
     for name, arr in (tensors if tensors is not None else tiny_tensors(spec, n_vocab)).items():
-        qtype = _QUANT[spec.dtype] if arr.ndim == 2 else gguf.GGMLQuantizationType.F32
+        # llama.cpp keeps MoE routers in F32 whatever the file type (its converter and its quantizer)
+        router = name.endswith("ffn_gate_inp.weight")
+        qtype = _QUANT[spec.dtype] if arr.ndim >= 2 and not router else gguf.GGMLQuantizationType.F32
         if qtype in (gguf.GGMLQuantizationType.F32,):
             writer.add_tensor(name, arr.astype(np.float32))
         elif qtype == gguf.GGMLQuantizationType.F16:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from engine.models import gemma3, llama, qwen2
+from engine.models import gemma3, llama, qwen2, qwen3, qwen3moe
 from engine.models.config import UnsupportedArchitectureError
 
-ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
+ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3,
+                                   "qwen3": qwen3, "qwen3moe": qwen3moe}
 
 
 def get_arch(name: str, path: str = "") -> ModuleType:

@@ -25,6 +25,19 @@ class UnsupportedArchitectureError(UnsupportedModelError):
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """A sparse mixture-of-experts FFN: each token runs through ``n_expert_used`` of ``n_expert`` SwiGLU/GeGLU
+    experts of width ``n_ff_expert``, picked and weighted by a router (softmax over the experts' logits,
+    top-k, optionally renormalised to sum 1, then scaled)."""
+
+    n_expert: int
+    n_expert_used: int
+    n_ff_expert: int
+    normalize_weights: bool = True  # renormalise the top-k probabilities (qwen3moe: always, as llama.cpp does)
+    weights_scale: float = 1.0  # multiplies the routing weights after the renormalisation
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str
     n_layer: int
@@ -54,6 +67,7 @@ class ModelConfig:
     post_norms: bool = False  # gemma: norms after attention and after the FFN, before the residual add
     embed_scale: float | None = None  # gemma: multiply embeddings by sqrt(n_embd)
     activation: str = "silu"  # 'silu' (SwiGLU) | 'gelu_tanh' (GeGLU)
+    moe: MoEConfig | None = None  # every layer's FFN is this sparse MoE instead of the dense n_ff one
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
@@ -141,6 +155,22 @@ def base_config(f: GGUFFile, layout: WeightLayout, **overrides) -> ModelConfig:
         qk_norm=layout.qk_norm,
     )
     return replace(cfg, **overrides) if overrides else cfg
+
+
+def moe_config(f: GGUFFile, *, normalize_weights: bool = True) -> MoEConfig:
+    """The ``{arch}.expert_*`` metadata llama.cpp's converter writes for a MoE model. ``normalize_weights``:
+    the architecture's rule, which ``expert_weights_norm`` overrides when a file carries it."""
+    path = f.path
+    n_expert = _uniform_int(f.arch_key("expert_count"), "expert_count", path)
+    n_used = _uniform_int(f.arch_key("expert_used_count"), "expert_used_count", path)
+    n_ff = _uniform_int(f.arch_key("expert_feed_forward_length"), "expert_feed_forward_length", path)
+    if not 0 < n_used <= n_expert:
+        raise UnsupportedModelError(f"{path}: expert_used_count {n_used} with expert_count {n_expert}")
+    norm = f.arch_key("expert_weights_norm")
+    scale = f.arch_key("expert_weights_scale")
+    return MoEConfig(n_expert=n_expert, n_expert_used=n_used, n_ff_expert=n_ff,
+                     normalize_weights=normalize_weights if norm is None else bool(norm),
+                     weights_scale=float(scale) if scale else 1.0)
 
 
 def _opt_float(v) -> float | None:

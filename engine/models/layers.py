@@ -105,18 +105,20 @@ class ForwardStep:
 class BlockWeights:
     """One block's loaded weights. The q/k/v projections are fused along the output dim (one matmul),
     and so are the FFN's gate and up projections. Optional entries are present iff the config asks for
-    them (``qk_norm``, ``post_norms``)."""
+    them (``qk_norm``, ``post_norms``). A block whose FFN is not the dense one (a sparse MoE,
+    ``engine.models.moe``) passes it built as ``ffn`` and no ``w13``/``w2``."""
 
     attn_norm: torch.Tensor
     wqkv: Linear  # rows: q (n_head * head_dim), k, v (n_head_kv * head_dim each); biases if qkv_bias
     wo: Linear
     ffn_norm: torch.Tensor
-    w13: Linear  # rows: gate (n_ff), up (n_ff)
-    w2: Linear
+    w13: Linear | None  # rows: gate (n_ff), up (n_ff)
+    w2: Linear | None
     q_norm: torch.Tensor | None = None
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
+    ffn: nn.Module | None = None  # replaces FeedForward(w13, w2): [n, n_embd] -> [n, n_embd]
 
 
 def _required(weight: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -197,7 +199,8 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(w.attn_norm, eps)
         self.attn = Attention(cfg, layer, w.wqkv, w.wo, w.q_norm, w.k_norm)
         self.ffn_norm = RMSNorm(w.ffn_norm, eps)
-        self.ffn = FeedForward(cfg, w.w13, w.w2)
+        self.ffn = w.ffn if w.ffn is not None else FeedForward(cfg, _required(w.w13, "FFN weights"),
+                                                                _required(w.w2, "FFN weights"))
         self.post_attn_norm = self.post_ffn_norm = None
         if cfg.post_norms:
             self.post_attn_norm = RMSNorm(_required(w.post_attn_norm, "a post-attention norm"), eps)

@@ -20,7 +20,8 @@ import torch
 from engine.gguf import GGUFFile
 from engine.models import get_arch
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
-from engine.models.layers import Block, BlockWeights
+from engine.models.layers import Block, BlockWeights, FeedForward
+from engine.models.moe import Router, SparseMoE
 from engine.models.nextn import NextNHead, NextNWeights
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
@@ -68,6 +69,7 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
 
     qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
     bias = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"] if cfg.qkv_bias else None
+    moe = load_moe(f, cfg, i, fmt, device) if cfg.moe is not None else None
     return BlockWeights(
         attn_norm=norm("attn_norm"),
         wqkv=load_linear(f, qkv, fmt, bias_names=bias, device=device),
@@ -75,18 +77,45 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
         q_norm=norm("attn_q_norm") if cfg.qk_norm else None,
         k_norm=norm("attn_k_norm") if cfg.qk_norm else None,
         ffn_norm=norm("ffn_norm"),
-        w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
-        w2=load_linear(f, p + "ffn_down.weight", fmt, device=device),
+        w13=None if moe else load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
+        w2=None if moe else load_linear(f, p + "ffn_down.weight", fmt, device=device),
         post_attn_norm=norm("post_attention_norm") if cfg.post_norms else None,
         post_ffn_norm=norm("post_ffw_norm") if cfg.post_norms else None,
+        ffn=moe,
     )
+
+
+def load_moe(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> SparseMoE:
+    """Block ``i``'s sparse MoE FFN in llama.cpp's layout: the router ``ffn_gate_inp`` [n_expert, n_embd]
+    (kept f32: routing decides which weights run at all, and it is small) and the experts stacked in
+    ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols]. Expert e is rows [e * rows, (e + 1) * rows) of each,
+    loaded in ``fmt`` from its stored type like any other linear (gate and up fused)."""
+    p = f"blk.{i}."
+    m = cfg.moe
+    for name, want in ((p + "ffn_gate_inp.weight", (m.n_expert, cfg.n_embd)),
+                       (p + "ffn_gate_exps.weight", (m.n_expert, m.n_ff_expert, cfg.n_embd)),
+                       (p + "ffn_up_exps.weight", (m.n_expert, m.n_ff_expert, cfg.n_embd)),
+                       (p + "ffn_down_exps.weight", (m.n_expert, cfg.n_embd, m.n_ff_expert))):
+        info = f.tensors.get(name)
+        if info is None or tuple(info.shape) != want:
+            got = "missing" if info is None else f"shape {tuple(info.shape)}"
+            raise UnsupportedModelError(f"{f.path}: {name} is {got}, expected {want}")
+    router = Router(load_linear(f, p + "ffn_gate_inp.weight", "f32", device=device), m.n_expert_used,
+                    normalize=m.normalize_weights, scale=m.weights_scale)
+    F, D = m.n_ff_expert, cfg.n_embd
+    experts = [FeedForward(cfg,
+                           load_linear(f, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], fmt,
+                                       device=device, rows=(e * F, (e + 1) * F)),
+                           load_linear(f, p + "ffn_down_exps.weight", fmt, device=device, rows=(e * D, (e + 1) * D)))
+               for e in range(m.n_expert)]
+    return SparseMoE(router, experts)
 
 
 def default_format(f: GGUFFile, device: torch.device, role: str = "target") -> str:
     """'auto': engine.ops.linear's choice from the GGUF's linear weight types on CPU; bf16 elsewhere."""
     if device.type != "cpu":
         return "bf16"
-    types = {t.type_name for name, t in f.tensors.items() if name.startswith("blk.") and len(t.dims) == 2}
+    types = {t.type_name for name, t in f.tensors.items() if name.startswith("blk.") and len(t.dims) >= 2}
     return linear_default_format(role, types)
 
 

@@ -309,16 +309,27 @@ class _Source:
         return dq.dequantize(self.raw[a:b], self.ggml_type, (b - a, self.k), dtype, out=out)
 
 
-def _source(f: GGUFFile, name: str) -> _Source:
+def _source(f: GGUFFile, name: str, rows: tuple[int, int] | None = None) -> _Source:
+    """A 2-D tensor as rows; with ``rows`` = (a, b), rows [a, b) of a tensor of any rank >= 2 viewed as
+    [prod(leading dims), last dim] (how a stacked 3-D expert tensor yields one expert's matrix: the rows
+    of an expert are contiguous, and quantization blocks never cross a row)."""
     if name not in f.tensors:
         raise KeyError(f"{f.path}: no tensor {name!r}")
     info = f.tensors[name]
-    if len(info.shape) != 2:
+    if len(info.shape) != 2 and (rows is None or len(info.shape) < 2):
         raise ValueError(f"{name}: a linear weight must be 2-D, got shape {info.shape}")
     if not dq.is_supported(info.ggml_type):
         raise NotImplementedError(f"{name}: GGML type {info.type_name} is not supported")
-    n, k = info.shape
+    k = info.shape[-1]
+    n = 1
+    for d in info.shape[:-1]:
+        n *= d
     raw = dq.raw_tensor(f, name).view(n, dq.row_bytes(info.ggml_type, k))
+    if rows is not None:
+        a, b = rows
+        if not 0 <= a < b <= n:
+            raise ValueError(f"{name}: rows [{a}, {b}) out of range for {n} rows")
+        raw, n = raw[a:b], b - a
     return _Source(name, raw, info.ggml_type, n, k)
 
 
@@ -513,8 +524,12 @@ def kernel_for(ggml_type: int, fmt: str, k: int) -> str:
 def load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
                 bias_names: str | Sequence[str | None] | None = None,
                 compute_dtype: torch.dtype | None = None,
-                device: str | torch.device = "cpu") -> Linear:
+                device: str | torch.device = "cpu",
+                rows: tuple[int, int] | None = None) -> Linear:
     """Build a :class:`Linear` from one GGUF weight, or several concatenated along the output dim.
+
+    ``rows`` = (a, b): take rows [a, b) of each named tensor, viewed as [all rows, in_features] whatever its
+    rank (one expert's slice of a stacked expert tensor), instead of the whole tensor.
 
     ``fmt`` is one of :data:`FORMATS`. ``compute_dtype`` is the activation dtype: f32 for ``f32``,
     bf16 for everything else (the only dtype the bf16/int CPU kernels take); passing anything else
@@ -529,7 +544,7 @@ def load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
     want = torch.float32 if fmt in ("f32", "qdot") else torch.bfloat16
     if compute_dtype is not None and compute_dtype != want:
         raise ValueError(f"format {fmt!r} computes in {want}, not {compute_dtype}")
-    srcs = [_source(f, n) for n in names]
+    srcs = [_source(f, n, rows) for n in names]
     k = srcs[0].k
     for s in srcs[1:]:
         if s.k != k:

@@ -453,7 +453,8 @@ ERRORS = {
     "missing config": (lambda d: (d / "config.json").unlink(), r"FROM: config\.json is missing"),
     "unknown architecture": (lambda d: _set_config(d, architectures=["MambaForCausalLM"]), (
         r"unsupported architecture MambaForCausalLM in config\.json \(tandem imports: "
-        r"LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration\)")),
+        r"LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
+        r"Qwen3ForCausalLM, Qwen3MoeForCausalLM\)")),
     "mismatched shapes": (lambda d: _set_config(d, intermediate_size=96), (
         r"tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape \[128, 64\], but config\.json implies \[96, 64\]")),
     "quantization_config": (lambda d: _set_config(d, quantization_config={"quant_method": "gptq", "bits": 4}),
