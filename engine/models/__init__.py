@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from engine.models import gemma3, llama, qwen2
+from engine.models import gemma3, gemma4, llama, qwen2
 from engine.models.config import UnsupportedArchitectureError
 
-ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3}
+ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3, "gemma4": gemma4}
 
 
 def get_arch(name: str, path: str = "") -> ModuleType:

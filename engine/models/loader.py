@@ -22,6 +22,7 @@ from engine.models import get_arch
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
 from engine.models.layers import Block, BlockWeights
 from engine.models.nextn import NextNHead, NextNWeights
+from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, load_linear
@@ -31,6 +32,9 @@ EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
 OUTPUT_NORM = "output_norm.weight"
 ROPE_FREQS = "rope_freqs.weight"
+PER_LAYER_TOKEN_EMBD = "per_layer_token_embd.weight"
+PER_LAYER_MODEL_PROJ = "per_layer_model_proj.weight"
+PER_LAYER_PROJ_NORM = "per_layer_proj_norm.weight"
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.eh_proj\.weight$")
 
 
@@ -60,25 +64,41 @@ def read_config(f: GGUFFile) -> ModelConfig:
 # weights
 # ------------------------------------------------------------------------------------------------
 def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> BlockWeights:
-    """Block ``i``'s weights (``blk.{i}.*``): q/k/v fused into one linear, gate/up into another."""
+    """Block ``i``'s weights (``blk.{i}.*``): q/k/v fused into one linear, gate/up into another.
+
+    A layer that reads another layer's K/V (``cfg.kv_layer``) loads only its q rows (any k/v tensors the
+    file still has for it are unused); a layer without ``attn_v`` uses its K projection as V."""
     p = f"blk.{i}."
 
     def norm(name: str) -> torch.Tensor:
         return load_tensor(f, p + name + ".weight")
 
-    qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-    bias = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"] if cfg.qkv_bias else None
+    def linear(name: str):
+        return load_linear(f, p + name + ".weight", fmt, device=device)
+
+    owns_kv = cfg.kv_layer(i) == i
+    v_from_k = owns_kv and p + "attn_v.weight" not in f.tensors
+    parts = ("attn_q", "attn_k", "attn_v") if owns_kv and not v_from_k else ("attn_q", "attn_k") if owns_kv \
+        else ("attn_q",)
+    qkv = [p + part + ".weight" for part in parts]
+    bias = [p + part + ".bias" for part in parts] if cfg.qkv_bias else None
+    ple = cfg.per_layer_input > 0
     return BlockWeights(
         attn_norm=norm("attn_norm"),
         wqkv=load_linear(f, qkv, fmt, bias_names=bias, device=device),
-        wo=load_linear(f, p + "attn_output.weight", fmt, device=device),
+        wo=linear("attn_output"),
         q_norm=norm("attn_q_norm") if cfg.qk_norm else None,
-        k_norm=norm("attn_k_norm") if cfg.qk_norm else None,
+        k_norm=norm("attn_k_norm") if cfg.qk_norm and owns_kv else None,
         ffn_norm=norm("ffn_norm"),
         w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
-        w2=load_linear(f, p + "ffn_down.weight", fmt, device=device),
+        w2=linear("ffn_down"),
         post_attn_norm=norm("post_attention_norm") if cfg.post_norms else None,
         post_ffn_norm=norm("post_ffw_norm") if cfg.post_norms else None,
+        v_from_k=v_from_k,
+        ple_gate=linear("inp_gate") if ple else None,
+        ple_proj=linear("proj") if ple else None,
+        ple_norm=norm("post_norm") if ple else None,
+        out_scale=norm("layer_output_scale") if p + "layer_output_scale.weight" in f.tensors else None,
     )
 
 
@@ -104,8 +124,14 @@ def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, de
     output = load_linear(f, EMBEDDING if cfg.tied_output else OUTPUT, fmt, device=device)
     f.release_pages()
     rope_freqs = load_tensor(f, ROPE_FREQS) if ROPE_FREQS in f.tensors else None
+    per_layer = None
+    if cfg.per_layer_input:
+        per_layer = PerLayerInput(Embedding(f, PER_LAYER_TOKEN_EMBD, dtype, device=device),
+                                  load_linear(f, PER_LAYER_MODEL_PROJ, fmt, device=device),
+                                  load_tensor(f, PER_LAYER_PROJ_NORM), n_layer=cfg.n_layer,
+                                  width=cfg.per_layer_input, n_embd=cfg.n_embd, eps=cfg.rms_eps)
     return Model(cfg, embed=embed, layers=blocks, norm=norm, output=output, fmt=fmt, dtype=dtype, device=device,
-                 rope_freqs=rope_freqs)
+                 rope_freqs=rope_freqs, per_layer_input=per_layer)
 
 
 def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", device: str | torch.device = "cpu",

@@ -238,7 +238,8 @@ def test_int4_requantized_sanity(pair, model):
 def test_supported_architectures():
     from engine.models import ARCHITECTURES
 
-    assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES == {"llama", "qwen2", "gemma3"}
+    assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES
+    assert {"llama", "qwen2", "gemma3", "gemma4"} <= SUPPORTED_ARCHITECTURES
 
 
 def test_unsupported_architecture(tmp_path):
