@@ -226,7 +226,10 @@ def write_gemma4_gguf(path: Path, cfg, tensors: dict[str, np.ndarray], chat_temp
     return path
 
 
-def make_gemma4(variant: str, directory: Path, *, seed: int = 0, chat_template: str | None = None) -> Gemma4Pair:
+def make_gemma4(variant: str, directory: Path, *, seed: int = 0, chat_template: str | None = None,
+                bigram: bool = False) -> Gemma4Pair:
+    """``bigram``: every block's output projections are zero, so the next token depends on the current
+    one only (a target whose future a crafted assistant can know)."""
     import transformers as tf
 
     vocab_size = len(gemma4_vocab()[0])
@@ -234,7 +237,134 @@ def make_gemma4(variant: str, directory: Path, *, seed: int = 0, chat_template: 
     torch.manual_seed(seed)
     hf = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
     randomize(hf, seed + 1)
+    if bigram:
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight", "per_layer_projection.weight")):
+                    p.zero_()
     hf = hf.double().eval()
-    path = Path(directory) / f"tiny-gemma4-{variant}-{seed}.gguf"
+    path = Path(directory) / f"tiny-gemma4-{variant}-{seed}{'-bigram' if bigram else ''}.gguf"
     write_gemma4_gguf(path, cfg, gguf_tensors(hf.state_dict()), chat_template)
     return Gemma4Pair(variant, hf, path, vocab_size, cfg)
+
+
+# ------------------------------------------------------------------------------------------------
+# the assistant (MTP drafter)
+# ------------------------------------------------------------------------------------------------
+ASSISTANT_EMBD = 32
+ASSISTANT_LAYER_TYPES = ["sliding_attention", "full_attention"]
+
+
+@dataclass
+class AssistantPair:
+    hf: torch.nn.Module  # Gemma4AssistantForCausalLM, float64, eval mode
+    path: Path
+
+
+def make_assistant(target: Gemma4Pair, directory: Path, *, seed: int = 5, target_width: int | None = None,
+                   name: str = "assistant", copy_bigram: float | None = None) -> AssistantPair:
+    """A ``Gemma4AssistantForCausalLM`` for ``target`` (its K/V heads and head sizes) and its GGUF as llama.cpp
+    names it (arch ``gemma4-assistant``, ``nextn.pre_projection``/``nextn.post_projection``, the target's
+    width as ``embedding_length_out``; ``target_width`` writes another width there).
+
+    ``copy_bigram`` (for a ``bigram`` target): the GGUF's weights are crafted so that the assistant
+    computes the target's own bigram logits (no soft-capping) from the token it is given, with this
+    much noise added to its output embedding: a drafter whose q is close to, not equal to, p. The
+    transformers model then no longer matches the file."""
+    import transformers as tf
+
+    tcfg = target.config
+    width = N_EMBD if copy_bigram is not None else ASSISTANT_EMBD  # a copied head needs the target's width
+    kv = {t: tcfg.per_layer_config[tcfg.layer_types.index(t)].num_key_value_heads for t in set(tcfg.layer_types)}
+    extra = {}
+    if kv["full_attention"] != kv["sliding_attention"]:
+        extra = dict(attention_k_eq_v=True, num_global_key_value_heads=kv["full_attention"])
+    text = tf.Gemma4TextConfig(
+        vocab_size=target.vocab_size, hidden_size=width, intermediate_size=48,
+        num_hidden_layers=len(ASSISTANT_LAYER_TYPES), num_attention_heads=2, num_key_value_heads=kv["sliding_attention"],
+        head_dim=HEAD_SWA, global_head_dim=HEAD_FULL, layer_types=list(ASSISTANT_LAYER_TYPES), sliding_window=WINDOW,
+        max_position_embeddings=CONTEXT, rms_norm_eps=1e-6, hidden_size_per_layer_input=0, vocab_size_per_layer_input=0,
+        num_kv_shared_layers=len(ASSISTANT_LAYER_TYPES), tie_word_embeddings=True,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": ROPE_BASE_SWA},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": PARTIAL_ROTARY,
+                                            "rope_theta": ROPE_BASE}},
+        pad_token_id=0, bos_token_id=2, eos_token_id=1, **extra)
+    cfg = tf.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=N_EMBD, use_ordered_embeddings=False)
+    torch.manual_seed(seed)
+    hf = tf.Gemma4AssistantForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    randomize(hf, seed + 1)
+    hf = hf.double().eval()
+    state = hf.state_dict()
+    tensors = gguf_tensors(state)
+    tensors["nextn.pre_projection.weight"] = state["pre_projection.weight"].numpy().astype(np.float32)
+    tensors["nextn.post_projection.weight"] = state["post_projection.weight"].numpy().astype(np.float32)
+    if copy_bigram is not None:
+        tt = gguf_tensors(target.hf.state_dict())
+        rng = np.random.default_rng(seed)
+        tensors["nextn.pre_projection.weight"] = np.concatenate(
+            [np.eye(N_EMBD), np.zeros((N_EMBD, N_EMBD))], 1).astype(np.float32)
+        for key in tensors:
+            if key.endswith(("attn_output.weight", "ffn_down.weight")):
+                tensors[key] = np.zeros_like(tensors[key])
+        tensors["output_norm.weight"] = tt["output_norm.weight"]
+        tensors["token_embd.weight"] = (tt["token_embd.weight"] + copy_bigram * rng.standard_normal(
+            tt["token_embd.weight"].shape)).astype(np.float32)
+    path = Path(directory) / f"{name}.gguf"
+    arch = "gemma4-assistant"
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name("tiny-gemma4-assistant")
+    w.add_file_type(0)
+    n = len(ASSISTANT_LAYER_TYPES)
+    swa = [t == "sliding_attention" for t in ASSISTANT_LAYER_TYPES]
+    w.add_context_length(CONTEXT)
+    w.add_embedding_length(width)
+    w.add_embedding_length_out(target_width or N_EMBD)
+    w.add_block_count(n)
+    w.add_nextn_predict_layers(n)
+    w.add_feed_forward_length(48)
+    w.add_head_count(2)
+    w.add_head_count_kv([kv[t] for t in ASSISTANT_LAYER_TYPES])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_key_length(HEAD_FULL)
+    w.add_value_length(HEAD_FULL)
+    w.add_key_length_swa(HEAD_SWA)
+    w.add_value_length_swa(HEAD_SWA)
+    w.add_rope_freq_base(ROPE_BASE)
+    w.add_rope_freq_base_swa(ROPE_BASE_SWA)
+    w.add_rope_dimension_count(HEAD_FULL)
+    w.add_rope_dimension_count_swa(HEAD_SWA)
+    w.add_sliding_window(WINDOW)
+    w.add_sliding_window_pattern(swa)
+    w.add_shared_kv_layers(n)
+    w.add_vocab_size(target.vocab_size)
+    write_tokenizer(w)
+    write_tensors(w, {"rope_freqs.weight": rope_freqs(), **tensors})
+    return AssistantPair(hf, path)
+
+
+def hf_assistant_drafts(target: Gemma4Pair, assistant: AssistantPair, log: list[int], k: int
+                        ) -> tuple[list[int], list[torch.Tensor]]:
+    """A hand-rolled transformers drafting round after the committed ``log``: the target evaluates
+    ``log[:-1]`` (P = len(log) - 1 positions), the assistant drafts ``k`` greedy tokens at position P from
+    the last token and the target's post-norm hidden state at P - 1, attending the K/V of the target's
+    last layer of each kind: all P positions for global layers, the last ``WINDOW - 1`` for sliding
+    ones (the positions inside the window of a query at P). Returns the drafts and each step's logits."""
+    P = len(log) - 1
+    with torch.no_grad():
+        out = target.hf.model(torch.tensor([log[:-1]]), return_shared_kv_states=True, use_cache=False)
+        shared = dict(out.shared_kv_states)
+        k_s, v_s = shared["sliding_attention"]
+        start = max(0, P - WINDOW + 1)
+        shared["sliding_attention"] = (k_s[:, :, start:P], v_s[:, :, start:P])
+        h = out.last_hidden_state[:, -1:]
+        token = log[-1]
+        drafts, logits = [], []
+        for _ in range(k):
+            e = target.hf.model.embed_tokens(torch.tensor([[token]]))
+            o = assistant.hf(inputs_embeds=torch.cat([e, h], dim=-1), position_ids=torch.tensor([[P]]),
+                             shared_kv_states=shared)
+            logits.append(o.logits[0, -1])
+            token = int(o.logits[0, -1].argmax())
+            drafts.append(token)
+            h = o.last_hidden_state
+    return drafts, logits

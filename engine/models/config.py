@@ -62,6 +62,9 @@ class ModelConfig:
     rope_freqs_local: bool = True  # False: the rope_freqs factors apply to global layers only
     v_norm: bool = False  # a weightless RMSNorm over each V head (gemma4)
     per_layer_input: int = 0  # width of each layer's per-layer embedding input; 0 = none (gemma4 E models)
+    # Every layer reads its K/V from another model's cache (``kv_source`` indexes that cache) and stores
+    # none: the Gemma 4 assistant attends its target's K/V.
+    kv_external: bool = False
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
@@ -75,6 +78,10 @@ class ModelConfig:
     def kv_layer(self, layer: int) -> int:
         """The layer whose cache entries ``layer`` reads: itself, unless it reuses an earlier layer's K/V."""
         return self.kv_source[layer] if self.kv_source else layer
+
+    def owns_kv(self, layer: int) -> bool:
+        """Whether ``layer`` computes and stores its own K/V."""
+        return not self.kv_external and self.kv_layer(layer) == layer
 
     @property
     def uniform_kv(self) -> bool:

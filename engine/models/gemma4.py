@@ -67,7 +67,22 @@ def kv_sources(flags: tuple[bool, ...], n_shared: int, path: str) -> tuple[int, 
 
 def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
     path = f.path
-    cfg = base_config(f, layout, per_layer_arrays=True)
+    cfg = attention_config(f, base_config(f, layout, per_layer_arrays=True))
+    n_head_kv = per_layer_ints(f.arch_key("attention.head_count_kv", cfg.n_head), cfg.n_layer,
+                               "attention.head_count_kv", path)
+    shared = int(f.arch_key("attention.shared_kv_layers", 0) or 0)
+    flags = cfg.local_layers or (False,) * cfg.n_layer
+    return replace(
+        cfg,
+        layer_n_head_kv=n_head_kv,
+        kv_source=kv_sources(flags, shared, path),
+        per_layer_input=int(f.arch_key("embedding_length_per_layer_input", 0) or 0),
+    )
+
+
+def attention_config(f: GGUFFile, cfg: ModelConfig) -> ModelConfig:
+    """The fields a gemma4 target and its assistant share: layer kinds, head sizes, RoPE, norms, scales."""
+    path = f.path
     n = cfg.n_layer
     window = f.arch_key("attention.sliding_window")
     window = int(window) if window else None
@@ -82,8 +97,6 @@ def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
         raise UnsupportedModelError(f"{path}: partial RoPE on sliding layers (rope.dimension_count_swa {rope_swa} "
                                     f"< {head_swa}) is not supported")
     head_dims = tuple(head_swa if local else head_full for local in flags)
-    n_head_kv = per_layer_ints(f.arch_key("attention.head_count_kv", cfg.n_head), n, "attention.head_count_kv", path)
-    shared = int(f.arch_key("attention.shared_kv_layers", 0) or 0)
     return replace(
         cfg,
         rope_style="neox",
@@ -100,7 +113,4 @@ def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
         rope_dim_local=head_swa,
         rope_freqs_local=False,
         layer_head_dim=head_dims,
-        layer_n_head_kv=n_head_kv,
-        kv_source=kv_sources(flags, shared, path),
-        per_layer_input=int(f.arch_key("embedding_length_per_layer_input", 0) or 0),
     )

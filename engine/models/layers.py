@@ -101,6 +101,9 @@ class ForwardStep:
     ops: object | None = None
     # per-layer embedding inputs [n, n_layer, per_layer_input] (gemma4 E models), or None
     per_layer: torch.Tensor | None = None
+    # where the keys a reading layer attends end (exclusive); None: start + n (the Gemma 4 assistant's
+    # query at the last committed position sees only the positions before it)
+    key_end: int | None = None
 
 
 @dataclass
@@ -143,7 +146,7 @@ class Attention(nn.Module):
         self.wo = wo
         self.layer = layer  # the cache layer this attention stores its keys and values in
         self.kv_layer = cfg.kv_layer(layer)  # the cache layer it reads them from
-        self.owns_kv = self.kv_layer == layer
+        self.owns_kv = cfg.owns_kv(layer)
         self.v_from_k = v_from_k
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
@@ -166,7 +169,8 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q = self.q_norm(q, ops)
             q = rope.apply(q, cos, sin, ops)
-            keys, values = cache.read(self.kv_layer, step.key_start[self.kind], step.start + n)
+            end = step.start + n if step.key_end is None else step.key_end
+            keys, values = cache.read(self.kv_layer, step.key_start[self.kind], end)
             return self._attend(q, keys, values, step, n)
         v = (qkv[:, H * D:(H + Hkv) * D] if self.v_from_k else qkv[:, (H + Hkv) * D:]).view(n, Hkv, D)
         if self.v_norm_eps is not None:

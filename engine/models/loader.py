@@ -18,7 +18,8 @@ import re
 import torch
 
 from engine.gguf import GGUFFile
-from engine.models import get_arch
+from engine.models import get_arch, gemma4_assistant
+from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
 from engine.models.layers import Block, BlockWeights
 from engine.models.nextn import NextNHead, NextNWeights
@@ -35,6 +36,8 @@ ROPE_FREQS = "rope_freqs.weight"
 PER_LAYER_TOKEN_EMBD = "per_layer_token_embd.weight"
 PER_LAYER_MODEL_PROJ = "per_layer_model_proj.weight"
 PER_LAYER_PROJ_NORM = "per_layer_proj_norm.weight"
+NEXTN_PRE_PROJECTION = "nextn.pre_projection.weight"
+NEXTN_POST_PROJECTION = "nextn.post_projection.weight"
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.eh_proj\.weight$")
 
 
@@ -76,7 +79,7 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
     def linear(name: str):
         return load_linear(f, p + name + ".weight", fmt, device=device)
 
-    owns_kv = cfg.kv_layer(i) == i
+    owns_kv = cfg.owns_kv(i)
     v_from_k = owns_kv and p + "attn_v.weight" not in f.tensors
     parts = ("attn_q", "attn_k", "attn_v") if owns_kv and not v_from_k else ("attn_q", "attn_k") if owns_kv \
         else ("attn_q",)
@@ -167,6 +170,33 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     if device.type != "cpu":
         model.to(device)  # norms and the other small tensors; linears were built on the device
     return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# Gemma 4 assistant (MTP drafter)
+# ------------------------------------------------------------------------------------------------
+def load_assistant(target: Model, f: GGUFFile, fmt: str) -> Gemma4Assistant:
+    """The gemma4-assistant in ``f`` over ``target``; ``UnsupportedModelError`` if it does not fit it."""
+    device = target.device
+    own = gemma4_assistant.read_config(f, weight_layout(f))
+    cfg = gemma4_assistant.bind_to_target(own, target.config, gemma4_assistant.target_width(f.metadata))
+    blocks = []
+    for i in range(cfg.n_layer):
+        blocks.append(load_block_weights(f, cfg, i, fmt, device))
+        f.release_pages()
+    weights = AssistantWeights(
+        blocks=blocks,
+        pre_proj=load_linear(f, NEXTN_PRE_PROJECTION, fmt, device=device),
+        post_proj=load_linear(f, NEXTN_POST_PROJECTION, fmt, device=device),
+        norm=load_tensor(f, OUTPUT_NORM),
+        output=load_linear(f, EMBEDDING, fmt, device=device),
+        rope_freqs=load_tensor(f, ROPE_FREQS) if ROPE_FREQS in f.tensors else None,
+    )
+    f.release_pages()
+    if weights.pre_proj.in_features != 2 * target.config.n_embd:
+        raise UnsupportedModelError(f"{f.path}: the assistant's pre-projection takes {weights.pre_proj.in_features} "
+                                    f"values, not twice the target's width {target.config.n_embd}")
+    return Gemma4Assistant(cfg, target, weights).eval()
 
 
 # ------------------------------------------------------------------------------------------------
