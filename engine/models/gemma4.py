@@ -1,4 +1,5 @@
-"""gemma4 (dense text models: E2B/E4B-style with per-layer embeddings and KV sharing, 31B-style).
+"""gemma4 (dense text models: E2B/E4B-style with per-layer embeddings and KV sharing, 31B-style; the
+26B-A4B mixture of experts is refused).
 
 What differs from gemma3, as llama.cpp's converter writes the GGUF and its gemma4 graph reads it
 (transformers' ``Gemma4TextModel`` is the same computation):
@@ -67,6 +68,9 @@ def kv_sources(flags: tuple[bool, ...], n_shared: int, path: str) -> tuple[int, 
 
 def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
     path = f.path
+    if int(f.arch_key("expert_count", 0) or 0) > 0 or "blk.0.ffn_gate_inp.weight" in f.tensors:
+        # Running it without its expert FFNs would give wrong output, not an error: refuse.
+        raise UnsupportedModelError(f"{path}: gemma4 mixture-of-experts models (26B-A4B) are not supported yet")
     cfg = attention_config(f, base_config(f, layout, per_layer_arrays=True))
     n_head_kv = per_layer_ints(f.arch_key("attention.head_count_kv", cfg.n_head), cfg.n_layer,
                                "attention.head_count_kv", path)
