@@ -9,6 +9,14 @@ SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(ARCHITECTURES)
 DRAFTER_ARCHITECTURES: frozenset[str] = frozenset(DRAFTERS)
 
 
+def draft_layer_kind(architecture: str | None, tensor_names) -> str:
+    """What a DRAFT GGUF drafts as: ``mtp`` for an MTP head or a drafter-only architecture (both draft
+    from the target's state), ``model`` for an independent model."""
+    if architecture in DRAFTERS or is_mtp_head_only(tensor_names):
+        return "mtp"
+    return "model"
+
+
 def drafter_target_width(draft_arch: str, draft_metadata) -> int | None:
     """The target hidden size a drafter-only GGUF was built for (None: not a drafter, or not said)."""
     module = DRAFTERS.get(draft_arch)

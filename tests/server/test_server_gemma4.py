@@ -53,6 +53,7 @@ def test_create_show_and_chat_with_the_assistant(http: httpx.Client, srv: Server
     show = http.post("/api/show", json={"model": "g4"}).json()
     assert show["details"]["family"] == "gemma4"
     assert show["speculation"]["draft"]["family"] == "gemma4-assistant"
+    assert show["speculation"]["effective"]["drafter"] == "mtp"  # what the engine will report
 
     msgs = [{"role": "user", "content": "the def return"}]
     with http.stream("POST", "/api/chat", json={"model": "g4", "messages": msgs}) as r:
