@@ -1,7 +1,8 @@
 """The shared pre-norm transformer layers, built from a ``ModelConfig`` and weights that are already loaded.
 
-One block covers llama, qwen2 and gemma3: the architectures' deviations (RoPE layout, biases, q/k norms,
-post norms, activation, sliding-window layers, soft-capping) are config fields. The layers take
+One block covers llama, qwen2, gemma3 and gemma4: the architectures' deviations (RoPE layout, biases, q/k/v
+norms, post norms, activation, sliding-window layers, soft-capping, per-layer head sizes, layers that read
+another layer's K/V, per-layer embedding inputs) are config fields. The layers take
 ``engine.ops.linear.Linear`` modules and plain tensors, never a file or a tensor name, so that any source
 of weights (``engine.models.loader`` for GGUF, or tensors in memory) builds the same modules.
 
@@ -122,8 +123,8 @@ class BlockWeights:
     k_norm: torch.Tensor | None = None
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
-    # wqkv holds no v rows: V is the K projection (gemma4 global layers); no k rows either when the
-    # layer reads another layer's K/V (``ModelConfig.kv_layer``)
+    # wqkv holds q and k rows only: V is the un-normed K projection (gemma4 global layers). A layer that
+    # reads another layer's K/V (``ModelConfig.owns_kv`` false) has q rows only.
     v_from_k: bool = False
     # per-layer embedding input (gemma4 E models): gate [P <- D], projection [D <- P], its norm
     ple_gate: Linear | None = None
