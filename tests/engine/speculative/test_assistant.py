@@ -75,6 +75,40 @@ def test_drafted_logits_equal_a_transformers_loop(pair, length):
     assert cache.length == before and cache.tokens == log[:-1]  # read only
 
 
+def test_the_drafter_starts_each_round_from_the_right_state(pair):
+    """AssistantDrafter between commits, as the decode loop drives it: after the prompt and after a round
+    that kept one draft, its greedy proposals equal the transformers loop on the committed log (which
+    needs the hidden state at the right row of the verification forward, normed)."""
+    from engine.sampling.sampler import SamplingOptions, make_generator
+    from engine.speculative.assistant import AssistantDrafter
+    from engine.speculative.drafter import DraftContext, TargetOutput
+
+    target, assistant = pair
+    model = load_model(target.path, fmt="f32")
+    with GGUFFile(assistant.path) as f:
+        asst = load_assistant(model, f, "f32")
+    cache = model.new_cache(64)
+    drafter = AssistantDrafter(asst, cache, model.norm, target.vocab_size)
+    ctx = DraftContext(SamplingOptions(temperature=0.0), make_generator(0, stream=1))
+    rng = random.Random(3)
+    log = [rng.randrange(target.vocab_size) for _ in range(11)]
+    drafter.begin(log)
+    out = model(log, cache, logits_for="last", return_hidden=True)  # the prompt's evaluation
+    log.append(int(out.logits[-1].argmax()))
+    drafter.commit(log[-1:], len(log), TargetOutput(0, out.prenorm_hidden))
+    for _ in range(2):
+        drafts = drafter.propose(3, ctx).tokens
+        assert drafts == g4.hf_assistant_drafts(target, assistant, log, 3)[0]
+        # a round that keeps the first draft and replaces the second with the target's own token
+        P = len(log) - 1
+        verify = model([log[-1]] + drafts, cache, return_hidden=True)
+        run = [drafts[0], int(verify.logits[1].argmax())]
+        cache.truncate(P + 2)
+        log.extend(run)
+        drafter.commit(run, len(log), TargetOutput(P, verify.prenorm_hidden))
+    assert drafter.propose(2, ctx).tokens == g4.hf_assistant_drafts(target, assistant, log, 2)[0]
+
+
 def test_binds_to_the_last_kv_layer_of_each_kind(pair):
     target, assistant = pair
     model = load_model(target.path, fmt="f32")
@@ -169,3 +203,17 @@ def test_an_assistant_for_another_width_is_refused(e2b, tmp_path):
     assert "embedding_length_out" in drafter_problem("gemma4-assistant", 96, "gemma4", 64)
     assert "gemma4" in drafter_problem("gemma4-assistant", 64, "llama", 64)
     assert drafter_problem("gemma4-assistant", 64, "gemma4", 64) is None
+
+
+def test_relaxed_acceptance_takes_more_of_the_assistants_drafts(bigram_engine):
+    """The seed's setting (relaxed top-N, shallow drafts) through the same drafter."""
+    rates = {}
+    for top_n in (0, 5):
+        drafted = accepted = 0
+        for seed in range(8):
+            run = generate(bigram_engine, DIST_PROMPT, temperature=1.0, top_k=20, num_predict=24, seed=seed,
+                           relaxed_top_n=top_n, **spec_opts("mtp", 2))
+            drafted += run.spec.draft_n
+            accepted += run.spec.draft_n_accepted
+        rates[top_n] = accepted / drafted
+    assert rates[5] > rates[0], rates
