@@ -71,6 +71,61 @@ def gemma4_vocab() -> tuple[list[str], list[int], list[float], list[str]]:
     return tokens, [int(t) for t in types], scores, merges
 
 
+# A Gemma 4 style chat template, written for the tests in the constructs Gemma 4's own template uses (see
+# tests/engine/text/test_templates_gemma4.py).
+CHAT_TEMPLATE = r"""
+{%- macro quote(value) -%}
+    {%- if value is string -%}{{- '<|"|>' + value + '<|"|>' -}}
+    {%- elif value is boolean -%}{{- 'true' if value else 'false' -}}
+    {%- elif value is mapping -%}
+        {{- '{' -}}
+        {%- for k, v in value | dictsort -%}{{- k -}}:{{- quote(v) -}}{%- if not loop.last %},{% endif -%}{%- endfor -%}
+        {{- '}' -}}
+    {%- elif value is sequence -%}
+        {{- '[' -}}{%- for v in value -%}{{- quote(v) -}}{%- if not loop.last %},{% endif -%}{%- endfor -%}{{- ']' -}}
+    {%- else -%}{{- value -}}
+    {%- endif -%}
+{%- endmacro -%}
+{%- macro without_thoughts(text) -%}
+    {%- set ns = namespace(out='') -%}
+    {%- for part in text.split('<channel|>') -%}
+        {%- set ns.out = ns.out + (part.split('<|channel>')[0] if '<|channel>' in part else part) -%}
+    {%- endfor -%}
+    {{- ns.out | trim -}}
+{%- endmacro -%}
+{%- set rest = messages -%}
+{{ bos_token }}
+{%- if (enable_thinking is defined and enable_thinking) or tools or messages[0]['role'] == 'system' -%}
+    {{- '<|turn>system\n' -}}
+    {%- if enable_thinking is defined and enable_thinking -%}{{- '<|think|>' -}}{%- endif -%}
+    {%- if messages[0]['role'] == 'system' -%}
+        {{- messages[0]['content'] | trim -}}
+        {%- set rest = messages[1:] -%}
+    {%- endif -%}
+    {%- for tool in tools or [] -%}
+        {{- '<|tool>declaration:' + tool['function']['name'] -}}
+        {{- quote(tool['function']['parameters'] | default({})) -}}{{- '<tool|>' -}}
+    {%- endfor -%}
+    {{- '<turn|>\n' -}}
+{%- endif %}
+{%- for message in rest -%}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}
+    {{- '<|turn>' + role + '\n' }}
+    {%- for call in message['tool_calls'] | default([]) -%}
+        {{- '<|tool_call>call:' + call['function']['name'] + quote(call['function']['arguments']) + '<tool_call|>' -}}
+    {%- endfor -%}
+    {%- if role == 'model' -%}{{- without_thoughts(message['content'] or '') -}}
+    {%- else -%}{{- (message['content'] or '') | trim -}}
+    {%- endif -%}
+    {{- '<turn|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{- '<|turn>model\n' -}}
+    {%- if not enable_thinking | default(false) -%}{{- '<|channel>thought\n<channel|>' -}}{%- endif -%}
+{%- endif -%}
+"""
+
+
 @dataclass
 class Gemma4Pair:
     variant: str

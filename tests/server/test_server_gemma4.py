@@ -24,7 +24,7 @@ TEMPLATE = '''{{- range .Messages }}<|turn>{{ if eq .Role "assistant" }}model{{ 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("gemma4")
-    target = g4.make_gemma4("e2b", d)
+    target = g4.make_gemma4("e2b", d, chat_template=g4.CHAT_TEMPLATE)
     assistant = g4.make_assistant(target, d)
     wrong = g4.make_assistant(target, d, target_width=96, name="wrong")
     with ServerThread(BlobStore(d / "models")) as server:
@@ -81,3 +81,22 @@ def test_an_assistant_cannot_be_the_model(http: httpx.Client, srv: ServerThread)
     r = http.post("/api/create", json={"model": "only", "modelfile": path.read_text(), "path": str(path),
                                        "stream": False})
     assert r.status_code == 400 and "DRAFT" in r.json()["error"]
+
+
+def test_chat_with_the_ggufs_own_jinja_template(http: httpx.Client, srv: ServerThread) -> None:
+    """Without a TEMPLATE the GGUF's chat template renders the prompt, as transformers would."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    path = Path(srv.dir) / "jinja.Modelfile"
+    path.write_text(f"FROM {srv.paths['target']}\nDRAFT {srv.paths['assistant']}\nPARAMETER num_predict 4\n")
+    r = http.post("/api/create", json={"model": "g4-jinja", "modelfile": path.read_text(), "path": str(path),
+                                       "stream": False})
+    assert r.status_code == 200
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<|channel>thought\nx<channel|>Hello!"}, {"role": "user", "content": "More"}]
+    shown = http.post("/api/chat", json={"model": "g4-jinja", "messages": msgs, "_debug_render_only": True}).json()
+    want = render_jinja_template([msgs], chat_template=g4.CHAT_TEMPLATE, bos_token="<bos>", eos_token="<eos>",
+                                 add_generation_prompt=True)[0][0]
+    assert shown["debug_info"]["rendered_template"] == want
+    final = http.post("/api/chat", json={"model": "g4-jinja", "messages": msgs, "stream": False}).json()
+    assert final["drafter"] == "mtp" and final["prompt_eval_count"] > 20
