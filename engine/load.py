@@ -23,8 +23,8 @@ from engine.models.loader import (
 from engine.models.transformer import Model
 from engine.ops.memory import model_bytes
 from engine.process.protocol import EngineError, LoadSpec, ModelFacts
-from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.assistant import AssistantDrafter
+from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter
 from engine.speculative.mtp import MtpDrafter
 from engine.speculative.ngram import NgramDrafter

@@ -16,7 +16,13 @@ from torch import Tensor, nn
 
 from engine.cache.kv import KVCache
 from engine.models.config import ModelConfig
-from engine.models.layers import Block, BlockWeights, ForwardStep, RMSNorm, RotaryEmbedding
+from engine.models.layers import (
+    Block,
+    BlockWeights,
+    ForwardStep,
+    RMSNorm,
+    RotaryEmbedding,
+)
 from engine.models.transformer import Model
 from engine.ops.linear import Linear
 from engine.ops.memory import model_bytes

@@ -19,7 +19,12 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from engine.gguf import GGUFFile
-from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout, base_config
+from engine.models.config import (
+    ModelConfig,
+    UnsupportedModelError,
+    WeightLayout,
+    base_config,
+)
 from engine.models.gemma4 import attention_config
 
 ARCH = "gemma4-assistant"

@@ -18,7 +18,7 @@ import re
 import torch
 
 from engine.gguf import GGUFFile
-from engine.models import get_arch, gemma4_assistant
+from engine.models import gemma4_assistant, get_arch
 from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
 from engine.models.layers import Block, BlockWeights
