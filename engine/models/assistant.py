@@ -2,7 +2,10 @@
 
 A step never writes a cache: its layers only read the target's K/V for the positions the target has
 committed, and its query sits at the last committed position (the token the target has sampled but not
-yet evaluated), whatever the depth of the draft. So a rejected draft leaves nothing to undo. Built from
+yet evaluated), whatever the depth of the draft. So a rejected draft leaves nothing to undo. Global layers
+see every committed position; sliding layers the window of a query at P, positions P - W + 1 .. P - 1
+(llama.cpp's mask; transformers' own drafting loop hands its assistant whatever its target's cache kept,
+which differs from this by a position or two at the window's edge). Built from
 weights already loaded (``engine.models.loader.load_assistant``); the drafting policy around it lives in
 ``engine.speculative.assistant``.
 """
