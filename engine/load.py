@@ -9,12 +9,13 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.cache.kv import KVCache
-from engine.capabilities import is_mtp_head_only
+from engine.capabilities import DRAFTER_ARCHITECTURES, is_mtp_head_only
 from engine.gguf import GGUFFile
 from engine.models.config import UnsupportedModelError
 from engine.models.loader import (
     default_format,
     find_nextn_block,
+    load_assistant,
     load_model,
     load_nextn_head,
     nextn_hidden_size,
@@ -22,6 +23,7 @@ from engine.models.loader import (
 from engine.models.transformer import Model
 from engine.ops.memory import model_bytes
 from engine.process.protocol import EngineError, LoadSpec, ModelFacts
+from engine.speculative.assistant import AssistantDrafter
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter
 from engine.speculative.mtp import MtpDrafter
@@ -90,6 +92,20 @@ def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity
         raise EngineError(f"draft model {spec.draft_path}: MTP head: {e}", 400) from None
 
 
+def _assistant_drafter(target: Model, cache: KVCache, df, spec: LoadSpec,
+                       device: torch.device) -> tuple[AssistantDrafter, str]:
+    """An AssistantDrafter over a DRAFT file holding a Gemma 4 assistant; it must fit the target."""
+    fmt = spec.draft_weight_format
+    if fmt == "auto":
+        fmt = default_format(df, device, role="drafter")
+    try:
+        assistant = load_assistant(target, df, fmt)
+    except (UnsupportedModelError, KeyError) as e:
+        df.close()
+        raise EngineError(f"draft model {spec.draft_path}: Gemma 4 assistant: {e}", 400) from None
+    return AssistantDrafter(assistant, cache, target.norm, target.config.vocab_size), fmt
+
+
 def load_parts(spec: LoadSpec) -> LoadedParts:
     """Open, check and build everything ``spec`` names; a refusal is an ``EngineError`` with status 400."""
     device = resolve_device(spec.device)
@@ -119,7 +135,13 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
         except EngineError:
             df.close()
             raise
-        if is_mtp_head_only(df.tensors):
+        if df.metadata.get("general.architecture") in DRAFTER_ARCHITECTURES:
+            # A drafter architecture (the Gemma 4 assistant) drafts from the target's hidden states
+            # and KV cache; like an MTP head, it takes the place of any head the target carries.
+            drafters["mtp"], draft_fmt = _assistant_drafter(target, cache, df, spec, device)
+            owned.append(df)
+            draft_arch, draft_kind = df.metadata["general.architecture"], "mtp"
+        elif is_mtp_head_only(df.tensors):
             # A DRAFT that is an MTP head drafts from the target's hidden states; it takes the
             # place of any head the target carries itself.
             drafters["mtp"], draft_fmt = _mtp_head_drafter(target, df, spec, device, num_ctx)

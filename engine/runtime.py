@@ -87,6 +87,7 @@ class ModelRuntime:
     def plan(self, req: GenerateRequest) -> SpeculationPlan:
         """The request's speculation, decided by the one rule with what this engine loaded."""
         return plan_speculation(req.options, has_draft_layer=self.draft_kind is not None,
+                                draft_layer="mtp" if self.draft_kind == "mtp" else "model",
                                 has_mtp_head="mtp" in self.drafters)
 
     def resolve_drafter(self, plan: SpeculationPlan) -> tuple[Drafter, int]:

@@ -7,8 +7,11 @@ import os
 from dataclasses import dataclass
 
 from engine.capabilities import (
+    DRAFTER_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TENSOR_TYPES,
+    drafter_problem,
+    drafter_target_width,
     has_mtp_head,
     is_mtp_head_only,
 )
@@ -31,6 +34,7 @@ class GGUFSummary:
     tensor_types: frozenset[str]
     has_nextn: bool  # carries an MTP (NextN) head
     is_mtp_head: bool = False  # nothing but an MTP head (a DRAFT that drafts from the target's hidden states)
+    drafter_target_width: int | None = None  # a drafter-only architecture: the target width it was built for
 
     @property
     def parameter_size(self) -> str:
@@ -70,12 +74,17 @@ def summarize_gguf(path: str | os.PathLike) -> GGUFSummary:
             tensor_types=frozenset(t.type_name for t in f.tensors.values()),
             has_nextn=has_mtp_head(f.tensors),
             is_mtp_head=is_mtp_head_only(f.tensors),
+            drafter_target_width=drafter_target_width(arch, f.metadata),
         )
 
 
 def check_runnable(summary: GGUFSummary, role: str) -> None:
     """Refuse an architecture or tensor type the engine has no code for (at create time, not at load)."""
-    if summary.architecture not in SUPPORTED_ARCHITECTURES:
+    if summary.architecture in DRAFTER_ARCHITECTURES:
+        if role == "model":
+            raise CreateError(f'the model is a {summary.architecture}, which only drafts for a target: name it in '
+                              "DRAFT, with its target in FROM")
+    elif summary.architecture not in SUPPORTED_ARCHITECTURES:
         supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         raise CreateError(f'unsupported {role} architecture "{summary.architecture}" (tandem runs: {supported})')
     if summary.is_mtp_head and role == "model":
@@ -89,6 +98,11 @@ def check_runnable(summary: GGUFSummary, role: str) -> None:
 def check_draft_pair(target: GGUFSummary, draft: GGUFSummary) -> None:
     """A drafter proposes token ids the target verifies, so both must use one vocabulary; an MTP head
     also runs on the target's hidden states, so it must be built for the target's width and kind."""
+    if draft.architecture in DRAFTER_ARCHITECTURES:
+        problem = drafter_problem(draft.architecture, draft.drafter_target_width, target.architecture,
+                                  target.embedding_length)
+        if problem is not None:
+            raise CreateError(problem)
     if draft.is_mtp_head:
         if draft.embedding_length != target.embedding_length:
             raise CreateError(f"MTP head hidden size {draft.embedding_length} does not match the target's "

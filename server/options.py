@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from blobs.model import StoredModel
+from engine.capabilities import draft_layer_kind
 from engine.gguf import GGUFFile, format_parameter_count
 from engine.options import (
     SPECULATION_DEFAULTS,
@@ -47,7 +48,12 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
         merged = Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(400, str(e)) from None
-    plan = plan_speculation(merged, has_draft_layer=model.draft_path is not None, has_mtp_head=has_mtp_head)
+    kind = "model"
+    if model.draft_path is not None:
+        with GGUFFile(model.draft_path) as f:
+            kind = draft_layer_kind(f.architecture, f.tensors)
+    plan = plan_speculation(merged, has_draft_layer=model.draft_path is not None, has_mtp_head=has_mtp_head,
+                            draft_layer=kind)
     return {
         "draft": draft_details(model),
         "defaults": dict(SPECULATION_DEFAULTS),

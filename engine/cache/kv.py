@@ -126,6 +126,11 @@ class KVCache:
         self.v[layer, :, self.length:end] = v
         return self.k[layer, :, key_start:end], self.v[layer, :, key_start:end]
 
+    def read(self, layer: int, key_start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of one layer's keys and values at positions ``[key_start, end)``, written earlier (in
+        this forward too, before ``commit``), without writing anything."""
+        return self.k[layer, :, key_start:end], self.v[layer, :, key_start:end]
+
     def commit(self, tokens: Sequence[int]) -> None:
         """Advance the length over the positions just written by ``store`` and record their token ids."""
         n = len(tokens)

@@ -68,9 +68,39 @@ class ModelConfig:
     embed_scale: float | None = None  # gemma: multiply embeddings by sqrt(n_embd)
     activation: str = "silu"  # 'silu' (SwiGLU) | 'gelu_tanh' (GeGLU)
     moe: MoEConfig | None = None  # every layer's FFN is this sparse MoE instead of the dense n_ff one
+    # Per-layer geometry and KV sharing (gemma4). Empty tuples: every layer uses the uniform fields above.
+    layer_head_dim: tuple[int, ...] = ()  # per layer: head size of q, k and v
+    layer_n_head_kv: tuple[int, ...] = ()  # per layer: K/V heads
+    kv_source: tuple[int, ...] = ()  # per layer: the layer whose cached K/V it attends (itself unless shared)
+    rope_dim_local: int | None = None  # RoPE dims of sliding-window layers; None = rope_dim
+    rope_freqs_local: bool = True  # False: the rope_freqs factors apply to global layers only
+    v_norm: bool = False  # a weightless RMSNorm over each V head (gemma4)
+    per_layer_input: int = 0  # width of each layer's per-layer embedding input; 0 = none (gemma4 E models)
+    # Every layer reads its K/V from another model's cache (``kv_source`` indexes that cache) and stores
+    # none: the Gemma 4 assistant attends its target's K/V.
+    kv_external: bool = False
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
+
+    def head_dim_of(self, layer: int) -> int:
+        return self.layer_head_dim[layer] if self.layer_head_dim else self.head_dim
+
+    def n_head_kv_of(self, layer: int) -> int:
+        return self.layer_n_head_kv[layer] if self.layer_n_head_kv else self.n_head_kv
+
+    def kv_layer(self, layer: int) -> int:
+        """The layer whose cache entries ``layer`` reads: itself, unless it reuses an earlier layer's K/V."""
+        return self.kv_source[layer] if self.kv_source else layer
+
+    def owns_kv(self, layer: int) -> bool:
+        """Whether ``layer`` computes and stores its own K/V."""
+        return not self.kv_external and self.kv_layer(layer) == layer
+
+    @property
+    def uniform_kv(self) -> bool:
+        """Every layer stores its own K/V of one shape (one preallocated tensor serves them all)."""
+        return not (self.layer_head_dim or self.layer_n_head_kv or self.kv_source)
 
     @property
     def query_scale(self) -> float:
@@ -99,15 +129,34 @@ def _uniform_int(value, what: str, path: str) -> int:
     return int(value)
 
 
-def base_config(f: GGUFFile, layout: WeightLayout, **overrides) -> ModelConfig:
+def per_layer_ints(value, n_layer: int, what: str, path: str) -> tuple[int, ...]:
+    """A per-layer integer that a GGUF stores either once or as one entry per layer."""
+    if value is None:
+        raise UnsupportedModelError(f"{path}: GGUF metadata lacks {what}")
+    if isinstance(value, (list, tuple)) or hasattr(value, "shape"):
+        vals = tuple(int(v) for v in value)
+        if len(vals) != n_layer:
+            raise UnsupportedModelError(f"{path}: {what} has {len(vals)} entries for {n_layer} layers")
+        return vals
+    return (int(value),) * n_layer
+
+
+def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = False, **overrides) -> ModelConfig:
     """The fields every architecture shares, read from ``{arch}.*`` metadata and ``layout``; ``overrides``
-    replace them."""
+    replace them. ``per_layer_arrays``: the architecture reads per-layer ``head_count_kv`` and
+    ``feed_forward_length`` arrays itself, so they are not refused here (the uniform fields get the
+    largest entry)."""
     path = f.path
     n_layer = _uniform_int(f.arch_key("block_count"), "block_count", path)
     n_embd = _uniform_int(f.arch_key("embedding_length"), "embedding_length", path)
     n_head = _uniform_int(f.arch_key("attention.head_count"), "attention.head_count", path)
-    n_head_kv = _uniform_int(f.arch_key("attention.head_count_kv", n_head), "attention.head_count_kv", path)
-    n_ff = _uniform_int(f.arch_key("feed_forward_length"), "feed_forward_length", path)
+    if per_layer_arrays:
+        n_head_kv = max(per_layer_ints(f.arch_key("attention.head_count_kv", n_head), n_layer,
+                                       "attention.head_count_kv", path))
+        n_ff = max(per_layer_ints(f.arch_key("feed_forward_length"), n_layer, "feed_forward_length", path))
+    else:
+        n_head_kv = _uniform_int(f.arch_key("attention.head_count_kv", n_head), "attention.head_count_kv", path)
+        n_ff = _uniform_int(f.arch_key("feed_forward_length"), "feed_forward_length", path)
     head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
     v_head_dim = int(f.arch_key("attention.value_length", head_dim))
     if v_head_dim != head_dim:

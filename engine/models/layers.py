@@ -1,7 +1,8 @@
 """The shared pre-norm transformer layers, built from a ``ModelConfig`` and weights that are already loaded.
 
-One block covers llama, qwen2 and gemma3: the architectures' deviations (RoPE layout, biases, q/k norms,
-post norms, activation, sliding-window layers, soft-capping) are config fields. The layers take
+One block covers llama, qwen2, gemma3 and gemma4: the architectures' deviations (RoPE layout, biases, q/k/v
+norms, post norms, activation, sliding-window layers, soft-capping, per-layer head sizes, layers that read
+another layer's K/V, per-layer embedding inputs) are config fields. The layers take
 ``engine.ops.linear.Linear`` modules and plain tensors, never a file or a tensor name, so that any source
 of weights (``engine.models.loader`` for GGUF, or tensors in memory) builds the same modules.
 
@@ -99,14 +100,20 @@ class ForwardStep:
     key_start: dict  # 'global'/'local' -> first cached position the layer attends to
     # engine.ops.kernels' fused block ops (f32 on the CPU), or None for PyTorch's own ops
     ops: object | None = None
+    # per-layer embedding inputs [n, n_layer, per_layer_input] (gemma4 E models), or None
+    per_layer: torch.Tensor | None = None
+    # where the keys a reading layer attends end (exclusive); None: start + n (the Gemma 4 assistant's
+    # query at the last committed position sees only the positions before it)
+    key_end: int | None = None
 
 
 @dataclass
 class BlockWeights:
     """One block's loaded weights. The q/k/v projections are fused along the output dim (one matmul),
     and so are the FFN's gate and up projections. Optional entries are present iff the config asks for
-    them (``qk_norm``, ``post_norms``). A block whose FFN is not the dense one (a sparse MoE,
-    ``engine.models.moe``) passes it built as ``ffn`` and no ``w13``/``w2``."""
+    them (``qk_norm``, ``post_norms``, ``per_layer_input``) or the file has them (``out_scale``). A block
+    whose FFN is not the dense one (a sparse MoE, ``engine.models.moe``) passes it built as ``ffn`` and no
+    ``w13``/``w2``."""
 
     attn_norm: torch.Tensor
     wqkv: Linear  # rows: q (n_head * head_dim), k, v (n_head_kv * head_dim each); biases if qkv_bias
@@ -119,6 +126,14 @@ class BlockWeights:
     post_attn_norm: torch.Tensor | None = None
     post_ffn_norm: torch.Tensor | None = None
     ffn: nn.Module | None = None  # replaces FeedForward(w13, w2): [n, n_embd] -> [n, n_embd]
+    # wqkv holds q and k rows only: V is the un-normed K projection (gemma4 global layers). A layer that
+    # reads another layer's K/V (``ModelConfig.owns_kv`` false) has q rows only.
+    v_from_k: bool = False
+    # per-layer embedding input (gemma4 E models): gate [P <- D], projection [D <- P], its norm
+    ple_gate: Linear | None = None
+    ple_proj: Linear | None = None
+    ple_norm: torch.Tensor | None = None
+    out_scale: torch.Tensor | None = None  # [1]: the block's output is multiplied by it
 
 
 def _required(weight: torch.Tensor | None, what: str) -> torch.Tensor:
@@ -129,16 +144,21 @@ def _required(weight: torch.Tensor | None, what: str) -> torch.Tensor:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, wqkv: Linear, wo: Linear,
-                 q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None):
+                 q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None, *, v_from_k: bool = False):
         super().__init__()
         self.wqkv = wqkv
         self.wo = wo
+        self.layer = layer  # the cache layer this attention stores its keys and values in
+        self.kv_layer = cfg.kv_layer(layer)  # the cache layer it reads them from
+        self.owns_kv = cfg.owns_kv(layer)
+        self.v_from_k = v_from_k
         self.q_norm = self.k_norm = None
         if cfg.qk_norm:
             self.q_norm = RMSNorm(_required(q_norm, "a q norm"), cfg.rms_eps)
-            self.k_norm = RMSNorm(_required(k_norm, "a k norm"), cfg.rms_eps)
-        self.layer = layer  # the cache layer this attention stores its keys and values in
-        self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv, cfg.head_dim
+            if self.owns_kv:
+                self.k_norm = RMSNorm(_required(k_norm, "a k norm"), cfg.rms_eps)
+        self.v_norm_eps = cfg.rms_eps if cfg.v_norm else None
+        self.n_head, self.n_head_kv, self.head_dim = cfg.n_head, cfg.n_head_kv_of(layer), cfg.head_dim_of(layer)
         self.scale = cfg.query_scale
         self.softcap = cfg.attn_softcap
         self.kind = "local" if cfg.is_local(layer) else "global"
@@ -147,15 +167,31 @@ class Attention(nn.Module):
         n, H, Hkv, D = x.shape[0], self.n_head, self.n_head_kv, self.head_dim
         ops = step.ops
         qkv = self.wqkv(x)
-        v = qkv[:, (H + Hkv) * D:].view(n, Hkv, D)
+        cos, sin = step.rope[self.kind]
+        if not self.owns_kv:  # K/V of an earlier layer, already written in this forward
+            q = qkv.view(n, H, D)
+            if self.q_norm is not None:
+                q = self.q_norm(q, ops)
+            q = rope.apply(q, cos, sin, ops)
+            end = step.start + n if step.key_end is None else step.key_end
+            keys, values = cache.read(self.kv_layer, step.key_start[self.kind], end)
+            return self._attend(q, keys, values, step, n)
+        v = (qkv[:, H * D:(H + Hkv) * D] if self.v_from_k else qkv[:, (H + Hkv) * D:]).view(n, Hkv, D)
+        if self.v_norm_eps is not None:
+            v = F.rms_norm(v.float(), (D,), None, self.v_norm_eps).to(v.dtype)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qkv[:, :H * D].view(n, H, D), ops),
                             self.k_norm(qkv[:, H * D:(H + Hkv) * D].view(n, Hkv, D), ops)), dim=1)
         else:
             qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)
-        cos, sin = step.rope[self.kind]
         q, k = rope.apply(qk, cos, sin, ops).split([H, Hkv], dim=1)  # q and k rotated in one pass
         keys, values = cache.store(self.layer, k.transpose(0, 1), v.transpose(0, 1), step.key_start[self.kind])
+        return self._attend(q, keys, values, step, n)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: ForwardStep,
+                n: int) -> torch.Tensor:
+        """Attention of queries q [n, H, D] over keys/values [Hkv, S, D] under the step's mask, projected."""
+        H, Hkv, D = self.n_head, self.n_head_kv, self.head_dim
         q = q.transpose(0, 1)  # [H, n, D]
         mask = step.mask[self.kind]
         if self.softcap is None:
@@ -197,7 +233,7 @@ class Block(nn.Module):
         super().__init__()
         eps = cfg.rms_eps
         self.attn_norm = RMSNorm(w.attn_norm, eps)
-        self.attn = Attention(cfg, layer, w.wqkv, w.wo, w.q_norm, w.k_norm)
+        self.attn = Attention(cfg, layer, w.wqkv, w.wo, w.q_norm, w.k_norm, v_from_k=w.v_from_k)
         self.ffn_norm = RMSNorm(w.ffn_norm, eps)
         self.ffn = w.ffn if w.ffn is not None else FeedForward(cfg, _required(w.w13, "FFN weights"),
                                                                 _required(w.w2, "FFN weights"))
@@ -205,6 +241,13 @@ class Block(nn.Module):
         if cfg.post_norms:
             self.post_attn_norm = RMSNorm(_required(w.post_attn_norm, "a post-attention norm"), eps)
             self.post_ffn_norm = RMSNorm(_required(w.post_ffn_norm, "a post-FFN norm"), eps)
+        self.layer = layer
+        self.ple_gate = self.ple_proj = self.ple_norm = None
+        if cfg.per_layer_input:
+            self.ple_gate = _required(w.ple_gate, "a per-layer input gate")
+            self.ple_proj = _required(w.ple_proj, "a per-layer input projection")
+            self.ple_norm = RMSNorm(_required(w.ple_norm, "a per-layer input norm"), eps)
+        self.out_scale = None if w.out_scale is None else nn.Parameter(w.out_scale.float(), requires_grad=False)
 
     def forward(self, x: torch.Tensor, cache: KVCache, step: ForwardStep, rope: RotaryEmbedding) -> torch.Tensor:
         ops = step.ops
@@ -215,4 +258,10 @@ class Block(nn.Module):
         h = self.ffn(self.ffn_norm(x, ops))
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h, ops)
-        return x + h
+        x = x + h
+        if self.ple_gate is not None:  # the layer's own slice of the per-layer embedding input, gated by x
+            g = self.ffn.act(self.ple_gate(x)) * step.per_layer[:, self.layer].to(x.dtype)
+            x = x + self.ple_norm(self.ple_proj(g), ops)
+        if self.out_scale is not None:
+            x = x * self.out_scale.to(x.dtype)
+        return x

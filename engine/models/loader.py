@@ -18,11 +18,13 @@ import re
 import torch
 
 from engine.gguf import GGUFFile
-from engine.models import get_arch
+from engine.models import gemma4_assistant, get_arch
+from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
 from engine.models.layers import Block, BlockWeights, FeedForward
 from engine.models.moe import Router, SparseMoE
 from engine.models.nextn import NextNHead, NextNWeights
+from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, load_linear
@@ -32,6 +34,11 @@ EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
 OUTPUT_NORM = "output_norm.weight"
 ROPE_FREQS = "rope_freqs.weight"
+PER_LAYER_TOKEN_EMBD = "per_layer_token_embd.weight"
+PER_LAYER_MODEL_PROJ = "per_layer_model_proj.weight"
+PER_LAYER_PROJ_NORM = "per_layer_proj_norm.weight"
+NEXTN_PRE_PROJECTION = "nextn.pre_projection.weight"
+NEXTN_POST_PROJECTION = "nextn.post_projection.weight"
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.eh_proj\.weight$")
 
 
@@ -61,27 +68,43 @@ def read_config(f: GGUFFile) -> ModelConfig:
 # weights
 # ------------------------------------------------------------------------------------------------
 def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> BlockWeights:
-    """Block ``i``'s weights (``blk.{i}.*``): q/k/v fused into one linear, gate/up into another."""
+    """Block ``i``'s weights (``blk.{i}.*``): q/k/v fused into one linear, gate/up into another.
+
+    A layer that reads another layer's K/V (``cfg.kv_layer``) loads only its q rows (any k/v tensors the
+    file still has for it are unused); a layer without ``attn_v`` uses its K projection as V."""
     p = f"blk.{i}."
 
     def norm(name: str) -> torch.Tensor:
         return load_tensor(f, p + name + ".weight")
 
-    qkv = [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"]
-    bias = [p + "attn_q.bias", p + "attn_k.bias", p + "attn_v.bias"] if cfg.qkv_bias else None
+    def linear(name: str):
+        return load_linear(f, p + name + ".weight", fmt, device=device)
+
+    owns_kv = cfg.owns_kv(i)
+    v_from_k = owns_kv and p + "attn_v.weight" not in f.tensors
+    parts = ("attn_q", "attn_k", "attn_v") if owns_kv and not v_from_k else ("attn_q", "attn_k") if owns_kv \
+        else ("attn_q",)
+    qkv = [p + part + ".weight" for part in parts]
+    bias = [p + part + ".bias" for part in parts] if cfg.qkv_bias else None
+    ple = cfg.per_layer_input > 0
     moe = load_moe(f, cfg, i, fmt, device) if cfg.moe is not None else None
     return BlockWeights(
         attn_norm=norm("attn_norm"),
         wqkv=load_linear(f, qkv, fmt, bias_names=bias, device=device),
-        wo=load_linear(f, p + "attn_output.weight", fmt, device=device),
+        wo=linear("attn_output"),
         q_norm=norm("attn_q_norm") if cfg.qk_norm else None,
-        k_norm=norm("attn_k_norm") if cfg.qk_norm else None,
+        k_norm=norm("attn_k_norm") if cfg.qk_norm and owns_kv else None,
         ffn_norm=norm("ffn_norm"),
         w13=None if moe else load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
-        w2=None if moe else load_linear(f, p + "ffn_down.weight", fmt, device=device),
+        w2=None if moe else linear("ffn_down"),
         post_attn_norm=norm("post_attention_norm") if cfg.post_norms else None,
         post_ffn_norm=norm("post_ffw_norm") if cfg.post_norms else None,
         ffn=moe,
+        v_from_k=v_from_k,
+        ple_gate=linear("inp_gate") if ple else None,
+        ple_proj=linear("proj") if ple else None,
+        ple_norm=norm("post_norm") if ple else None,
+        out_scale=norm("layer_output_scale") if p + "layer_output_scale.weight" in f.tensors else None,
     )
 
 
@@ -133,8 +156,14 @@ def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, de
     output = load_linear(f, EMBEDDING if cfg.tied_output else OUTPUT, fmt, device=device)
     f.release_pages()
     rope_freqs = load_tensor(f, ROPE_FREQS) if ROPE_FREQS in f.tensors else None
+    per_layer = None
+    if cfg.per_layer_input:
+        per_layer = PerLayerInput(Embedding(f, PER_LAYER_TOKEN_EMBD, dtype, device=device),
+                                  load_linear(f, PER_LAYER_MODEL_PROJ, fmt, device=device),
+                                  load_tensor(f, PER_LAYER_PROJ_NORM), n_layer=cfg.n_layer,
+                                  width=cfg.per_layer_input, n_embd=cfg.n_embd, eps=cfg.rms_eps)
     return Model(cfg, embed=embed, layers=blocks, norm=norm, output=output, fmt=fmt, dtype=dtype, device=device,
-                 rope_freqs=rope_freqs)
+                 rope_freqs=rope_freqs, per_layer_input=per_layer)
 
 
 def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", device: str | torch.device = "cpu",
@@ -170,6 +199,33 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     if device.type != "cpu":
         model.to(device)  # norms and the other small tensors; linears were built on the device
     return model.eval()
+
+
+# ------------------------------------------------------------------------------------------------
+# Gemma 4 assistant (MTP drafter)
+# ------------------------------------------------------------------------------------------------
+def load_assistant(target: Model, f: GGUFFile, fmt: str) -> Gemma4Assistant:
+    """The gemma4-assistant in ``f`` over ``target``; ``UnsupportedModelError`` if it does not fit it."""
+    device = target.device
+    own = gemma4_assistant.read_config(f, weight_layout(f))
+    cfg = gemma4_assistant.bind_to_target(own, target.config, gemma4_assistant.target_width(f.metadata))
+    blocks = []
+    for i in range(cfg.n_layer):
+        blocks.append(load_block_weights(f, cfg, i, fmt, device))
+        f.release_pages()
+    weights = AssistantWeights(
+        blocks=blocks,
+        pre_proj=load_linear(f, NEXTN_PRE_PROJECTION, fmt, device=device),
+        post_proj=load_linear(f, NEXTN_POST_PROJECTION, fmt, device=device),
+        norm=load_tensor(f, OUTPUT_NORM),
+        output=load_linear(f, EMBEDDING, fmt, device=device),
+        rope_freqs=load_tensor(f, ROPE_FREQS) if ROPE_FREQS in f.tensors else None,
+    )
+    f.release_pages()
+    if weights.pre_proj.in_features != 2 * target.config.n_embd:
+        raise UnsupportedModelError(f"{f.path}: the assistant's pre-projection takes {weights.pre_proj.in_features} "
+                                    f"values, not twice the target's width {target.config.n_embd}")
+    return Gemma4Assistant(cfg, target, weights).eval()
 
 
 # ------------------------------------------------------------------------------------------------

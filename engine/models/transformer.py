@@ -17,8 +17,10 @@ import torch
 from torch import nn
 
 from engine.cache.kv import KVCache
+from engine.cache.layered import LayeredKVCache
 from engine.models.config import ModelConfig
 from engine.models.layers import Block, ForwardStep, RMSNorm, RotaryEmbedding
+from engine.models.per_layer import PerLayerInput
 from engine.ops.linear import Linear
 
 if TYPE_CHECKING:
@@ -42,10 +44,11 @@ class ForwardOutput:
 class Model(nn.Module):
     def __init__(self, config: ModelConfig, *, embed: TokenEmbedding, layers: Sequence[Block], norm: torch.Tensor,
                  output: Linear, fmt: str, dtype: torch.dtype, device: torch.device | str = "cpu",
-                 rope_freqs: torch.Tensor | None = None):
+                 rope_freqs: torch.Tensor | None = None, per_layer_input: PerLayerInput | None = None):
         """``layers``: one built block per layer, in order; ``norm``: the final RMSNorm's weight; ``output``:
         the lm head (the embedding table itself when tied); ``fmt``: the linears' weight format, reported
-        as the model's; ``rope_freqs``: llama 3.x per-frequency RoPE divisors, if the model has them."""
+        as the model's; ``rope_freqs``: per-frequency RoPE divisors (llama 3.x; gemma4's global layers),
+        if the model has them; ``per_layer_input``: gemma4 E models' per-layer embedding inputs."""
         super().__init__()
         if len(layers) != config.n_layer:
             raise ValueError(f"{len(layers)} layers for a config of {config.n_layer}")
@@ -63,12 +66,14 @@ class Model(nn.Module):
                                            initial_length=init_len)
         # Sliding-window layers have their own base and no linear scaling (llama.cpp: freq_scale_swa = 1).
         if any(cfg.is_local(i) for i in range(cfg.n_layer)):
-            self.rope_local = RotaryEmbedding(cfg.rope_dim, cfg.rope_base_local or cfg.rope_base, cfg.rope_style,
-                                              freq_factors=rope_freqs, initial_length=init_len)
+            self.rope_local = RotaryEmbedding(cfg.rope_dim_local or cfg.rope_dim, cfg.rope_base_local or cfg.rope_base,
+                                              cfg.rope_style, freq_factors=rope_freqs if cfg.rope_freqs_local else None,
+                                              initial_length=init_len)
         else:
             self.rope_local = self.rope_global
         self._ropes = {"global": self.rope_global, "local": self.rope_local}
         self._embed_scale = cfg.embed_scale
+        self.per_layer_input = per_layer_input
         self.block_ops = _block_ops_for(device, dtype)
         # Set by engine.models.loader: the file the weights came from, kept open while the model lives
         # (the embedding reads its rows from the mapping), and its path.
@@ -90,7 +95,8 @@ class Model(nn.Module):
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache on the model's device in its compute dtype (capacity defaults to the context)."""
-        return KVCache.new(self.config, capacity or self.config.context_length, self.device, self.dtype)
+        cls = KVCache if self.config.uniform_kv else LayeredKVCache
+        return cls.new(self.config, capacity or self.config.context_length, self.device, self.dtype)
 
     def _masks(self, start: int, n: int, device: torch.device) -> tuple[dict, dict]:
         cfg = self.config
@@ -143,6 +149,8 @@ class Model(nn.Module):
         x = self.embed(ids).to(self.dtype)
         if self._embed_scale is not None:
             x = x * torch.tensor(self._embed_scale, dtype=self.dtype)
+        if self.per_layer_input is not None:
+            step.per_layer = self.per_layer_input(ids, x)
         for layer in self.layers:
             x = layer(x, cache, step, self._ropes[layer.attn.kind])
         cache.commit(token_list)

@@ -17,8 +17,9 @@ so the loop asks ``prefix_limit(tokens)`` before prefix reuse and re-evaluates t
 
 Implementations, one file each: ``draft_model.DraftModelDrafter`` (an independent LM with its own KV
 cache), ``ngram.NgramDrafter`` (prompt lookup, no weights), ``mtp.MtpDrafter`` (a DeepSeek/GLM NextN head
-fed by the target's hidden states), and ``NullDrafter`` here (proposes nothing: plain decoding through
-the same loop).
+fed by the target's hidden states), ``assistant.AssistantDrafter`` (Gemma 4's assistant: the target's
+hidden state and read-only KV cache, one fixed position, no state of its own), and ``NullDrafter`` here
+(proposes nothing: plain decoding through the same loop).
 
 Losslessness: ``Proposal.q`` holds, per drafted token, the distribution it was actually drawn from
 (the strict rule needs exactly that), or None when every token is a point mass (greedy or n-gram).

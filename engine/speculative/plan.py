@@ -38,11 +38,15 @@ class SpeculationPlan:
         return {name: values[name] for name in SPECULATION_DEFAULTS}
 
 
-def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: bool) -> SpeculationPlan:
+def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: bool,
+                      draft_layer: PlannedDrafter = "model") -> SpeculationPlan:
     """Decide the drafter and the depth cap for one request.
 
+    ``draft_layer``: what the DRAFT layer drafts as: ``model`` (an independent model) or ``mtp`` (an MTP
+    head, or a drafter architecture such as the Gemma 4 assistant, that drafts from the target's state).
+
     * ``none`` or a cap <= 0 -> drafter ``none``, cap 0.
-    * ``auto``: the DRAFT layer if the model has one; otherwise Ollama's rule applies (the cap
+    * ``auto``: the DRAFT layer (as ``draft_layer``) if the model has one; otherwise Ollama's rule applies (the cap
       counts only when set explicitly, i.e. by the model's parameters or the request) and an
       explicit cap uses the model's MTP head when it has one; otherwise no speculation.
     * ``model``/``mtp``/``ngram``: that drafter, with the default cap 4 unless set; the engine
@@ -52,7 +56,7 @@ def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: b
     cap = options.draft_num_predict
     if drafter == "auto":
         if has_draft_layer:
-            drafter = "model"
+            drafter = draft_layer
         elif "draft_num_predict" in options.explicit and has_mtp_head:
             drafter = "mtp"
         else:

@@ -606,6 +606,21 @@ _GEMMA = """{{- range $i, $_ := .Messages }}
 {{- end }}
 {{- end }}"""
 
+# Gemma 4's turn format without tools or thinking: a system turn, assistant turns as "model", and the
+# generation prompt followed by an empty thought channel (Gemma 4's own template, thinking off).
+_GEMMA4 = """{{- range $i, $_ := .Messages }}
+{{- $last := eq (len (slice $.Messages $i)) 1 }}
+{{- if eq .Role "assistant" }}<|turn>model
+{{ .Content }}{{ if not $last }}<turn|>
+{{ end }}
+{{- else }}<|turn>{{ .Role }}
+{{ .Content }}<turn|>
+{{ if $last }}<|turn>model
+<|channel>thought
+<channel|>{{ end }}
+{{- end }}
+{{- end }}"""
+
 _LLAMA3 = """{{ if .System }}<|start_header_id|>system<|end_header_id|>
 
 {{ .System }}<|eot_id|>{{ end }}{{ if .Prompt }}<|start_header_id|>user<|end_header_id|>
@@ -614,8 +629,8 @@ _LLAMA3 = """{{ if .System }}<|start_header_id|>system<|end_header_id|>
 
 {{ .Response }}<|eot_id|>"""
 
-# chatml: Ollama's qwen2.5 template (tools included); gemma: gemma3's; llama3: llama3's.
-FALLBACK_TEMPLATES: Mapping[str, str] = {"chatml": _CHATML, "gemma": _GEMMA, "llama3": _LLAMA3}
+# chatml: Ollama's qwen2.5 template (tools included); gemma: gemma3's; gemma4: its turn format; llama3: llama3's.
+FALLBACK_TEMPLATES: Mapping[str, str] = {"chatml": _CHATML, "gemma": _GEMMA, "gemma4": _GEMMA4, "llama3": _LLAMA3}
 
 
 def fallback_template_for(architecture: str, token_strings: Collection[str]) -> str:
@@ -626,12 +641,16 @@ def fallback_template_for(architecture: str, token_strings: Collection[str]) -> 
     """
     tokens = set(token_strings)
     arch = architecture.lower()
+    if {"<|turn>", "<turn|>"} <= tokens:
+        return FALLBACK_TEMPLATES["gemma4"]
     if {"<start_of_turn>", "<end_of_turn>"} <= tokens:
         return FALLBACK_TEMPLATES["gemma"]
     if {"<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"} <= tokens:
         return FALLBACK_TEMPLATES["llama3"]
     if {"<|im_start|>", "<|im_end|>"} <= tokens:
         return FALLBACK_TEMPLATES["chatml"]
+    if arch.startswith("gemma4"):
+        return FALLBACK_TEMPLATES["gemma4"]
     if arch.startswith("gemma"):
         return FALLBACK_TEMPLATES["gemma"]
     if arch.startswith("qwen"):

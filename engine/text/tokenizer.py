@@ -1,6 +1,6 @@
 """Tokenizers built from GGUF metadata, with the ``tokenizers`` library doing the encoding.
 
-Two vocabulary kinds are supported, as ``tokenizer.ggml.model`` names them:
+Three vocabulary kinds are supported, as ``tokenizer.ggml.model`` names them:
 
 * ``gpt2``: byte-level BPE. The merges are in the file; what the file does not carry is the
   pre-tokenizer, which llama.cpp picks by the ``tokenizer.ggml.pre`` name. ``_PRE_TOKENIZERS``
@@ -11,6 +11,11 @@ Two vocabulary kinds are supported, as ``tokenizer.ggml.model`` names them:
   does (``generate_merges``): every split of a token into two tokens is a merge, ranked by the
   merged token's score. Gemma's scores do not follow its merge order, but its token order does,
   so for gemma architectures the rank is the token's position instead.
+* ``gemma4``: SentencePiece-style BPE whose merges *are* in the file (llama.cpp's
+  ``LLAMA_VOCAB_PRE_TYPE_GEMMA4``): spaces become ``▁`` with no prefix added, the text is split only
+  into runs of newlines and runs of everything else, merges run over characters (no byte alphabet),
+  and a character no token covers falls back to ``<0xNN>`` tokens. A run of newlines that is itself a
+  token is kept whole, as llama.cpp does.
 
 Decoding does not go through ``tokenizers``: each id maps to the exact bytes it stands for
 (``token_to_piece``), and text is those bytes decoded as UTF-8. That keeps ``decode`` and the
@@ -157,7 +162,7 @@ SUPPORTED_PRE_TOKENIZERS: tuple[str, ...] = tuple(sorted(_PRE_TOKENIZERS))
 
 # Token texts llama.cpp treats as end-of-generation whatever their type (llama_vocab::impl::load).
 _EOG_NAMES = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>", "<turn|>",
     "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>", "<｜end▁of▁sentence｜>",
     # FIM tokens llama.cpp also stops on (it adds the fim pad/repo/sep tokens to the EOG set).
     "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
@@ -172,7 +177,7 @@ _EOG_ID_KEYS = (
 class TokenizerInfo:
     """What was built, for logs and /api/show-style reporting."""
 
-    model: str  # tokenizer.ggml.model: "gpt2" | "llama"
+    model: str  # tokenizer.ggml.model: "gpt2" | "llama" | "gemma4"
     pre: str  # tokenizer.ggml.pre as used ("default" when the file has none)
     vocab_size: int
     n_merges: int
@@ -353,9 +358,12 @@ class Tokenizer:
             built = _build_byte_level(metadata, tokens, types)
         elif model == "llama":
             built = _build_spm(metadata, tokens, types)
+        elif model == "gemma4":
+            built = _build_gemma4(metadata, tokens, types)
         else:
             raise TokenizerError(
-                f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece BPE)"
+                f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama' "
+                "(SentencePiece BPE), 'gemma4' (SentencePiece-style BPE with merges)"
             )
         _add_added_tokens(built.backend, tokens, types)
 
@@ -599,6 +607,34 @@ def _build_spm(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray
     backend.decoder = decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
     pre = str(metadata.get("tokenizer.ggml.pre") or "default")
     return _Built(backend, pre, len(merges), add_bos_default=True, add_space_prefix=add_space_prefix)
+
+
+def _build_gemma4(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> _Built:
+    n = len(tokens)
+    raw = metadata.get("tokenizer.ggml.merges")
+    if not raw:
+        raise TokenizerError("gemma4 GGUF vocabulary has no tokenizer.ggml.merges")
+    merges = []
+    for m in raw:
+        cut = m.find(" ", 1)  # a piece may itself be a space: the separator is the first space after it
+        if cut > 0:
+            merges.append((m[:cut], m[cut + 1:]))
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", n)
+    unk = tokens[unk_id] if unk_id is not None else None
+    backend = _HFTokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=unk, fuse_unk=True, byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    backend.decoder = decoders.Sequence([decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
+    # Newline runs that are tokens stay whole (llama.cpp bypasses the merges for them).
+    newline_runs = [t for i, t in enumerate(tokens) if t and not t.strip("\n") and vocab[t] == i
+                    and int(types[i]) == TOKEN_NORMAL]
+    if newline_runs:
+        backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in newline_runs])
+    return _Built(backend, "gemma4", len(merges), add_bos_default=True,
+                  add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", False)))
 
 
 def _add_added_tokens(backend: _HFTokenizer, tokens: list[str], types: np.ndarray) -> None:

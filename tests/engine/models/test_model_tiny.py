@@ -238,7 +238,7 @@ def test_int4_requantized_sanity(pair, model):
 def test_supported_architectures():
     from engine.models import ARCHITECTURES
 
-    assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES == {"llama", "qwen2", "gemma3", "qwen3", "qwen3moe"}
+    assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES == {"llama", "qwen2", "gemma3", "gemma4", "qwen3", "qwen3moe"}
 
 
 def test_unsupported_architecture(tmp_path):
