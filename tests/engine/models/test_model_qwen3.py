@@ -4,7 +4,6 @@ n_embd / n_head (16), tied and untied output."""
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -16,9 +15,10 @@ from engine.models.config import UnsupportedModelError  # noqa: E402
 from engine.models.loader import load_model, read_config  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from tests import hf_tiny  # noqa: E402
+from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import relative_error as _close  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
 
-TOL = 1e-4  # max |Δlogit| relative to the reference's logit scale, as in test_model_tiny
 SEQ = 32
 
 
@@ -34,12 +34,7 @@ def model(pair):
 
 
 def _ids(pair, n, seed=1):
-    rng = random.Random(seed)
-    return [rng.randrange(pair.vocab_size) for _ in range(n)]
-
-
-def _close(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.double() - ref).abs().max() / ref.abs().max())
+    return random_ids(pair.vocab_size, n, seed)
 
 
 def test_config(pair, model):
@@ -75,19 +70,7 @@ def test_verification_width_with_truncate_and_redo(pair, model):
     does after a rejection."""
     ids = _ids(pair, SEQ)
     ref = hf_tiny.hf_logits(pair.hf, ids)
-    rng = random.Random(7)
-    cache = model.new_cache(64)
-    got: dict[int, torch.Tensor] = {}
-    while cache.length < len(ids):
-        start = cache.length
-        keep = rng.randint(1, 5)
-        true = ids[start:start + keep]
-        chunk = true + [rng.randrange(pair.vocab_size) for _ in range(5 - len(true))]
-        logits = model(chunk, cache)
-        for j in range(len(true)):
-            got[start + j] = logits[j]
-        cache.truncate(start + len(true))
-    assert _close(torch.stack([got[i] for i in range(len(ids))]), ref) < TOL
+    assert _close(verify_with_rollback(model, ids, pair.vocab_size), ref) < TOL
 
 
 def test_greedy_generation(pair, model):

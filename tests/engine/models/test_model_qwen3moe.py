@@ -4,7 +4,6 @@ a tiny random model (8 experts, top-2 renormalised, 2 layers) written as GGUF in
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -18,9 +17,10 @@ from engine.models.moe import Routing, SparseMoE  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from engine.ops.linear import QDotLinear  # noqa: E402
 from tests import hf_tiny  # noqa: E402
+from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import relative_error as _close  # noqa: E402
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
 
-TOL = 1e-4  # max |Δlogit| relative to the reference's logit scale, as in test_model_tiny
 SEQ = 32
 E, K = hf_tiny.N_EXPERT, hf_tiny.N_EXPERT_USED
 
@@ -37,12 +37,7 @@ def model(pair):
 
 
 def _ids(pair, n, seed=1):
-    rng = random.Random(seed)
-    return [rng.randrange(pair.vocab_size) for _ in range(n)]
-
-
-def _close(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.double() - ref).abs().max() / ref.abs().max())
+    return random_ids(pair.vocab_size, n, seed)
 
 
 def test_config(model):
@@ -76,19 +71,7 @@ def test_prefill_decode_and_greedy(pair, model):
 def test_verification_width_with_truncate_and_redo(pair, model):
     ids = _ids(pair, SEQ)
     ref = hf_tiny.hf_logits(pair.hf, ids)
-    rng = random.Random(7)
-    cache = model.new_cache(64)
-    got: dict[int, torch.Tensor] = {}
-    while cache.length < len(ids):
-        start = cache.length
-        keep = rng.randint(1, 5)
-        true = ids[start:start + keep]
-        chunk = true + [rng.randrange(pair.vocab_size) for _ in range(5 - len(true))]
-        logits = model(chunk, cache)
-        for j in range(len(true)):
-            got[start + j] = logits[j]
-        cache.truncate(start + len(true))
-    assert _close(torch.stack([got[i] for i in range(len(ids))]), ref) < TOL
+    assert _close(verify_with_rollback(model, ids, pair.vocab_size), ref) < TOL
 
 
 def test_routing_matches_transformers(pair, model):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -17,11 +16,12 @@ from engine.models.loader import load_model, read_config  # noqa: E402
 from engine.models.transformer import ForwardOutput  # noqa: E402
 from engine.ops.kernels import qdot_fast, qdot_status
 from tests import hf_tiny  # noqa: E402
+from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import relative_error as _close  # noqa: E402
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
 
 ARCHS = ["llama", "qwen2", "gemma3"]
 SEQ = {"llama": 32, "qwen2": 32, "gemma3": 48}  # gemma3: window 8 wraps 6 times
-TOL = 1e-4  # max |Δlogit| relative to the reference's logit scale
 
 
 @pytest.fixture(scope="module", params=ARCHS + ["qwen2-untied"])
@@ -38,12 +38,7 @@ def model(pair):
 
 
 def _ids(pair, n, seed=1):
-    rng = random.Random(seed)
-    return [rng.randrange(pair.vocab_size) for _ in range(n)]
-
-
-def _close(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.double() - ref).abs().max() / ref.abs().max())
+    return random_ids(pair.vocab_size, n, seed)
 
 
 def test_config(pair, model):
@@ -89,21 +84,7 @@ def test_chunks_with_rejection(pair, model):
     """Chunks of 5 where the last drafted tokens are wrong: truncate them away and re-append."""
     ids = _ids(pair, SEQ[pair.arch])
     ref = hf_tiny.hf_logits(pair.hf, ids)
-    rng = random.Random(7)
-    cache = model.new_cache(64)
-    got: dict[int, torch.Tensor] = {}
-    while cache.length < len(ids):
-        start = cache.length
-        keep = rng.randint(1, 5)  # tokens of the chunk that are "accepted"
-        true = ids[start:start + keep]
-        chunk = true + [rng.randrange(pair.vocab_size) for _ in range(5 - len(true))]
-        logits = model(chunk, cache)
-        for j in range(len(true)):
-            got[start + j] = logits[j]
-        cache.truncate(start + len(true))  # the rollback: keep what was accepted
-        assert cache.tokens == ids[:cache.length]
-    out = torch.stack([got[i] for i in range(len(ids))])
-    assert _close(out, ref) < TOL
+    assert _close(verify_with_rollback(model, ids, pair.vocab_size), ref) < TOL
 
 
 def test_fused_block_ops_match_pytorch_ops(pair, model):
