@@ -86,9 +86,10 @@ def make_gemma4_folder(variant: str, directory: Path, *, dtype: str = "F32", sha
 
 
 def make_assistant_folder(target: Gemma4Folder, directory: Path, *, seed: int = 5, backbone: int | None = None,
-                          dtype: str = "F32", tokenizer: bool = False) -> Path:
-    """A tiny ``Gemma4AssistantForCausalLM`` for ``target`` (its K/V heads and head sizes), saved in ``directory``;
-    ``backbone`` claims another target width."""
+                          dtype: str = "F32", tokenizer: bool = False) -> tuple[Path, torch.nn.Module]:
+    """A tiny ``Gemma4AssistantForCausalLM`` for ``target`` (its K/V heads and head sizes), saved in ``directory``
+    (without tokenizer files unless ``tokenizer``: it speaks its target's vocabulary), and its float64 reference
+    loaded back; ``backbone`` claims another target width."""
     import transformers as tf
 
     tcfg = target.config
@@ -110,4 +111,5 @@ def make_assistant_folder(target: Gemma4Folder, directory: Path, *, seed: int = 
     hf = tf.Gemma4AssistantForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
     g4.randomize(hf, seed + 1)
     _save(hf, Path(directory), dtype, None, tokenizer=tokenizer)
-    return Path(directory)
+    ref = tf.Gemma4AssistantForCausalLM.from_pretrained(directory, dtype=torch.float64, attn_implementation="eager")
+    return Path(directory), ref.eval()

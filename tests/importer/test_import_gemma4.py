@@ -1,0 +1,181 @@
+"""Importing Hugging Face Gemma 4 safetensors folders: ``Gemma4ForCausalLM`` (E2B-like: per-layer embeddings, KV
+sharing, double-wide FFN; 31B-like: K = V global layers with their own K/V head count), the text model of a
+``Gemma4ForConditionalGeneration``, and a ``Gemma4AssistantForCausalLM`` as DRAFT.
+
+The GGUF is the one llama.cpp's layout prescribes (the same tensors, shapes and ``gemma4.*`` metadata as
+tests/hf_tiny_gemma4.py writes for the engine's own tests), its logits and tokenizer ids equal transformers' on
+the saved files, the imported assistant drafts the logits of a hand-rolled transformers loop and losslessly,
+``draft_quantize`` stores a quantized assistant that still drafts, and refusals (an assistant for another
+width, a mixture-of-experts gemma4) name the problem and leave the store as it was.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
+from engine.gguf import GGUFFile  # noqa: E402
+from engine.models.loader import load_assistant, load_model  # noqa: E402
+from engine.text.tokenizer import Tokenizer  # noqa: E402
+from importer import CreateError, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402
+from modelfile import parse  # noqa: E402
+from tests import hf_tiny_gemma4 as g4  # noqa: E402
+from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts  # noqa: E402
+from tests.hf_folders import random_ids  # noqa: E402
+from tests.hf_gemma4_folders import SAMPLE, make_assistant_folder, make_gemma4_folder, make_tokenizer  # noqa: E402
+
+TOL = 1e-4  # as test_import_safetensors: identical weights, f32 compute against float64
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BlobStore:
+    return BlobStore(tmp_path / "models")
+
+
+def _create(store: BlobStore, base: Path, text: str, name: str = "imported", **fields) -> None:
+    req = request_from_modelfile(parse(text), name, base, LocalBlobSink(store))
+    for key, value in fields.items():
+        setattr(req, key, value)
+    create_model(store, req)
+
+
+def _path(store: BlobStore, name: str, media_type: str = MEDIA_TYPE_MODEL) -> Path:
+    return store.blob_path(store.read_manifest(name).layer(media_type).digest)
+
+
+def _arch_metadata(f: GGUFFile) -> dict:
+    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in f.metadata.items()
+            if k.startswith(f.architecture + ".")}
+
+
+@pytest.mark.parametrize("variant,dtype,shard,multimodal", [("e2b", "F32", None, False), ("31b", "F32", None, False),
+                                                            ("e2b", "BF16", "60KB", False), ("31b", "F32", None, True)])
+def test_gemma4_import_matches_transformers(store, tmp_path, variant, dtype, shard, multimodal):
+    folder = make_gemma4_folder(variant, tmp_path / "hf", dtype=dtype, shard_size=shard, multimodal=multimodal)
+    assert shard is None or len(list(folder.path.glob("*.safetensors"))) > 1
+    _create(store, tmp_path, "FROM ./hf\n")
+    path = _path(store, "imported")
+    # llama.cpp's layout: what the engine tests' own converter writes for the same (F32) weights
+    ref_gguf = g4.write_gemma4_gguf(tmp_path / "ref.gguf", folder.config,
+                                    g4.gguf_tensors(folder.reference.state_dict()))
+    with GGUFFile(path) as f, GGUFFile(ref_gguf) as ref:
+        assert f.architecture == "gemma4" and f.file_type == dtype
+        assert {n: t.shape for n, t in f.tensors.items()} == {n: t.shape for n, t in ref.tensors.items()}
+        assert _arch_metadata(f) == _arch_metadata(ref)
+        assert f.metadata["tokenizer.ggml.model"] == "gemma4"
+        assert f.metadata["tokenizer.chat_template"] == g4.CHAT_TEMPLATE
+        assert (f.tensor_data("rope_freqs.weight") == ref.tensor_data("rope_freqs.weight")).all()
+        tok = Tokenizer.from_gguf_metadata(f.metadata)
+    hf_tok = make_tokenizer()
+    assert tok.encode(SAMPLE, add_bos=False) == hf_tok(SAMPLE, add_special_tokens=False)["input_ids"]
+    assert tok.encode(SAMPLE) == hf_tok(SAMPLE)["input_ids"]
+    model = load_model(path, fmt="f32")
+    ids = random_ids(folder.vocab_size, 20)  # longer than the sliding window
+    with torch.no_grad():
+        ref_logits = folder.reference(torch.tensor([ids])).logits[0]
+    cache = model.new_cache()
+    ours = torch.cat([model(torch.tensor(ids[:-1]), cache), model(torch.tensor(ids[-1:]), cache)])  # + one decode
+    model.close()
+    assert float((ours.double() - ref_logits).abs().max() / ref_logits.abs().max()) < TOL
+
+
+@pytest.fixture(scope="module")
+def imported_pair(tmp_path_factory):
+    """A 31B-like target and its assistant (no tokenizer files: it adopts the target's), imported together."""
+    torch.set_num_threads(1)
+    d = tmp_path_factory.mktemp("g4pair")
+    target = make_gemma4_folder("31b", d / "target")
+    assistant, assistant_ref = make_assistant_folder(target, d / "assistant")
+    store = BlobStore(d / "models")
+    _create(store, d, "FROM ./target\nDRAFT ./assistant\n", name="pair")
+    return SimpleNamespace(dir=d, store=store, target=target, assistant_ref=assistant_ref,
+                           model=_path(store, "pair"), draft=_path(store, "pair", MEDIA_TYPE_DRAFT))
+
+
+def test_imported_assistant_drafts_the_transformers_logits(imported_pair):
+    p = imported_pair
+    with GGUFFile(p.draft) as f:
+        assert f.architecture == "gemma4-assistant"
+        assert f.arch_key("embedding_length_out") == g4.N_EMBD and f.arch_key("embedding_length") == g4.ASSISTANT_EMBD
+        assert "nextn.pre_projection.weight" in f.tensors and not any("attn_k" in n for n in f.tensors)
+    model = load_model(p.model, fmt="f32")
+    with GGUFFile(p.draft) as f:
+        drafter = load_assistant(model, f, "f32")
+    log = [random.Random(3).randrange(p.target.vocab_size) for _ in range(12)]
+    want, ref = g4.hf_assistant_drafts(SimpleNamespace(hf=p.target.reference), SimpleNamespace(hf=p.assistant_ref),
+                                       log, 3)
+    cache = model.new_cache(64)
+    out = model(log[:-1], cache, return_hidden=True)
+    h, token = model.norm(out.prenorm_hidden[-1:])[0], log[-1]
+    for i in range(3):
+        logits, h = drafter.step(token, h, cache, len(log) - 1)
+        assert float((logits[0].double() - ref[i]).abs().max() / ref[i].abs().max()) < TOL
+        token = int(logits.argmax())
+        assert token == want[i]
+    model.close()
+
+
+def test_imported_pair_drafts_losslessly(imported_pair):
+    engine = load_engine(imported_pair.model, imported_pair.draft)
+    assert engine.draft_kind == "mtp"
+    plain = generate(engine, **GREEDY, drafter="none")
+    run = generate(engine, **GREEDY, **spec_opts("mtp", 3))
+    assert run.tokens == plain.tokens and run.spec.drafter == "mtp" and run.spec.draft_n > 0
+    engine.close()
+
+
+@pytest.mark.parametrize("quant,weight_type", [("q8_0", "Q8_0"), ("q4_K_M", "Q4_K")])
+def test_draft_quantize_quantizes_the_assistant(imported_pair, quant, weight_type):
+    p = imported_pair
+    _create(p.store, p.dir, "FROM ./target\nDRAFT ./assistant\n", name=f"pair-{quant}", draft_quantize=quant)
+    draft = _path(p.store, f"pair-{quant}", MEDIA_TYPE_DRAFT)
+    with GGUFFile(draft) as f:
+        assert f.architecture == "gemma4-assistant"
+        assert f.tensors["blk.0.ffn_up.weight"].type_name in (weight_type, "Q5_0", "Q8_0", "F16")
+        assert f.tensors["blk.0.attn_q.weight"].type_name != "F32"
+        assert f.tensors["blk.0.attn_norm.weight"].type_name == "F32"
+    with GGUFFile(_path(p.store, f"pair-{quant}")) as f:
+        assert f.file_type == "F32"  # the target is left as it was
+    engine = load_engine(p.model, draft)
+    plain = generate(engine, **GREEDY, drafter="none")
+    run = generate(engine, **GREEDY, **spec_opts("mtp", 3))
+    assert run.tokens == plain.tokens and run.spec.draft_n > 0
+    engine.close()
+
+
+def test_an_assistant_for_another_width_is_refused(store, tmp_path):
+    target = make_gemma4_folder("e2b", tmp_path / "target")
+    make_assistant_folder(target, tmp_path / "assistant", backbone=96)
+    req = request_from_modelfile(parse("FROM ./target\nDRAFT ./assistant\n"), "pair", tmp_path, LocalBlobSink(store))
+    uploaded = store.list_blobs()
+    with pytest.raises(CreateError, match="embedding_length_out") as e:
+        create_model(store, req)
+    assert "96" in str(e.value) and "64" in str(e.value)
+    assert store.list_models() == [] and store.list_blobs() == uploaded
+
+
+def test_gemma4_mixture_of_experts_is_refused(store, tmp_path):
+    import json
+
+    make_gemma4_folder("31b", tmp_path / "hf")
+    cfg_path = tmp_path / "hf" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+    cfg_path.write_text(json.dumps(cfg))
+    req = request_from_modelfile(parse("FROM ./hf\n"), "moe", tmp_path, LocalBlobSink(store))
+    uploaded = store.list_blobs()
+    with pytest.raises(CreateError, match="mixture-of-experts"):
+        create_model(store, req)
+    assert store.list_models() == [] and store.list_blobs() == uploaded
