@@ -24,7 +24,7 @@ from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_assistant, load_model  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
-from importer import CreateError, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402
+from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402
 from modelfile import parse  # noqa: E402
 from tests import hf_tiny_gemma4 as g4  # noqa: E402
 from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts  # noqa: E402
@@ -136,15 +136,25 @@ def test_imported_pair_drafts_losslessly(imported_pair):
     engine.close()
 
 
-@pytest.mark.parametrize("quant,weight_type", [("q8_0", "Q8_0"), ("q4_K_M", "Q4_K")])
+@pytest.mark.parametrize("quant,weight_type", [("q8_0", "Q8_0"), ("q4_K_M", "Q5_0")])
 def test_draft_quantize_quantizes_the_assistant(imported_pair, quant, weight_type):
+    """q8_0 through a Modelfile request, q4_K_M through /api/create's body (``draft_quantize``): the assistant's
+    matrices are quantized (a K type falls back as llama.cpp's does when rows are not whole 256-value
+    super-blocks), its norms stay F32, and it still drafts for the unquantized target."""
     p = imported_pair
-    _create(p.store, p.dir, "FROM ./target\nDRAFT ./assistant\n", name=f"pair-{quant}", draft_quantize=quant)
-    draft = _path(p.store, f"pair-{quant}", MEDIA_TYPE_DRAFT)
+    name = f"pair-{quant}"
+    if quant == "q8_0":
+        _create(p.store, p.dir, "FROM ./target\nDRAFT ./assistant\n", name=name, draft_quantize=quant)
+    else:
+        files = {f.name: p.store.add_file(f)[0] for f in (p.dir / "target").iterdir()}
+        draft_files = {f.name: p.store.add_file(f)[0] for f in (p.dir / "assistant").iterdir()}
+        create_model(p.store, CreateRequest.from_json({"model": name, "files": files, "draft_files": draft_files,
+                                                       "draft_quantize": quant}))
+    draft = _path(p.store, name, MEDIA_TYPE_DRAFT)
     with GGUFFile(draft) as f:
-        assert f.architecture == "gemma4-assistant"
-        assert f.tensors["blk.0.ffn_up.weight"].type_name in (weight_type, "Q5_0", "Q8_0", "F16")
-        assert f.tensors["blk.0.attn_q.weight"].type_name != "F32"
+        assert f.architecture == "gemma4-assistant" and f.file_type == quant.upper()
+        assert f.tensors["blk.0.ffn_up.weight"].type_name == weight_type
+        assert f.tensors["nextn.pre_projection.weight"].type_name == weight_type
         assert f.tensors["blk.0.attn_norm.weight"].type_name == "F32"
     with GGUFFile(_path(p.store, f"pair-{quant}")) as f:
         assert f.file_type == "F32"  # the target is left as it was
