@@ -60,6 +60,16 @@ def gguf_name(name: str) -> str | None:
     return f"blk.{idx}.{_LAYER[stem]}.weight"
 
 
+def unused(lay: Gemma4Layout, gname: str) -> bool:
+    """K/V weights a layer never uses, should a checkpoint carry them: a KV-shared layer reads an earlier layer's
+    K/V, and a K = V layer's values are its keys. Not stored, as transformers never loads them."""
+    m = re.match(r"^blk\.(\d+)\.(attn_k|attn_v|attn_k_norm)\.weight$", gname)
+    if not m or int(m.group(1)) >= len(lay.layers):
+        return False
+    layer = lay.layers[int(m.group(1))]
+    return layer.kv_shared or (layer.k_eq_v and m.group(2) == "attn_v")
+
+
 def expected_shapes(lay: Gemma4Layout, n_embd: int, n_head: int, vocab: int, n_layer: int) -> dict[str, tuple]:
     """Every tensor a checkpoint of this layout may hold, with its shape."""
     D, P = n_embd, lay.n_embd_per_layer

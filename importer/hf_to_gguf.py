@@ -284,6 +284,8 @@ def _plan_gemma4(source: HFSource, p: ModelParams, texts: dict[str, str]) -> Con
         if text == "lm_head.weight" and p.tied_output:
             continue
         gname = gemma4_tensors.gguf_name(text)
+        if gname is not None and gemma4_tensors.unused(lay, gname):
+            continue
         if gname is None or gname not in shapes:
             raise _fail(role, f"tensor {src} has no counterpart in tandem's {p.arch} model")
         entry = source.tensors[src]

@@ -86,10 +86,12 @@ def make_gemma4_folder(variant: str, directory: Path, *, dtype: str = "F32", sha
 
 
 def make_assistant_folder(target: Gemma4Folder, directory: Path, *, seed: int = 5, backbone: int | None = None,
-                          dtype: str = "F32", tokenizer: bool = False) -> tuple[Path, torch.nn.Module]:
+                          dtype: str = "F32", tokenizer: bool = False, ordered: bool = False
+                          ) -> tuple[Path, torch.nn.Module]:
     """A tiny ``Gemma4AssistantForCausalLM`` for ``target`` (its K/V heads and head sizes), saved in ``directory``
     (without tokenizer files unless ``tokenizer``: it speaks its target's vocabulary), and its float64 reference
-    loaded back; ``backbone`` claims another target width."""
+    loaded back; ``backbone`` claims another target width. ``ordered``: the centroid "ordered embeddings" head
+    (107 centroids of 3 tokens, the top 4 scored), as the E2B/E4B assistants ship it."""
     import transformers as tf
 
     tcfg = target.config
@@ -106,10 +108,13 @@ def make_assistant_folder(target: Gemma4Folder, directory: Path, *, seed: int = 
         num_kv_shared_layers=len(g4.ASSISTANT_LAYER_TYPES), tie_word_embeddings=True,
         rope_parameters=tcfg.rope_parameters, pad_token_id=0, bos_token_id=2, eos_token_id=1, **extra)
     cfg = tf.Gemma4AssistantConfig(text_config=text, backbone_hidden_size=backbone or g4.N_EMBD,
-                                   use_ordered_embeddings=False)
+                                   use_ordered_embeddings=ordered, num_centroids=107, centroid_intermediate_top_k=4)
     torch.manual_seed(seed)
     hf = tf.Gemma4AssistantForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
     g4.randomize(hf, seed + 1)
+    if ordered:
+        with torch.no_grad():
+            hf.masked_embedding.token_ordering.copy_(torch.randperm(target.vocab_size))
     _save(hf, Path(directory), dtype, None, tokenizer=tokenizer)
     ref = tf.Gemma4AssistantForCausalLM.from_pretrained(directory, dtype=torch.float64, attn_implementation="eager")
     return Path(directory), ref.eval()
