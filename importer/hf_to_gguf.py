@@ -13,7 +13,9 @@ What llama.cpp's convert_hf_to_gguf.py does for these architectures, in the engi
 * llama 3.x RoPE scaling as a ``rope_freqs`` tensor of per-frequency factors;
 * qwen3moe: each layer's per-expert ``mlp.experts.E.{gate,up,down}_proj`` stacked, in expert order,
   into one 3-D ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols]; the router ``ffn_gate_inp`` kept F32
-  (llama.cpp's converter never stores it below F32); ``expert_*`` metadata.
+  (llama.cpp's converter never stores it below F32); ``expert_*`` metadata;
+* gemma4 and gemma4-assistant: their own names, per-layer shapes and metadata (``gemma4_tensors``), norms as
+  they are, a generated ``rope_freqs`` for the global layers' proportional RoPE.
 
 Every tensor is checked against config.json (name, shape, dtype) before the output is opened, and
 the output is written tensor by tensor: at most one tensor of the source is in memory at a time.
