@@ -211,3 +211,28 @@ def test_gemma4_mixture_of_experts_is_refused(store, tmp_path):
     with pytest.raises(CreateError, match="mixture-of-experts"):
         create_model(store, req)
     assert store.list_models() == [] and store.list_blobs() == uploaded
+
+
+def test_kv_weights_a_layer_never_uses_are_left_out(store, tmp_path):
+    """A checkpoint that still carries K/V projections for a KV-shared layer (transformers never loads them):
+    imported without them, and the logits are transformers'."""
+    from safetensors.torch import load_file, save_file
+
+    folder = make_gemma4_folder("e2b", tmp_path / "hf")
+    shard = folder.path / "model.safetensors"
+    tensors = load_file(str(shard))
+    last = len(g4.LAYER_TYPES) - 1
+    tensors[f"model.layers.{last}.self_attn.k_proj.weight"] = torch.ones(2 * g4.HEAD_FULL, g4.N_EMBD)
+    tensors[f"model.layers.{last}.self_attn.v_proj.weight"] = torch.ones(2 * g4.HEAD_FULL, g4.N_EMBD)
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+    _create(store, tmp_path, "FROM ./hf\n")
+    path = _path(store, "imported")
+    with GGUFFile(path) as f:
+        assert f"blk.{last}.attn_k.weight" not in f.tensors and f"blk.{last}.attn_v.weight" not in f.tensors
+    model = load_model(path, fmt="f32")
+    ids = random_ids(folder.vocab_size, 12)
+    with torch.no_grad():
+        ref = folder.reference(torch.tensor([ids])).logits[0]
+    ours = model(torch.tensor(ids), model.new_cache())
+    model.close()
+    assert float((ours.double() - ref).abs().max() / ref.abs().max()) < TOL
