@@ -299,6 +299,10 @@ def _gemma4_params(params: ModelParams, config: Mapping[str, Any], cfg: Mapping[
         embd_out = _int(config, "backbone_hidden_size", role)
         if embd_out == 0:
             raise _fail(role, "config.json: the assistant's backbone_hidden_size (its target's width) is missing")
+        if not params.tied_output:
+            # llama.cpp's gemma4-assistant, like tandem's, scores through the tied token_embd: an lm_head of its
+            # own would be ignored, not run
+            raise _fail(role, "a Gemma 4 assistant with its own lm_head (tie_word_embeddings false) is not supported")
     layout = read_layout(cfg, params.n_layer, role, embd_out)
     return replace(params, gemma4=layout, n_ff=layout.layers[0].n_ff if layout.layers else params.n_ff,
                    sliding_window=layout.sliding_window, final_softcap=layout.final_softcap)

@@ -236,3 +236,17 @@ def test_kv_weights_a_layer_never_uses_are_left_out(store, tmp_path):
     ours = model(torch.tensor(ids), model.new_cache())
     model.close()
     assert float((ours.double() - ref).abs().max() / ref.abs().max()) < TOL
+
+
+def test_an_untied_assistant_is_refused_before_anything_is_converted(store, tmp_path):
+    import json
+
+    target = make_gemma4_folder("31b", tmp_path / "target")
+    make_assistant_folder(target, tmp_path / "assistant")
+    cfg_path = tmp_path / "assistant" / "config.json"
+    cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), "tie_word_embeddings": False}))
+    req = request_from_modelfile(parse("FROM ./target\nDRAFT ./assistant\n"), "pair", tmp_path, LocalBlobSink(store))
+    uploaded = store.list_blobs()
+    with pytest.raises(CreateError, match=r"DRAFT: a Gemma 4 assistant with its own lm_head"):
+        create_model(store, req)
+    assert store.list_models() == [] and store.list_blobs() == uploaded
