@@ -39,6 +39,7 @@ class Gemma4Layout:
     head_dim_full: int  # the global layers' head size (rope dimension count, key_length)
     head_dim_swa: int
     rotary_fraction: float  # of the global head that RoPE rotates ("proportional" RoPE)
+    rope_factor: float  # proportional RoPE's ``factor``: the rotated frequencies are divided by it
     final_softcap: float | None
     n_embd_per_layer: int  # per-layer embedding width (E models), 0 = none
     vocab_per_layer: int
@@ -61,8 +62,8 @@ def refuse_unsupported(cfg: Mapping[str, Any], role: str) -> None:
         raise _fail(role, "gemma4 with attention_bias is not supported")
 
 
-def _rope(cfg: Mapping[str, Any], layer_type: str, role: str) -> tuple[float, float]:
-    """(theta, rotated fraction of the head) for one layer type."""
+def _rope(cfg: Mapping[str, Any], layer_type: str, role: str) -> tuple[float, float, float]:
+    """(theta, rotated fraction of the head, frequency divisor) for one layer type."""
     params = cfg.get("rope_parameters") or {}
     entry = params.get(layer_type) if isinstance(params.get(layer_type), dict) else {}
     defaults = {SLIDING: ("default", 10_000.0, 1.0), FULL: ("proportional", 1_000_000.0, 0.25)}[layer_type]
@@ -74,10 +75,12 @@ def _rope(cfg: Mapping[str, Any], layer_type: str, role: str) -> tuple[float, fl
         raise _fail(role, f"RoPE {kind!r} on gemma4's sliding layers is not supported")
     if layer_type == FULL and kind not in ("default", "proportional"):
         raise _fail(role, f"RoPE {kind!r} on gemma4's global layers is not supported (tandem runs: proportional)")
-    if float(entry.get("factor") or 1.0) != 1.0:
-        raise _fail(role, "RoPE scaling factors on gemma4 are not supported")
+    factor = float(entry.get("factor") or 1.0)
+    if factor != 1.0 and kind != "proportional":
+        raise _fail(role, f"RoPE scaling factors on gemma4's {'sliding' if layer_type == SLIDING else 'global'} "
+                          "layers are only supported with proportional RoPE")
     fraction = float(entry.get("partial_rotary_factor", 1.0)) if kind == "proportional" else 1.0
-    return theta, fraction
+    return theta, fraction, factor
 
 
 def _layer_types(cfg: Mapping[str, Any], n_layer: int, role: str) -> list[str]:
@@ -125,8 +128,8 @@ def read_layout(cfg: Mapping[str, Any], n_layer: int, role: str, embd_out: int =
     dims = {t: {layer.head_dim for layer in layers if layer.sliding == (t == SLIDING)} for t in set(types)}
     if any(len(d) != 1 for d in dims.values()):
         raise _fail(role, "config.json: layers of one attention type with different head sizes are not supported")
-    theta, _ = _rope(cfg, SLIDING, role)
-    theta_full, fraction = _rope(cfg, FULL, role)
+    theta, _, _ = _rope(cfg, SLIDING, role)
+    theta_full, fraction, factor = _rope(cfg, FULL, role)
     head_full = dims.get(FULL, dims.get(SLIDING)).copy().pop()
     head_swa = dims.get(SLIDING, dims.get(FULL)).copy().pop()
     softcap = cfg.get("final_logit_softcapping")
@@ -134,5 +137,5 @@ def read_layout(cfg: Mapping[str, Any], n_layer: int, role: str, embd_out: int =
     return Gemma4Layout(
         layers=tuple(layers), sliding_window=int(cfg.get("sliding_window") or 512), n_kv_shared=shared,
         rope_base=theta_full, rope_base_swa=theta, head_dim_full=head_full, head_dim_swa=head_swa,
-        rotary_fraction=fraction, final_softcap=float(softcap) if softcap else None, n_embd_per_layer=ple,
+        rotary_fraction=fraction, rope_factor=factor, final_softcap=float(softcap) if softcap else None, n_embd_per_layer=ple,
         vocab_per_layer=int(cfg.get("vocab_size_per_layer_input") or 0) if ple else 0, embd_out=embd_out)

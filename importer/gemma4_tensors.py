@@ -117,10 +117,12 @@ def required(lay: Gemma4Layout, tied: bool) -> list[str]:
 
 
 def rope_freqs(lay: Gemma4Layout) -> np.ndarray:
-    """Per-frequency divisors of the global layers' RoPE: 1 for the rotated ones, 1e30 for the rest."""
+    """Per-frequency divisors of the global layers' RoPE: the proportional RoPE's factor (1 unless the config
+    scales it) for the rotated ones, 1e30 for the rest. The count of rotated pairs is transformers'
+    ``int(fraction * head_dim // 2)``."""
     half = lay.head_dim_full // 2
-    n_rot = int(lay.head_dim_full * lay.rotary_fraction / 2)
-    return np.array([1.0] * n_rot + [1e30] * (half - n_rot), dtype=np.float32)
+    n_rot = int(lay.rotary_fraction * lay.head_dim_full // 2)
+    return np.array([lay.rope_factor] * n_rot + [1e30] * (half - n_rot), dtype=np.float32)
 
 
 def write_params(w: gguf.GGUFWriter, lay: Gemma4Layout, *, context: int, n_embd: int, n_head: int,

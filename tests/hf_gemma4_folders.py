@@ -60,14 +60,18 @@ class Gemma4Folder:
 
 
 def make_gemma4_folder(variant: str, directory: Path, *, dtype: str = "F32", shard_size: str | None = None,
-                       seed: int = 0, multimodal: bool = False, **overrides) -> Gemma4Folder:
+                       seed: int = 0, multimodal: bool = False, rope_factor: float | None = None,
+                       **overrides) -> Gemma4Folder:
     """A tiny ``Gemma4ForCausalLM`` (or, ``multimodal``, a ``Gemma4ForConditionalGeneration`` with a tiny vision
-    tower) saved in ``directory``; ``reference`` is the text model loaded back as ``Gemma4ForCausalLM``."""
+    tower) saved in ``directory``; ``reference`` is the text model loaded back as ``Gemma4ForCausalLM``.
+    ``rope_factor``: the global layers' proportional RoPE scaled by that factor."""
     import transformers as tf
 
     directory = Path(directory)
     vocab_size = len(g4.gemma4_vocab()[0])
     cfg = g4.hf_text_config(variant, vocab_size, **overrides)
+    if rope_factor is not None:
+        cfg.rope_parameters["full_attention"]["factor"] = rope_factor
     torch.manual_seed(seed)
     hf = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
     g4.randomize(hf, seed + 1)

@@ -15,6 +15,7 @@ import random
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -250,3 +251,22 @@ def test_an_untied_assistant_is_refused_before_anything_is_converted(store, tmp_
     with pytest.raises(CreateError, match=r"DRAFT: a Gemma 4 assistant with its own lm_head"):
         create_model(store, req)
     assert store.list_models() == [] and store.list_blobs() == uploaded
+
+
+def test_a_scaled_proportional_rope_goes_into_rope_freqs(store, tmp_path):
+    """``factor`` on the global layers' proportional RoPE divides their rotated frequencies: the rope_freqs
+    divisors carry it, and the logits are transformers' past the sliding window."""
+    folder = make_gemma4_folder("31b", tmp_path / "hf", rope_factor=4.0)
+    _create(store, tmp_path, "FROM ./hf\n")
+    path = _path(store, "imported")
+    with GGUFFile(path) as f:
+        freqs = f.tensor_data("rope_freqs.weight").view(np.float32).tolist()
+    n_rot = int(g4.HEAD_FULL * g4.PARTIAL_ROTARY / 2)
+    assert freqs == np.array([4.0] * n_rot + [1e30] * (g4.HEAD_FULL // 2 - n_rot), dtype=np.float32).tolist()
+    model = load_model(path, fmt="f32")
+    ids = random_ids(folder.vocab_size, 24)
+    with torch.no_grad():
+        ref = folder.reference(torch.tensor([ids])).logits[0]
+    ours = model(torch.tensor(ids), model.new_cache())
+    model.close()
+    assert float((ours.double() - ref).abs().max() / ref.abs().max()) < TOL
