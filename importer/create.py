@@ -42,6 +42,7 @@ from engine.text.gotemplate import TemplateError, parse_template
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
+from .pair_precheck import precheck_folder_pair
 from .quantize import parse_quant_type, quantize_gguf
 from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
 
@@ -68,6 +69,8 @@ def create_model(store: BlobStore, req: CreateRequest, progress: Progress = no_p
     if req.from_ and not req.files:
         base_layers, base_config = _load_base(store, req.from_)
 
+    if req.files and req.draft_files:
+        precheck_folder_pair(req.files, req.draft_files, store.blob_path)
     target = _target_weights(store, req, base_layers, progress)
     draft = _draft_weights(store, req, base_layers, target, progress)
 

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from .gemma4_layout import Gemma4Layout, read_layout
 from .request import CreateError
 
 # Hugging Face model class -> GGUF architecture. The multimodal gemma3 class contributes its text
@@ -24,10 +25,15 @@ ARCHITECTURES: Mapping[str, str] = {
     "Gemma3ForConditionalGeneration": "gemma3",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3moe",
+    "Gemma4ForCausalLM": "gemma4",
+    "Gemma4ForConditionalGeneration": "gemma4",
+    "Gemma4AssistantForCausalLM": "gemma4-assistant",
 }
 _MODEL_TYPES: Mapping[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                                    "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration",
-                                   "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+                                   "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+                                   "gemma4_text": "Gemma4ForCausalLM", "gemma4": "Gemma4ForConditionalGeneration",
+                                   "gemma4_assistant": "Gemma4AssistantForCausalLM"}
 
 # transformers' Gemma3TextConfig defaults: the text_config of a multimodal gemma3 lists only what
 # differs from them.
@@ -43,6 +49,15 @@ _ACTIVATIONS: Mapping[str, frozenset[str]] = {
     "gemma3": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
     "qwen3": frozenset({"silu", "swish"}),
     "qwen3moe": frozenset({"silu", "swish"}),
+    "gemma4": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
+    "gemma4-assistant": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
+}
+# transformers' Gemma4TextConfig defaults, for a nested text_config that lists only what differs.
+_GEMMA4_DEFAULTS: Mapping[str, Any] = {
+    "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "sliding_window": 512, "hidden_activation": "gelu_pytorch_tanh",
+    "hidden_size_per_layer_input": 256, "vocab_size_per_layer_input": 262_144, "tie_word_embeddings": True,
 }
 
 
@@ -87,6 +102,7 @@ class ModelParams:
     n_expert_used: int = 0
     n_ff_expert: int = 0
     expert_weights_norm: bool = True  # the top-k routing weights are renormalised to sum 1
+    gemma4: Gemma4Layout | None = None  # gemma4 / gemma4-assistant: the per-layer shape
 
 
 def _fail(role: str, message: str) -> CreateError:
@@ -159,11 +175,16 @@ def _text_config(config: Mapping[str, Any], hf_arch: str) -> dict[str, Any]:
         return {**_GEMMA3_DEFAULTS, **(config.get("text_config") or {})}
     if hf_arch == "Gemma3ForCausalLM":
         return {**_GEMMA3_DEFAULTS, **config}
+    if hf_arch in ("Gemma4ForConditionalGeneration", "Gemma4AssistantForCausalLM"):
+        return {**_GEMMA4_DEFAULTS, **(config.get("text_config") or {})}
+    if hf_arch == "Gemma4ForCausalLM":
+        return {**_GEMMA4_DEFAULTS, **config}
     return dict(config)
 
 
 def _check_supported(cfg: Mapping[str, Any], arch: str, role: str) -> None:
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("silu" if arch != "gemma3" else "gelu_pytorch_tanh")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or \
+        ("gelu_pytorch_tanh" if arch.startswith("gemma") else "silu")
     if act not in _ACTIVATIONS[arch]:
         raise _fail(role, f"activation {act!r} is not supported for {arch} (tandem runs: "
                           f"{', '.join(sorted(_ACTIVATIONS[arch]))})")
@@ -201,7 +222,7 @@ def read_params(config: Mapping[str, Any], role: str) -> ModelParams:
         raise _fail(role, "config.json: num_attention_heads is 0")
     n_layer = _int(cfg, "num_hidden_layers", role)
     head_dim = _int(cfg, "head_dim", role, n_embd // n_head)
-    rope_entry, theta = _rope_entry(cfg, "full_attention" if arch == "gemma3" else None)
+    rope_entry, theta = _rope_entry(cfg, "full_attention" if arch.startswith("gemma") else None)
     # Tied unless said otherwise, as transformers' PretrainedConfig defaults (a multimodal gemma3 keeps
     # the flag on its outer config).
     tied = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
@@ -218,12 +239,15 @@ def read_params(config: Mapping[str, Any], role: str) -> ModelParams:
         context_length=_int(cfg, "max_position_embeddings", role, 4096),
         rms_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         rope_base=float(theta if theta is not None else 10_000.0),
-        rope_scaling=_rope_scaling(rope_entry, arch, role),
+        # gemma4's "proportional" RoPE is its layout's (a rope_freqs tensor), not a scaling
+        rope_scaling=None if arch.startswith("gemma4") else _rope_scaling(rope_entry, arch, role),
         tied_output=bool(tied),
         n_nextn=_int(cfg, "num_nextn_predict_layers", role, 0),
     )
     if arch == "qwen3moe":
         return _moe_params(params, cfg, role)
+    if arch in ("gemma4", "gemma4-assistant"):
+        return _gemma4_params(params, config, cfg, role)
     if arch != "gemma3":
         return params
     return _gemma3_params(params, cfg, role)
@@ -263,3 +287,22 @@ def _gemma3_params(params: ModelParams, cfg: Mapping[str, Any], role: str) -> Mo
         attn_scale=attn_scale,
         final_softcap=float(softcap) if softcap else None,
     )
+
+
+def _gemma4_params(params: ModelParams, config: Mapping[str, Any], cfg: Mapping[str, Any], role: str) -> ModelParams:
+    """gemma4's per-layer shape; an assistant also names the target width it works in
+    (``backbone_hidden_size``, written as ``embedding_length_out``)."""
+    from dataclasses import replace
+
+    embd_out = 0
+    if params.arch == "gemma4-assistant":
+        embd_out = _int(config, "backbone_hidden_size", role)
+        if embd_out == 0:
+            raise _fail(role, "config.json: the assistant's backbone_hidden_size (its target's width) is missing")
+        if not params.tied_output:
+            # llama.cpp's gemma4-assistant, like tandem's, scores through the tied token_embd: an lm_head of its
+            # own would be ignored, not run
+            raise _fail(role, "a Gemma 4 assistant with its own lm_head (tie_word_embeddings false) is not supported")
+    layout = read_layout(cfg, params.n_layer, role, embd_out)
+    return replace(params, gemma4=layout, n_ff=layout.layers[0].n_ff if layout.layers else params.n_ff,
+                   sliding_window=layout.sliding_window, final_softcap=layout.final_softcap)

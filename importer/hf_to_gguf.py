@@ -13,7 +13,9 @@ What llama.cpp's convert_hf_to_gguf.py does for these architectures, in the engi
 * llama 3.x RoPE scaling as a ``rope_freqs`` tensor of per-frequency factors;
 * qwen3moe: each layer's per-expert ``mlp.experts.E.{gate,up,down}_proj`` stacked, in expert order,
   into one 3-D ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols]; the router ``ffn_gate_inp`` kept F32
-  (llama.cpp's converter never stores it below F32); ``expert_*`` metadata.
+  (llama.cpp's converter never stores it below F32); ``expert_*`` metadata;
+* gemma4 and gemma4-assistant: their own names, per-layer shapes and metadata (``gemma4_tensors``), norms as
+  they are, a generated ``rope_freqs`` for the global layers' proportional RoPE.
 
 Every tensor is checked against config.json (name, shape, dtype) before the output is opened, and
 the output is written tensor by tensor: at most one tensor of the source is in memory at a time.
@@ -30,6 +32,7 @@ from typing import Any, Callable, Mapping
 import gguf
 import numpy as np
 
+from . import gemma4_tensors
 from .hf_config import ModelParams, read_params
 from .hf_tokenizer import copy_vocab, has_tokenizer, read_vocab, write_vocab
 from .request import CreateError
@@ -57,7 +60,8 @@ _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(.+)$")
 # The multimodal gemma3 keeps its text model under a prefix (transformers 4 / 5 spelling).
 _TEXT_PREFIXES = (("language_model.model.", "model."), ("model.language_model.", "model."),
                   ("language_model.lm_head.", "lm_head."))
-_SKIP_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+_SKIP_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.",
+                  "model.audio_tower.", "model.embed_vision.", "model.embed_audio.", *gemma4_tensors.SKIPPED)
 
 _ATTN_REQUIRED = ("attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight",
                   "ffn_norm.weight")
@@ -234,6 +238,8 @@ def plan_conversion(source: HFSource) -> ConversionPlan:
     role = source.role
     p = read_params(source.config, role)
     texts = {n: t for n in source.tensors if (t := _text_name(n)) is not None}
+    if p.gemma4 is not None:
+        return _plan_gemma4(source, p, texts)
     nextn = _nextn_blocks(list(texts.values()))
     head_only = bool(nextn) and "model.embed_tokens.weight" not in texts.values()
     if not head_only and any(b < p.n_layer for b in nextn):
@@ -270,6 +276,38 @@ def plan_conversion(source: HFSource) -> ConversionPlan:
     return ConversionPlan(p, plans, generated, nextn, head_only, _file_type(plans))
 
 
+def _plan_gemma4(source: HFSource, p: ModelParams, texts: dict[str, str]) -> ConversionPlan:
+    """gemma4 / gemma4-assistant: its own names and per-layer shapes (``gemma4_tensors``), the same checks."""
+    role, lay = source.role, p.gemma4
+    assert lay is not None
+    shapes = gemma4_tensors.expected_shapes(lay, p.n_embd, p.n_head, p.vocab_size, p.n_layer)
+    plans: list[TensorPlan] = []
+    for src, text in texts.items():
+        if text == "lm_head.weight" and p.tied_output:
+            continue
+        gname = gemma4_tensors.gguf_name(text)
+        if gname is not None and gemma4_tensors.unused(lay, gname):
+            continue
+        if gname is None or gname not in shapes:
+            raise _fail(role, f"tensor {src} has no counterpart in tandem's {p.arch} model")
+        entry = source.tensors[src]
+        if entry.dtype not in FLOAT_DTYPES:
+            raise _fail(role, f"tensor {src} is {entry.dtype}: the checkpoint is already quantized; import its "
+                              "unquantized F32/F16/BF16 weights (then --quantize) or a GGUF")
+        if tuple(entry.shape) != shapes[gname]:
+            raise _fail(role, f"tensor {src} has shape {list(entry.shape)}, but config.json implies "
+                              f"{list(shapes[gname])}")
+        plans.append(TensorPlan(src, gname, tuple(entry.shape), _out_type(entry.dtype, entry.shape)))
+    have = {t.name for t in plans}
+    missing = [n for n in gemma4_tensors.required(lay, p.tied_output) if n not in have]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise _fail(role, f"the safetensors lack {missing[0]}{more}, which config.json's model needs")
+    plans.sort(key=lambda t: _order(t.name))
+    return ConversionPlan(p, plans, {"rope_freqs.weight": gemma4_tensors.rope_freqs(lay)}, (), False,
+                          _file_type(plans))
+
+
 def _file_type(plans: list[TensorPlan]) -> int:
     """The dtype holding most weight elements (2-D tensors), as general.file_type."""
     counts: dict[str, int] = {}
@@ -304,6 +342,10 @@ def _llama3_rope_factors(p: ModelParams) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 def _write_params(w: gguf.GGUFWriter, p: ModelParams, file_type: int) -> None:
     w.add_file_type(file_type)
+    if p.gemma4 is not None:
+        gemma4_tensors.write_params(w, p.gemma4, context=p.context_length, n_embd=p.n_embd, n_head=p.n_head,
+                                    rms_eps=p.rms_eps, vocab=p.vocab_size)
+        return
     w.add_context_length(p.context_length)
     w.add_embedding_length(p.n_embd)
     w.add_block_count(p.n_layer)
@@ -411,11 +453,13 @@ def _vocab_writer(source: HFSource, plan: ConversionPlan,
                   donor: Mapping[str, Any] | None) -> Callable[[gguf.GGUFWriter], None]:
     """Read the tokenizer now (so a missing or bad one fails before anything is written)."""
     n_rows = plan.params.vocab_size
-    if not has_tokenizer(source.files) and plan.head_only and donor is not None:
+    # an MTP head or a Gemma 4 assistant drafts in its target's vocabulary by construction
+    drafts_only = plan.head_only or plan.params.arch == "gemma4-assistant"
+    if not has_tokenizer(source.files) and drafts_only and donor is not None:
         n_tokens = len(donor.get("tokenizer.ggml.tokens") or [])
         if n_tokens != n_rows:
             raise _fail(source.role, f"the MTP head predicts {n_rows} tokens, but the target's vocabulary has "
                                      f"{n_tokens}; a head must share its target's tokenizer")
         return lambda w: copy_vocab(w, donor)
-    vocab = read_vocab(source.files, n_rows, source.role)
+    vocab = read_vocab(source.files, n_rows, source.role, gemma4=plan.params.arch.startswith("gemma4"))
     return lambda w: write_vocab(w, vocab, source.files)

@@ -158,7 +158,7 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if name.endswith("inv_freq") or name.endswith("embed_scale"):
+            if name.endswith("inv_freq") or name.endswith("embed_scale") or not p.is_floating_point():
                 continue
             if name.endswith("layer_scalar"):
                 p.copy_(0.5 + torch.rand(p.shape, generator=g, dtype=p.dtype))

@@ -122,3 +122,29 @@ def test_draft_vocabulary_mismatch_from_cli(env: Path) -> None:
     assert r.returncode == 1
     assert "draft model vocabulary" in r.stderr and "does not match the target's" in r.stderr
     assert run_cli("list", cwd=env).stdout.splitlines()[1:] == []
+
+
+def test_create_gemma4_folders_with_draft_quantize(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    """`tandem create --draft-quantize`: a Gemma 4 target folder and its assistant folder, the assistant stored
+    quantized (the target as it was)."""
+    pytest.importorskip("transformers")
+    from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore
+    from engine.gguf import GGUFFile
+    from tests.hf_gemma4_folders import make_assistant_folder, make_gemma4_folder
+
+    monkeypatch.setenv("TANDEM_MODELS", str(tmp_path / "models"))
+    monkeypatch.chdir(tmp_path)
+    target = make_gemma4_folder("e2b", tmp_path / "target")
+    make_assistant_folder(target, tmp_path / "assistant")
+    (tmp_path / "Modelfile").write_text("FROM ./target\nDRAFT ./assistant\n")
+    assert main(["create", "g4", "-f", "Modelfile", "--draft-quantize", "q8_0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "converting draft model" in out and "quantizing draft Q8_0 model" in out
+    manifest = BlobStore(tmp_path / "models").read_manifest("g4")
+    store = BlobStore(tmp_path / "models")
+    with GGUFFile(store.blob_path(manifest.layer(MEDIA_TYPE_DRAFT).digest)) as f:
+        assert f.architecture == "gemma4-assistant" and f.file_type == "Q8_0"
+    with GGUFFile(store.blob_path(manifest.layer(MEDIA_TYPE_MODEL).digest)) as f:
+        assert f.architecture == "gemma4" and f.file_type == "F32"
+    assert main(["show", "g4"]) == 0
+    assert "gemma4-assistant" in capsys.readouterr().out
