@@ -8,8 +8,11 @@ unrotated frequencies), per-layer ``head_count_kv``/``feed_forward_length`` arra
 pattern as one bool per layer, and the ``gemma4`` tokenizer model (SentencePiece-style BPE with merges).
 
 Variants: ``e2b`` (per-layer embeddings, KV sharing over the last two layers, double-wide FFN in the
-shared layers, final soft-capping) and ``31b`` (global layers with K = V and their own K/V head count).
-Both have sliding layers of head size 16 and global layers of head size 32, a window of 8.
+shared layers, final soft-capping), ``31b`` (global layers with K = V and their own K/V head count) and
+``26b`` (four layers of 31b's attention, a sparse MoE beside every layer's dense FFN: 8 experts, top 2;
+llama.cpp writes the fused ``ffn_gate_up_exps``, ``ffn_down_exps``, the router ``ffn_gate_inp`` with its
+input scale ``ffn_gate_inp.scale``, the per-expert scale ``ffn_down_exps.scale`` and the branches' norms).
+All have sliding layers of head size 16 and global layers of head size 32, a window of 8.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ N_EMBD, N_HEAD, N_FF = 64, 4, 96
 HEAD_SWA, HEAD_FULL = 16, 32
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention",
                "sliding_attention", "sliding_attention", "full_attention"]
+MOE_LAYER_TYPES = ["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]
 ROPE_BASE, ROPE_BASE_SWA = 1_000_000.0, 10_000.0
 PARTIAL_ROTARY = 0.25
 CONTEXT = 256
@@ -35,6 +39,11 @@ VARIANTS = {
                 use_double_wide_mlp=True, final_logit_softcapping=30.0),
     "31b": dict(num_key_value_heads=2, attention_k_eq_v=True, num_global_key_value_heads=1,
                 hidden_size_per_layer_input=0),
+    # Four layers, the last one global: deeper tiny random MoE stacks amplify f32 rounding past the float64
+    # comparison's tolerance (their routing and one-hot attention are that sensitive), not a model difference.
+    "26b": dict(num_key_value_heads=2, attention_k_eq_v=True, num_global_key_value_heads=1,
+                hidden_size_per_layer_input=0, enable_moe_block=True, num_experts=8, top_k_experts=2,
+                moe_intermediate_size=32, layer_types=MOE_LAYER_TYPES),
 }
 
 
@@ -141,9 +150,10 @@ def hf_text_config(variant: str, vocab_size: int, **extra):
     v = dict(VARIANTS[variant])
     v.update(extra)
     ple = v.get("hidden_size_per_layer_input", 0)
+    layer_types = list(v.pop("layer_types", LAYER_TYPES))
     return tf.Gemma4TextConfig(
-        vocab_size=vocab_size, hidden_size=N_EMBD, intermediate_size=N_FF, num_hidden_layers=len(LAYER_TYPES),
-        num_attention_heads=N_HEAD, head_dim=HEAD_SWA, global_head_dim=HEAD_FULL, layer_types=list(LAYER_TYPES),
+        vocab_size=vocab_size, hidden_size=N_EMBD, intermediate_size=N_FF, num_hidden_layers=len(layer_types),
+        num_attention_heads=N_HEAD, head_dim=HEAD_SWA, global_head_dim=HEAD_FULL, layer_types=layer_types,
         sliding_window=WINDOW, max_position_embeddings=CONTEXT, rms_norm_eps=1e-6,
         vocab_size_per_layer_input=vocab_size if ple else 0, tie_word_embeddings=True,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": ROPE_BASE_SWA},
@@ -160,8 +170,12 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if name.endswith("inv_freq") or name.endswith("embed_scale") or not p.is_floating_point():
                 continue
-            if name.endswith("layer_scalar"):
+            if name.endswith(("layer_scalar", "per_expert_scale")):
                 p.copy_(0.5 + torch.rand(p.shape, generator=g, dtype=p.dtype))
+            elif name.endswith("router.scale"):  # the router reads rms(x) * scale / sqrt(D): decisive logits
+                p.copy_(N_EMBD ** 0.5 * (1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype)))
+            elif name.endswith("router.proj.weight"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
             elif "norm" in name:
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype))
             elif "embed_tokens" in name:
@@ -181,6 +195,14 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
     "layer_scalar": "layer_output_scale",
+    "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
+    "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
+}
+# layer tensors whose transformers name has no ``.weight`` (or ``.bias``) suffix
+_LAYER_EXACT = {
+    "layer_scalar": "layer_output_scale.weight", "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight", "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
 }
 _GLOBAL = {
     "embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
@@ -202,8 +224,11 @@ def gguf_tensors(state: dict[str, torch.Tensor], prefix: str = "model.") -> dict
             gname = _GLOBAL[rest]
         elif rest.startswith("layers."):
             idx, sub = rest[len("layers."):].split(".", 1)
-            stem, kind = (sub, "weight") if sub == "layer_scalar" else sub.rsplit(".", 1)
-            gname = f"blk.{idx}.{_LAYER[stem]}.{kind}"
+            if sub in _LAYER_EXACT:
+                gname = f"blk.{idx}.{_LAYER_EXACT[sub]}"
+            else:
+                stem, kind = sub.rsplit(".", 1)
+                gname = f"blk.{idx}.{_LAYER[stem]}.{kind}"
         else:
             raise KeyError(f"unmapped tensor {name}")
         out[gname] = np.ascontiguousarray(a.astype(np.float32))
@@ -234,16 +259,24 @@ def write_tokenizer(w: gguf.GGUFWriter, chat_template: str | None = None) -> Non
         w.add_chat_template(chat_template)
 
 
-def write_tensors(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray]) -> None:
+def write_tensors(w: gguf.GGUFWriter, tensors: dict[str, np.ndarray], expert_type: str = "F32") -> None:
+    """``expert_type``: 'Q8_0' stores the stacked expert tensors (``*_exps.weight``) quantized, as a
+    quantized 26B-A4B file does; everything else stays f32."""
+    qtype = gguf.GGMLQuantizationType[expert_type]
     for name, arr in tensors.items():
-        w.add_tensor(name, arr.astype(np.float32))
+        if name.endswith("_exps.weight") and qtype != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(arr.astype(np.float32), qtype)
+            w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+        else:
+            w.add_tensor(name, arr.astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
 
 
-def write_gemma4_gguf(path: Path, cfg, tensors: dict[str, np.ndarray], chat_template: str | None = None) -> Path:
+def write_gemma4_gguf(path: Path, cfg, tensors: dict[str, np.ndarray], chat_template: str | None = None,
+                      expert_type: str = "F32") -> Path:
     w = gguf.GGUFWriter(str(path), "gemma4")
     w.add_name("tiny-gemma4")
     w.add_file_type(0)
@@ -275,14 +308,18 @@ def write_gemma4_gguf(path: Path, cfg, tensors: dict[str, np.ndarray], chat_temp
     w.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input or 0)
     if cfg.final_logit_softcapping:
         w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    if cfg.enable_moe_block:
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.top_k_experts)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     w.add_vocab_size(cfg.vocab_size)
     write_tokenizer(w, chat_template)
-    write_tensors(w, {"rope_freqs.weight": rope_freqs(), **tensors})
+    write_tensors(w, {"rope_freqs.weight": rope_freqs(), **tensors}, expert_type)
     return path
 
 
 def make_gemma4(variant: str, directory: Path, *, seed: int = 0, chat_template: str | None = None,
-                bigram: bool = False) -> Gemma4Pair:
+                bigram: bool = False, expert_type: str = "F32") -> Gemma4Pair:
     """``bigram``: every block's output projections are zero, so the next token depends on the current
     one only (a target whose future a crafted assistant can know)."""
     import transformers as tf
@@ -290,7 +327,8 @@ def make_gemma4(variant: str, directory: Path, *, seed: int = 0, chat_template: 
     vocab_size = len(gemma4_vocab()[0])
     cfg = hf_text_config(variant, vocab_size)
     torch.manual_seed(seed)
-    hf = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    extra = {"experts_implementation": "eager"} if cfg.enable_moe_block else {}  # grouped_mm takes no float64
+    hf = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64, **extra)
     randomize(hf, seed + 1)
     if bigram:
         with torch.no_grad():
@@ -298,8 +336,8 @@ def make_gemma4(variant: str, directory: Path, *, seed: int = 0, chat_template: 
                 if name.endswith(("o_proj.weight", "down_proj.weight", "per_layer_projection.weight")):
                     p.zero_()
     hf = hf.double().eval()
-    path = Path(directory) / f"tiny-gemma4-{variant}-{seed}{'-bigram' if bigram else ''}.gguf"
-    write_gemma4_gguf(path, cfg, gguf_tensors(hf.state_dict()), chat_template)
+    path = Path(directory) / f"tiny-gemma4-{variant}-{seed}{'-bigram' if bigram else ''}{'' if expert_type == 'F32' else '-' + expert_type}.gguf"
+    write_gemma4_gguf(path, cfg, gguf_tensors(hf.state_dict()), chat_template, expert_type)
     return Gemma4Pair(variant, hf, path, vocab_size, cfg)
 
 

@@ -35,6 +35,10 @@ class MoEConfig:
     n_ff_expert: int
     normalize_weights: bool = True  # renormalise the top-k probabilities (qwen3moe: always, as llama.cpp does)
     weights_scale: float = 1.0  # multiplies the routing weights after the renormalisation
+    # gemma4 (26B-A4B): the experts run beside a dense FFN, each branch between its own pre and post norms,
+    # and the two outputs are summed; the router reads a weightless RMSNorm of the block's residual stream
+    # times a learned per-channel scale, and each chosen expert's weight is multiplied by its learned scale.
+    dense_branch: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ class ModelConfig:
     post_norms: bool = False  # gemma: norms after attention and after the FFN, before the residual add
     embed_scale: float | None = None  # gemma: multiply embeddings by sqrt(n_embd)
     activation: str = "silu"  # 'silu' (SwiGLU) | 'gelu_tanh' (GeGLU)
-    moe: MoEConfig | None = None  # every layer's FFN is this sparse MoE instead of the dense n_ff one
+    moe: MoEConfig | None = None  # every layer's FFN is this sparse MoE (instead of, or beside, the dense one)
     # Per-layer geometry and KV sharing (gemma4). Empty tuples: every layer uses the uniform fields above.
     layer_head_dim: tuple[int, ...] = ()  # per layer: head size of q, k and v
     layer_n_head_kv: tuple[int, ...] = ()  # per layer: K/V heads

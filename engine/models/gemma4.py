@@ -1,5 +1,5 @@
-"""gemma4 (dense text models: E2B/E4B-style with per-layer embeddings and KV sharing, 31B-style; the
-26B-A4B mixture of experts is refused).
+"""gemma4 (text models: E2B/E4B-style with per-layer embeddings and KV sharing, 31B-style, and the 26B-A4B
+mixture of experts).
 
 What differs from gemma3, as llama.cpp's converter writes the GGUF and its gemma4 graph reads it
 (transformers' ``Gemma4TextModel`` is the same computation):
@@ -17,7 +17,11 @@ What differs from gemma3, as llama.cpp's converter writes the GGUF and its gemma
 * ``feed_forward_length`` may be per layer (the FFN width is taken from the weights);
 * E models add a per-layer embedding input (``embedding_length_per_layer_input``) to every block, and
   every block's output is multiplied by its ``layer_output_scale``;
-* final logit soft-capping when the metadata has it.
+* final logit soft-capping when the metadata has it;
+* the 26B-A4B (``expert_count`` > 0) runs a sparse MoE beside every layer's dense FFN
+  (``MoEConfig.dense_branch``, built by ``engine.models.gemma4_moe``): ``expert_used_count`` of
+  ``expert_count`` GeGLU experts of width ``expert_feed_forward_length``, softmax top-k renormalised
+  (transformers' router always renormalises), scaled per expert.
 """
 
 from __future__ import annotations
@@ -28,9 +32,11 @@ from dataclasses import replace
 from engine.gguf import GGUFFile
 from engine.models.config import (
     ModelConfig,
+    MoEConfig,
     UnsupportedModelError,
     WeightLayout,
     base_config,
+    moe_config,
     per_layer_ints,
 )
 
@@ -68,9 +74,6 @@ def kv_sources(flags: tuple[bool, ...], n_shared: int, path: str) -> tuple[int, 
 
 def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
     path = f.path
-    if int(f.arch_key("expert_count", 0) or 0) > 0 or "blk.0.ffn_gate_inp.weight" in f.tensors:
-        # Running it without its expert FFNs would give wrong output, not an error: refuse.
-        raise UnsupportedModelError(f"{path}: gemma4 mixture-of-experts models (26B-A4B) are not supported yet")
     cfg = attention_config(f, base_config(f, layout, per_layer_arrays=True))
     n_head_kv = per_layer_ints(f.arch_key("attention.head_count_kv", cfg.n_head), cfg.n_layer,
                                "attention.head_count_kv", path)
@@ -81,7 +84,16 @@ def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
         layer_n_head_kv=n_head_kv,
         kv_source=kv_sources(flags, shared, path),
         per_layer_input=int(f.arch_key("embedding_length_per_layer_input", 0) or 0),
+        moe=moe(f),
     )
+
+
+def moe(f: GGUFFile) -> MoEConfig | None:
+    """The 26B-A4B's experts, or None for a dense model. A file with a router tensor but no expert metadata
+    is refused by ``moe_config`` rather than run without its experts (wrong output, not an error)."""
+    if not int(f.arch_key("expert_count", 0) or 0) and "blk.0.ffn_gate_inp.weight" not in f.tensors:
+        return None
+    return replace(moe_config(f, normalize_weights=True), dense_branch=True)
 
 
 def attention_config(f: GGUFFile, cfg: ModelConfig) -> ModelConfig:

@@ -113,12 +113,13 @@ class BlockWeights:
     and so are the FFN's gate and up projections. Optional entries are present iff the config asks for
     them (``qk_norm``, ``post_norms``, ``per_layer_input``) or the file has them (``out_scale``). A block
     whose FFN is not the dense one (a sparse MoE, ``engine.models.moe``) passes it built as ``ffn`` and no
-    ``w13``/``w2``."""
+    ``w13``/``w2``; one whose FFN norms its own input (gemma4's MoE, whose router reads the un-normed
+    residual stream: ``engine.models.gemma4_moe``) passes no ``ffn_norm`` either."""
 
     attn_norm: torch.Tensor
     wqkv: Linear  # rows: q (n_head * head_dim), k, v (n_head_kv * head_dim each); biases if qkv_bias
     wo: Linear
-    ffn_norm: torch.Tensor
+    ffn_norm: torch.Tensor | None  # None: ``ffn`` takes the residual stream itself
     w13: Linear | None  # rows: gate (n_ff), up (n_ff)
     w2: Linear | None
     q_norm: torch.Tensor | None = None
@@ -234,7 +235,9 @@ class Block(nn.Module):
         eps = cfg.rms_eps
         self.attn_norm = RMSNorm(w.attn_norm, eps)
         self.attn = Attention(cfg, layer, w.wqkv, w.wo, w.q_norm, w.k_norm, v_from_k=w.v_from_k)
-        self.ffn_norm = RMSNorm(w.ffn_norm, eps)
+        self.ffn_norm = None if w.ffn_norm is None else RMSNorm(w.ffn_norm, eps)
+        if self.ffn_norm is None and w.ffn is None:
+            raise UnsupportedModelError("a dense FFN needs its norm")
         self.ffn = w.ffn if w.ffn is not None else FeedForward(cfg, _required(w.w13, "FFN weights"),
                                                                 _required(w.w2, "FFN weights"))
         self.post_attn_norm = self.post_ffn_norm = None
@@ -255,7 +258,7 @@ class Block(nn.Module):
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h, ops)
         x = x + h
-        h = self.ffn(self.ffn_norm(x, ops))
+        h = self.ffn(x if self.ffn_norm is None else self.ffn_norm(x, ops))
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h, ops)
         x = x + h

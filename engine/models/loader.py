@@ -16,11 +16,13 @@ import os
 import re
 
 import torch
+from torch import nn
 
 from engine.gguf import GGUFFile
 from engine.models import gemma4_assistant, get_arch
 from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
+from engine.models.gemma4_moe import Gemma4MoE
 from engine.models.layers import Block, BlockWeights, FeedForward
 from engine.models.moe import Router, SparseMoE
 from engine.models.nextn import NextNHead, NextNWeights
@@ -94,7 +96,7 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
         wo=linear("attn_output"),
         q_norm=norm("attn_q_norm") if cfg.qk_norm else None,
         k_norm=norm("attn_k_norm") if cfg.qk_norm and owns_kv else None,
-        ffn_norm=norm("ffn_norm"),
+        ffn_norm=None if cfg.moe is not None and cfg.moe.dense_branch else norm("ffn_norm"),
         w13=None if moe else load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
         w2=None if moe else linear("ffn_down"),
         post_attn_norm=norm("post_attention_norm") if cfg.post_norms else None,
@@ -108,30 +110,64 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
     )
 
 
-def load_moe(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> SparseMoE:
+def load_moe(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> nn.Module:
+    """Block ``i``'s MoE FFN: the experts alone (qwen3moe), or beside a dense FFN (gemma4's 26B)."""
+    experts = load_experts(f, cfg, i, fmt, device)
+    return load_gemma4_moe(f, cfg, i, experts, fmt, device) if cfg.moe.dense_branch else experts
+
+
+def load_experts(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> SparseMoE:
     """Block ``i``'s sparse MoE FFN in llama.cpp's layout: the router ``ffn_gate_inp`` [n_expert, n_embd]
     (kept f32: routing decides which weights run at all, and it is small) and the experts stacked in
-    ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols]. Expert e is rows [e * rows, (e + 1) * rows) of each,
+    ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols], gate and up either apart or fused in
+    ``ffn_gate_up_exps`` [n_expert, 2 * rows, cols] (gate rows first; gemma4). Expert e is its rows of each,
     loaded in ``fmt`` from its stored type like any other linear (gate and up fused)."""
     p = f"blk.{i}."
     m = cfg.moe
-    for name, want in ((p + "ffn_gate_inp.weight", (m.n_expert, cfg.n_embd)),
-                       (p + "ffn_gate_exps.weight", (m.n_expert, m.n_ff_expert, cfg.n_embd)),
-                       (p + "ffn_up_exps.weight", (m.n_expert, m.n_ff_expert, cfg.n_embd)),
-                       (p + "ffn_down_exps.weight", (m.n_expert, cfg.n_embd, m.n_ff_expert))):
-        info = f.tensors.get(name)
-        if info is None or tuple(info.shape) != want:
-            got = "missing" if info is None else f"shape {tuple(info.shape)}"
-            raise UnsupportedModelError(f"{f.path}: {name} is {got}, expected {want}")
+    F, D = m.n_ff_expert, cfg.n_embd
+    fused = p + "ffn_gate_up_exps.weight" in f.tensors
+    gate_up = [(p + "ffn_gate_up_exps.weight", (m.n_expert, 2 * F, D))] if fused else \
+        [(p + "ffn_gate_exps.weight", (m.n_expert, F, D)), (p + "ffn_up_exps.weight", (m.n_expert, F, D))]
+    for name, want in ((p + "ffn_gate_inp.weight", (m.n_expert, D)), *gate_up,
+                       (p + "ffn_down_exps.weight", (m.n_expert, D, F))):
+        _check_shape(f, name, want)
     router = Router(load_linear(f, p + "ffn_gate_inp.weight", "f32", device=device), m.n_expert_used,
                     normalize=m.normalize_weights, scale=m.weights_scale)
-    F, D = m.n_ff_expert, cfg.n_embd
+    names = [name for name, _ in gate_up]
+    rows = 2 * F if fused else F
     experts = [FeedForward(cfg,
-                           load_linear(f, [p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight"], fmt,
-                                       device=device, rows=(e * F, (e + 1) * F)),
+                           load_linear(f, names, fmt, device=device, rows=(e * rows, (e + 1) * rows)),
                            load_linear(f, p + "ffn_down_exps.weight", fmt, device=device, rows=(e * D, (e + 1) * D)))
                for e in range(m.n_expert)]
     return SparseMoE(router, experts)
+
+
+def load_gemma4_moe(f: GGUFFile, cfg: ModelConfig, i: int, experts: SparseMoE, fmt: str,
+                    device: torch.device) -> Gemma4MoE:
+    """Block ``i``'s experts beside its dense FFN, as llama.cpp's converter names gemma4's tensors: the dense
+    branch ``ffn_{gate,up,down}`` between ``ffn_norm`` and ``post_ffw_norm_1``, the experts between
+    ``pre_ffw_norm_2`` and ``post_ffw_norm_2``, the router's input scale ``ffn_gate_inp.scale`` [n_embd] and
+    the per-expert scale ``ffn_down_exps.scale`` [n_expert]."""
+    p = f"blk.{i}."
+    _check_shape(f, p + "ffn_gate_inp.scale", (cfg.n_embd,))
+    _check_shape(f, p + "ffn_down_exps.scale", (cfg.moe.n_expert,))
+
+    def norm(name: str) -> torch.Tensor:
+        return load_tensor(f, p + name + ".weight")
+
+    dense = FeedForward(cfg, load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
+                        load_linear(f, p + "ffn_down.weight", fmt, device=device))
+    return Gemma4MoE(dense, experts, dense_norm=norm("ffn_norm"), dense_post_norm=norm("post_ffw_norm_1"),
+                     experts_norm=norm("pre_ffw_norm_2"), experts_post_norm=norm("post_ffw_norm_2"),
+                     router_scale=load_tensor(f, p + "ffn_gate_inp.scale"),
+                     expert_scale=load_tensor(f, p + "ffn_down_exps.scale"), eps=cfg.rms_eps)
+
+
+def _check_shape(f: GGUFFile, name: str, want: tuple[int, ...]) -> None:
+    info = f.tensors.get(name)
+    if info is None or tuple(info.shape) != want:
+        got = "missing" if info is None else f"shape {tuple(info.shape)}"
+        raise UnsupportedModelError(f"{f.path}: {name} is {got}, expected {want}")
 
 
 def default_format(f: GGUFFile, device: torch.device, role: str = "target") -> str:

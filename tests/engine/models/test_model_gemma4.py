@@ -151,30 +151,6 @@ def test_layered_cache_shares_and_rolls_back():
         LayeredKVCache([LayerShape(1, 4, 1), LayerShape(1, 4, 1)], 4)  # reads a later layer
 
 
-def test_mixture_of_experts_is_refused(tmp_path):
-    import gguf
-
-    from engine.gguf import GGUFFile
-    from engine.models.config import UnsupportedModelError
-    from engine.models.loader import read_config
-
-    path = tmp_path / "moe.gguf"
-    w = gguf.GGUFWriter(str(path), "gemma4")
-    w.add_block_count(1)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(8)
-    w.add_head_count(1)
-    w.add_expert_count(4)
-    w.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    with GGUFFile(path) as f:
-        with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
-            read_config(f)
-
-
 @pytest.mark.parametrize("fmt,dtype", [("bf16-packed", None), ("int8", None), ("bf16", torch.bfloat16),
                                        ("qdot", None)])
 def test_weight_formats(pair, model, reference, fmt, dtype):
