@@ -8,17 +8,7 @@ from torch import Tensor
 
 from engine.cache.kv import KVCache
 from engine.models.assistant import Gemma4Assistant
-from engine.speculative.drafter import (
-    EMPTY,
-    DraftContext,
-    Drafter,
-    Proposal,
-    TargetOutput,
-    confidence,
-    draw,
-    fit_vocab,
-    stack,
-)
+from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
 
 
 class AssistantDrafter(Drafter):
@@ -68,21 +58,16 @@ class AssistantDrafter(Drafter):
         position = len(self.tokens) - 1
         if k <= 0 or self._h is None or position <= 0 or self.cache.length != position:
             return EMPTY
-        token, h = self.tokens[-1], self._h
-        drafts: list[int] = []
-        qs: list[Tensor | None] = []
-        confs: list[float] = []
-        for _ in range(k):
-            logits, h = self.assistant.step(token, h, self.cache, position)
-            row = fit_vocab(logits, self.vocab_size)
-            conf = confidence(row)
-            if conf < ctx.p_min:
-                break
-            token, q = draw(row, self.tokens + drafts, ctx)
-            drafts.append(token)
-            qs.append(q)
-            confs.append(conf)
-        return Proposal(drafts, stack(qs), confs)
+        # Every step drafts from the fixed last committed position: the assistant's own output state
+        # carries the chain, and nothing is written to any cache.
+        logits, h = self.assistant.step(self.tokens[-1], self._h, self.cache, position)
+
+        def advance(token: int) -> Tensor:
+            nonlocal h
+            next_logits, h = self.assistant.step(token, h, self.cache, position)
+            return next_logits
+
+        return sample_chain(k, ctx, self.tokens, self.vocab_size, logits, advance)
 
     def memory_bytes(self) -> int:
         return self.assistant.weight_bytes()
