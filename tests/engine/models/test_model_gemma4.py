@@ -4,7 +4,6 @@ count on global layers) models written as GGUF in llama.cpp's layout."""
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -15,8 +14,9 @@ from engine.cache.layered import LayeredKVCache, LayerShape  # noqa: E402
 from engine.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from tests import hf_tiny_gemma4  # noqa: E402
+from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import relative_error as _close  # noqa: E402
 
-TOL = 1e-4  # max |Δlogit| relative to the reference's logit scale, as for the other architectures
 SEQ = 40  # the window (8) wraps five times
 
 
@@ -39,12 +39,7 @@ def reference(pair):
 
 
 def _ids(pair, n, seed=1):
-    rng = random.Random(seed)
-    return [rng.randrange(pair.vocab_size) for _ in range(n)]
-
-
-def _close(ours: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((ours.double() - ref).abs().max() / ref.abs().max())
+    return random_ids(pair.vocab_size, n, seed)
 
 
 def test_registered():
@@ -89,20 +84,7 @@ def test_token_by_token(model, reference):
 def test_verification_with_rejection(pair, model, reference):
     """(k+1)-wide forwards whose tail is wrong, truncated away and redone: the rollback is a length."""
     ids, ref = reference
-    rng = random.Random(7)
-    cache = model.new_cache(64)
-    got: dict[int, torch.Tensor] = {}
-    while cache.length < len(ids):
-        start = cache.length
-        keep = rng.randint(1, 5)
-        true = ids[start:start + keep]
-        chunk = true + [rng.randrange(pair.vocab_size) for _ in range(5 - len(true))]
-        logits = model(chunk, cache)
-        for j in range(len(true)):
-            got[start + j] = logits[j]
-        cache.truncate(start + len(true))
-        assert cache.tokens == ids[:cache.length]
-    assert _close(torch.stack([got[i] for i in range(len(ids))]), ref) < TOL
+    assert _close(verify_with_rollback(model, ids, pair.vocab_size), ref) < TOL
 
 
 def test_prefix_reuse(pair, model):
