@@ -5,8 +5,9 @@ Gemma 4's layers are not all alike, so one set of numbers (``ModelParams``) cann
 global layers have their own head size and K/V head count (transformers keeps the global ones in
 ``per_layer_config``, or derives them from ``global_head_dim`` / ``num_global_key_value_heads`` when a config
 predates it), global layers of a K = V model have no ``v_proj``, the last ``num_kv_shared_layers`` layers
-have no K/V projections of their own and, with ``use_double_wide_mlp``, a doubled FFN. This module resolves
-all of that the way transformers' ``Gemma4TextConfig`` does, so the converter only checks tensors against it.
+have no K/V projections of their own and, with ``use_double_wide_mlp``, a doubled FFN; with ``enable_moe_block``
+(the 26B-A4B) every layer also runs a sparse mixture of experts beside its dense FFN. This module resolves all of
+that the way transformers' ``Gemma4TextConfig`` does, so the converter only checks tensors against it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ class Gemma4Layout:
     n_embd_per_layer: int  # per-layer embedding width (E models), 0 = none
     vocab_per_layer: int
     embd_out: int = 0  # assistant: the target's width it reads and writes (backbone_hidden_size); 0 = a model
+    # the 26B-A4B's experts beside every layer's dense FFN (enable_moe_block); 0 experts = a dense model
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_expert: int = 0
 
 
 def _fail(role: str, message: str) -> CreateError:
@@ -51,15 +56,31 @@ def _fail(role: str, message: str) -> CreateError:
 
 
 def refuse_unsupported(cfg: Mapping[str, Any], role: str) -> None:
-    """What tandem's gemma4 model does not run: mixture-of-experts layers (the 26B), bidirectional attention,
-    attention biases."""
-    if cfg.get("enable_moe_block") or cfg.get("num_experts"):
-        raise _fail(role, "gemma4 mixture-of-experts checkpoints (enable_moe_block / num_experts, the 26B-A4B) "
-                          "cannot be imported from safetensors yet; import a dense gemma4 or a GGUF")
+    """What tandem's gemma4 model does not run: bidirectional attention, attention biases."""
     if cfg.get("use_bidirectional_attention"):
         raise _fail(role, "gemma4 with use_bidirectional_attention is not supported")
     if cfg.get("attention_bias"):
         raise _fail(role, "gemma4 with attention_bias is not supported")
+
+
+def _positive(cfg: Mapping[str, Any], key: str, role: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise _fail(role, f"config.json: {key} must be a positive integer with enable_moe_block (got {v!r})")
+    return v
+
+
+def _experts(cfg: Mapping[str, Any], role: str, assistant: bool) -> tuple[int, int, int]:
+    """(experts, experts per token, one expert's FFN width), all 0 for a dense model. As in transformers, only
+    ``enable_moe_block`` builds the experts: ``num_experts`` alone leaves the model dense."""
+    if not cfg.get("enable_moe_block"):
+        return 0, 0, 0
+    if assistant:
+        raise _fail(role, "a Gemma 4 assistant with mixture-of-experts layers (enable_moe_block) is not supported")
+    n_expert, n_used = _positive(cfg, "num_experts", role), _positive(cfg, "top_k_experts", role)
+    if n_used > n_expert:
+        raise _fail(role, f"config.json: top_k_experts {n_used} with {n_expert} experts")
+    return n_expert, n_used, _positive(cfg, "moe_intermediate_size", role)
 
 
 def _rope(cfg: Mapping[str, Any], layer_type: str, role: str) -> tuple[float, float, float]:
@@ -134,8 +155,10 @@ def read_layout(cfg: Mapping[str, Any], n_layer: int, role: str, embd_out: int =
     head_swa = dims.get(SLIDING, dims.get(FULL)).copy().pop()
     softcap = cfg.get("final_logit_softcapping")
     ple = int(cfg.get("hidden_size_per_layer_input") or 0)
+    n_expert, n_used, ff_expert = _experts(cfg, role, assistant=embd_out > 0)
     return Gemma4Layout(
         layers=tuple(layers), sliding_window=int(cfg.get("sliding_window") or 512), n_kv_shared=shared,
         rope_base=theta_full, rope_base_swa=theta, head_dim_full=head_full, head_dim_swa=head_swa,
         rotary_fraction=fraction, rope_factor=factor, final_softcap=float(softcap) if softcap else None, n_embd_per_layer=ple,
-        vocab_per_layer=int(cfg.get("vocab_size_per_layer_input") or 0) if ple else 0, embd_out=embd_out)
+        vocab_per_layer=int(cfg.get("vocab_size_per_layer_input") or 0) if ple else 0, embd_out=embd_out,
+        n_expert=n_expert, n_expert_used=n_used, n_ff_expert=ff_expert)

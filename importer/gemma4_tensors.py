@@ -8,6 +8,13 @@ embedding tensors of the E models (``per_layer_token_embd``, ``per_layer_model_p
 the sliding pattern as one bool per layer; and a ``rope_freqs`` tensor that turns the global layers' RoPE into
 transformers' "proportional" one (factor 1 for the rotated frequencies, 1e30, i.e. no rotation, for the rest).
 
+The 26B-A4B's experts (``enable_moe_block``) keep transformers' stacked layout, which is llama.cpp's: the fused
+``experts.gate_up_proj`` [n_expert, 2 * n_ff_expert, n_embd] (gate rows first) as ``ffn_gate_up_exps``,
+``experts.down_proj`` as ``ffn_down_exps``, the router ``router.proj`` as ``ffn_gate_inp`` with its input scale
+``router.scale`` as ``ffn_gate_inp.scale`` and the per-expert scale ``router.per_expert_scale`` as
+``ffn_down_exps.scale`` (both stored as they are: the engine folds in the router's 1/sqrt(n_embd)), the branch
+norms as ``pre_ffw_norm_2`` / ``post_ffw_norm_1`` / ``post_ffw_norm_2``, and ``expert_*`` metadata.
+
 This module maps names and shapes and writes metadata only; reading, checking order and writing tensors are
 the generic converter's (``hf_to_gguf``).
 """
@@ -28,6 +35,14 @@ _LAYER = {
     "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
     "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
     "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
+    "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
+    "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
+}
+# layer tensors whose transformers name has no ``.weight`` suffix
+_LAYER_EXACT = {
+    "layer_scalar": "layer_output_scale.weight", "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight", "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
 }
 _GLOBAL = {
     "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
@@ -52,8 +67,8 @@ def gguf_name(name: str) -> str | None:
     if not m:
         return None
     idx, sub = m.groups()
-    if sub == "layer_scalar":
-        return f"blk.{idx}.layer_output_scale.weight"
+    if sub in _LAYER_EXACT:
+        return f"blk.{idx}.{_LAYER_EXACT[sub]}"
     stem, _, kind = sub.rpartition(".")
     if stem not in _LAYER or kind != "weight":
         return None
@@ -95,7 +110,17 @@ def expected_shapes(lay: Gemma4Layout, n_embd: int, n_head: int, vocab: int, n_l
                 out[b + "attn_v.weight"] = (kv, D)
         if P:
             out.update({b + "inp_gate.weight": (P, D), b + "proj.weight": (D, P), b + "post_norm.weight": (D,)})
+        if lay.n_expert:
+            out.update(_expert_shapes(lay, b, D))
     return out
+
+
+def _expert_shapes(lay: Gemma4Layout, b: str, D: int) -> dict[str, tuple]:
+    """One layer's experts, router and branch norms (the 26B-A4B), with their shapes."""
+    E, F = lay.n_expert, lay.n_ff_expert
+    return {b + "ffn_gate_up_exps.weight": (E, 2 * F, D), b + "ffn_down_exps.weight": (E, D, F),
+            b + "ffn_gate_inp.weight": (E, D), b + "ffn_gate_inp.scale": (D,), b + "ffn_down_exps.scale": (E,),
+            b + "pre_ffw_norm_2.weight": (D,), b + "post_ffw_norm_1.weight": (D,), b + "post_ffw_norm_2.weight": (D,)}
 
 
 def required(lay: Gemma4Layout, tied: bool) -> list[str]:
@@ -113,6 +138,8 @@ def required(lay: Gemma4Layout, tied: bool) -> list[str]:
                                   "layer_output_scale.weight")]
         if not layer.kv_shared:
             names += [b + "attn_k.weight", b + "attn_k_norm.weight"] + ([] if layer.k_eq_v else [b + "attn_v.weight"])
+        if lay.n_expert:
+            names += list(_expert_shapes(lay, b, 0))
     return names
 
 
@@ -158,4 +185,8 @@ def write_params(w: gguf.GGUFWriter, lay: Gemma4Layout, *, context: int, n_embd:
         w.add_embedding_length_per_layer_input(lay.n_embd_per_layer)
     if lay.final_softcap:
         w.add_final_logit_softcapping(lay.final_softcap)
+    if lay.n_expert:  # transformers' router always renormalises its top k: the engine's gemma4 default
+        w.add_expert_count(lay.n_expert)
+        w.add_expert_used_count(lay.n_expert_used)
+        w.add_expert_feed_forward_length(lay.n_ff_expert)
     w.add_vocab_size(vocab)

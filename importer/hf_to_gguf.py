@@ -15,7 +15,8 @@ What llama.cpp's convert_hf_to_gguf.py does for these architectures, in the engi
   into one 3-D ``ffn_{gate,up,down}_exps`` [n_expert, rows, cols]; the router ``ffn_gate_inp`` kept F32
   (llama.cpp's converter never stores it below F32); ``expert_*`` metadata;
 * gemma4 and gemma4-assistant: their own names, per-layer shapes and metadata (``gemma4_tensors``), norms as
-  they are, a generated ``rope_freqs`` for the global layers' proportional RoPE.
+  they are, a generated ``rope_freqs`` for the global layers' proportional RoPE; the 26B-A4B's experts already
+  stacked in the checkpoint (copied as they are), its router ``ffn_gate_inp`` kept F32 as qwen3moe's.
 
 Every tensor is checked against config.json (name, shape, dtype) before the output is opened, and
 the output is written tensor by tensor: at most one tensor of the source is in memory at a time.
@@ -297,7 +298,7 @@ def _plan_gemma4(source: HFSource, p: ModelParams, texts: dict[str, str]) -> Con
         if tuple(entry.shape) != shapes[gname]:
             raise _fail(role, f"tensor {src} has shape {list(entry.shape)}, but config.json implies "
                               f"{list(shapes[gname])}")
-        plans.append(TensorPlan(src, gname, tuple(entry.shape), _out_type(entry.dtype, entry.shape)))
+        plans.append(TensorPlan(src, gname, tuple(entry.shape), _out_type(entry.dtype, entry.shape, gname)))
     have = {t.name for t in plans}
     missing = [n for n in gemma4_tensors.required(lay, p.tied_output) if n not in have]
     if missing:

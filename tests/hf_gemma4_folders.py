@@ -1,5 +1,5 @@
-"""Tiny Gemma 4 Hugging Face folders for the importer: ``Gemma4ForCausalLM`` (the ``e2b`` / ``31b`` variants of
-``tests.hf_tiny_gemma4``), the text model inside a ``Gemma4ForConditionalGeneration``, and a
+"""Tiny Gemma 4 Hugging Face folders for the importer: ``Gemma4ForCausalLM`` (the ``e2b`` / ``31b`` / ``26b``
+variants of ``tests.hf_tiny_gemma4``), the text model inside a ``Gemma4ForConditionalGeneration``, and a
 ``Gemma4AssistantForCausalLM`` for such a target, each saved with ``save_pretrained`` beside a Gemma 4 style
 tokenizer.json (byte-fallback BPE with merges, spaces as ``▁``, newline runs kept apart), and the float64
 reference loaded back from the saved files.
@@ -73,7 +73,8 @@ def make_gemma4_folder(variant: str, directory: Path, *, dtype: str = "F32", sha
     if rope_factor is not None:
         cfg.rope_parameters["full_attention"]["factor"] = rope_factor
     torch.manual_seed(seed)
-    hf = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    extra = {"experts_implementation": "eager"} if cfg.enable_moe_block else {}  # grouped_mm takes no float64
+    hf = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64, **extra)
     g4.randomize(hf, seed + 1)
     if multimodal:
         vision = tf.Gemma4VisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
@@ -84,7 +85,7 @@ def make_gemma4_folder(variant: str, directory: Path, *, dtype: str = "F32", sha
         _save(mm, directory, dtype, shard_size, tokenizer=True)
     else:
         _save(hf, directory, dtype, shard_size, tokenizer=True)
-    ref = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64)
+    ref = tf.Gemma4ForCausalLM._from_config(cfg, attn_implementation="eager", dtype=torch.float64, **extra)
     ref.model.load_state_dict(hf.model.to(_DTYPES[dtype]).double().state_dict())
     return Gemma4Folder(directory, ref.double().eval(), cfg, vocab_size)
 

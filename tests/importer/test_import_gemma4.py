@@ -1,12 +1,14 @@
 """Importing Hugging Face Gemma 4 safetensors folders: ``Gemma4ForCausalLM`` (E2B-like: per-layer embeddings, KV
-sharing, double-wide FFN; 31B-like: K = V global layers with their own K/V head count), the text model of a
-``Gemma4ForConditionalGeneration``, and a ``Gemma4AssistantForCausalLM`` as DRAFT.
+sharing, double-wide FFN; 31B-like: K = V global layers with their own K/V head count; 26B-A4B-like: a mixture of
+experts beside every layer's dense FFN), the text model of a ``Gemma4ForConditionalGeneration``, and a
+``Gemma4AssistantForCausalLM`` as DRAFT.
 
 The GGUF is the one llama.cpp's layout prescribes (the same tensors, shapes and ``gemma4.*`` metadata as
 tests/hf_tiny_gemma4.py writes for the engine's own tests), its logits and tokenizer ids equal transformers' on
 the saved files, the imported assistant drafts the logits of a hand-rolled transformers loop and losslessly,
-``draft_quantize`` stores a quantized assistant that still drafts, and refusals (an assistant for another
-width, a mixture-of-experts gemma4) name the problem and leave the store as it was.
+``draft_quantize`` stores a quantized assistant that still drafts, ``quantize`` stores the 26B-like model's experts
+quantized (its router and scales F32) and it still predicts what transformers does, and refusals (an assistant
+for another width, an inconsistent mixture of experts) name the problem and leave the store as it was.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ pytest.importorskip("transformers")
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_assistant, load_model  # noqa: E402
+from engine.ops.kernels import qdot_status  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
 from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402
 from modelfile import parse  # noqa: E402
@@ -62,7 +65,9 @@ def _arch_metadata(f: GGUFFile) -> dict:
 
 
 @pytest.mark.parametrize("variant,dtype,shard,multimodal", [("e2b", "F32", None, False), ("31b", "F32", None, False),
-                                                            ("e2b", "BF16", "60KB", False), ("31b", "F32", None, True)])
+                                                            ("e2b", "BF16", "60KB", False), ("31b", "F32", None, True),
+                                                            ("26b", "F32", None, False), ("26b", "BF16", "60KB", False),
+                                                            ("26b", "F32", None, True)])
 def test_gemma4_import_matches_transformers(store, tmp_path, variant, dtype, shard, multimodal):
     folder = make_gemma4_folder(variant, tmp_path / "hf", dtype=dtype, shard_size=shard, multimodal=multimodal)
     assert shard is None or len(list(folder.path.glob("*.safetensors"))) > 1
@@ -199,17 +204,85 @@ def test_an_assistant_for_another_width_is_refused(store, tmp_path):
     assert store.list_models() == [] and store.list_blobs() == uploaded
 
 
-def test_gemma4_mixture_of_experts_is_refused(store, tmp_path):
+@pytest.mark.parametrize("dtype", ["F32", "BF16"])
+def test_gemma4_moe_tensors_are_stored_as_llama_cpp_does(store, tmp_path, dtype):
+    """The 26B-like model's experts stay stacked as transformers saves them (gate_up fused, gate rows first), in the
+    checkpoint's dtype; the router, its input scale, the per-expert scales and the branch norms are F32. From F32
+    weights every tensor is byte for byte what the engine tests' own converter writes."""
+    folder = make_gemma4_folder("26b", tmp_path / "hf", dtype=dtype)
+    _create(store, tmp_path, "FROM ./hf\n")
+    ref_gguf = g4.write_gemma4_gguf(tmp_path / "ref.gguf", folder.config,
+                                    g4.gguf_tensors(folder.reference.state_dict()))
+    E, F, D = folder.config.num_experts, folder.config.moe_intermediate_size, g4.N_EMBD
+    with GGUFFile(_path(store, "imported")) as f, GGUFFile(ref_gguf) as ref:
+        assert (f.arch_key("expert_count"), f.arch_key("expert_used_count"),
+                f.arch_key("expert_feed_forward_length")) == (E, folder.config.top_k_experts, F)
+        assert f.arch_key("expert_weights_norm") is None  # gemma4's router always renormalises: the default
+        for i in range(folder.config.num_hidden_layers):
+            b = f"blk.{i}."
+            assert f.tensors[b + "ffn_gate_up_exps.weight"].shape == (E, 2 * F, D)
+            assert f.tensors[b + "ffn_down_exps.weight"].shape == (E, D, F)
+            assert f.tensors[b + "ffn_gate_up_exps.weight"].type_name == dtype
+            assert f.tensors[b + "ffn_down_exps.weight"].type_name == dtype
+            for name in ("ffn_gate_inp.weight", "ffn_gate_inp.scale", "ffn_down_exps.scale", "pre_ffw_norm_2.weight",
+                         "post_ffw_norm_1.weight", "post_ffw_norm_2.weight"):
+                assert f.tensors[b + name].type_name == "F32"
+        if dtype == "F32":
+            for name in ref.tensors:
+                assert bytes(f.tensor_data(name)) == bytes(ref.tensor_data(name)), name
+
+
+def test_quantize_stores_the_gemma4_experts_quantized(store, tmp_path):
+    """--quantize q8_0 on an imported 26B-like model: the stacked experts (and the dense weights) are Q8_0, the
+    router, its scale and the per-expert scales stay F32, and the model still predicts what transformers does."""
+    folder = make_gemma4_folder("26b", tmp_path / "hf")
+    files = {p.name: store.add_file(p)[0] for p in (tmp_path / "hf").iterdir()}
+    create_model(store, CreateRequest.from_json({"model": "q", "files": files, "quantize": "q8_0"}))
+    path = _path(store, "q")
+    with GGUFFile(path) as f:
+        assert f.file_type == "Q8_0" and f.arch_key("expert_count") == folder.config.num_experts
+        for name in ("ffn_gate_up_exps.weight", "ffn_down_exps.weight", "ffn_up.weight"):
+            assert f.tensors["blk.0." + name].type_name == "Q8_0"
+        for name in ("ffn_gate_inp.weight", "ffn_gate_inp.scale", "ffn_down_exps.scale", "pre_ffw_norm_2.weight"):
+            assert f.tensors["blk.0." + name].type_name == "F32"
+    m = load_model(path, fmt="qdot" if qdot_status().available else "f32")
+    assert m.config.moe.n_expert == folder.config.num_experts and m.config.moe.dense_branch
+    ids = random_ids(folder.vocab_size, 40)
+    with torch.no_grad():
+        ref = folder.reference(torch.tensor([ids])).logits[0]
+    out = m(torch.tensor(ids), m.new_cache())
+    m.close()
+    assert float((out.argmax(-1) == ref.argmax(-1)).double().mean()) >= 0.9
+
+
+def _drop_per_expert_scale(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    shard = path / "model.safetensors"
+    tensors = load_file(str(shard))
+    del tensors["model.layers.2.router.per_expert_scale"]
+    save_file(tensors, str(shard), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"top_k_experts": 9}, "top_k_experts 9 with 8 experts"),
+    ({"moe_intermediate_size": None}, "moe_intermediate_size must be a positive integer"),
+    ({"moe_intermediate_size": 16}, r"experts\.(gate_up|down)_proj has shape .*, but config\.json implies"),
+    ({"enable_moe_block": False}, "experts.down_proj has no counterpart"),
+    (_drop_per_expert_scale, "lack blk.2.ffn_down_exps.scale"),
+], ids=["top_k", "no_width", "wrong_width", "moe_disabled", "missing_scale"])
+def test_an_inconsistent_gemma4_moe_is_refused(store, tmp_path, edit, message):
     import json
 
-    make_gemma4_folder("31b", tmp_path / "hf")
-    cfg_path = tmp_path / "hf" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg.update(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
-    cfg_path.write_text(json.dumps(cfg))
+    make_gemma4_folder("26b", tmp_path / "hf")
+    if callable(edit):
+        edit(tmp_path / "hf")
+    else:
+        cfg_path = tmp_path / "hf" / "config.json"
+        cfg_path.write_text(json.dumps({**json.loads(cfg_path.read_text()), **edit}))
     req = request_from_modelfile(parse("FROM ./hf\n"), "moe", tmp_path, LocalBlobSink(store))
     uploaded = store.list_blobs()
-    with pytest.raises(CreateError, match="mixture-of-experts"):
+    with pytest.raises(CreateError, match=message):
         create_model(store, req)
     assert store.list_models() == [] and store.list_blobs() == uploaded
 
