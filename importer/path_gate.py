@@ -34,7 +34,10 @@ class PathGate:
 
     def allows(self, path: Path) -> bool:
         """Whether ``path``, symlinks resolved, lies under an allowed directory (it need not exist)."""
-        real = Path(os.path.realpath(path))
+        try:
+            real = Path(os.path.realpath(path))
+        except (ValueError, OSError):  # a NUL byte, a symlink loop: not a path anything may read
+            return False
         return any(real == root or root in real.parents for root in self.roots)
 
     def admit(self, path: Path, role: str, value: str) -> Path:
