@@ -96,3 +96,21 @@ def test_a_failed_create_removes_its_own_blobs_at_once(http: httpx.Client, srv: 
     r = http.post("/api/create", json={"model": "fails3", "files": {"target.gguf": target}, "system": system,
                                        "requires": "bad", "stream": False})
     assert r.status_code == 400 and srv.store.has_blob(_sha(system.encode()))
+
+
+def test_a_failed_local_tandem_create_leaves_no_copy(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tandem create` on the local store (no server answers) copies the user's FROM file in first; when the
+    create then fails, that copy goes at once."""
+    from server.cli import main
+    from tests.server_thread import free_port
+
+    monkeypatch.setenv("TANDEM_HOST", f"127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("TANDEM_MODELS", str(tmp_path / "models"))
+    monkeypatch.chdir(tmp_path)
+    write_tiny_gguf(tmp_path / "own.gguf", TinySpec(arch="qwen2", seed=11))
+    (tmp_path / "Modelfile").write_text("FROM ./own.gguf\nSYSTEM left behind?\nREQUIRES nope\n")
+    assert main(["create", "x", "-f", "Modelfile"]) == 1
+    store = BlobStore(tmp_path / "models")
+    assert store.list_blobs() == [] and _sha((tmp_path / "own.gguf").read_bytes()) not in store.list_blobs()
+    (tmp_path / "Modelfile").write_text("FROM ./own.gguf\n")  # the user's own file is still read, as before
+    assert main(["create", "x", "-f", "Modelfile"]) == 0
