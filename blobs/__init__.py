@@ -31,6 +31,8 @@ from .store import (
     InvalidDigestError,
     ModelEntry,
     ModelNotFoundError,
+    NoSpaceError,
+    NotRegularFileError,
     default_models_root,
     parse_digest,
 )
@@ -47,6 +49,8 @@ __all__ = [
     "DigestMismatchError",
     "CorruptBlobError",
     "ModelNotFoundError",
+    "NoSpaceError",
+    "NotRegularFileError",
     "InvalidDigestError",
     "InvalidManifestError",
     "MEDIA_TYPE_MODEL",

@@ -12,8 +12,11 @@ Crash and concurrency safety rest on three rules:
   * every file is written to a temp name in its final directory, fsynced, then
     os.replace()d into place, so readers see either nothing or complete content;
   * temp blobs are named 'sha256-<hex>-partial-<random>', which can never match the
-    blob pattern, and their writer holds a flock on them, so prune() removes only the
-    leftovers of dead writers;
+    blob pattern, and their writer holds a flock on them for as long as it lives (the
+    kernel drops a flock when the last descriptor closes, so when the writer dies), so
+    remove_dead_partials() - run by prune(), by every new blob write and by the CLI's
+    list and create - removes exactly the leftovers of dead writers, never a file a live
+    writer in any process is still writing;
   * manifest writes take a shared flock on the manifests directory and delete/prune an
     exclusive one, so a manifest is never written referencing a blob that garbage
     collection is removing at the same moment.
@@ -21,11 +24,14 @@ Crash and concurrency safety rest on three rules:
 
 from __future__ import annotations
 
+import contextvars
+import errno
 import hashlib
 import json
 import logging
 import os
 import re
+import stat
 import tempfile
 import threading
 from contextlib import contextmanager
@@ -58,6 +64,8 @@ __all__ = [
     "CorruptBlobError",
     "ModelNotFoundError",
     "InvalidDigestError",
+    "NoSpaceError",
+    "NotRegularFileError",
     "parse_digest",
     "default_models_root",
 ]
@@ -68,6 +76,9 @@ _MANIFEST_TMP_PREFIX = ".tandem-tmp-"
 _PUBLIC_HOSTS = ("registry.ollama.ai", "ollama.com")
 _V2_HOST = "ollama.com"
 _CHUNK = 1 << 20
+_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+# The sets recording the blobs this thread's writes newly created (see BlobStore.recording_new_blobs).
+_RECORDERS: contextvars.ContextVar[tuple[set[str], ...]] = contextvars.ContextVar("tandem_blob_recorders", default=())
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -97,6 +108,26 @@ class CorruptBlobError(BlobsError):
     def __init__(self, digest: str, actual: str) -> None:
         self.digest, self.actual = digest, actual
         super().__init__(f'blob "{digest}" is corrupt: its content hashes to "{actual}"')
+
+
+class NoSpaceError(BlobsError, OSError):
+    """The disk (or quota) is full. Its text is the one a client sees: no path, no errno number."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.ENOSPC, "no space left on device")
+
+    def __str__(self) -> str:
+        return "no space left on device"
+
+
+class NotRegularFileError(BlobsError, OSError):
+    """add_file was given a FIFO, a device or a directory: reading one could block or never end."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EINVAL, "not a regular file")
+
+    def __str__(self) -> str:
+        return "not a regular file"
 
 
 class ModelNotFoundError(BlobsError, LookupError):
@@ -355,26 +386,96 @@ class BlobStore:
             return expected, size
 
         self.blobs_dir.mkdir(parents=True, exist_ok=True)
+        self.remove_dead_partials()  # the next writer cleans up after a killed one
         prefix = (expected.replace(":", "-") if expected else "sha256") + "-partial-"
-        with _Partial(self.blobs_dir, prefix) as part:
-            for chunk in chunks:
-                h.update(chunk)
-                part.write(chunk)
-                size += len(chunk)
-                if progress:
-                    progress(size)
-            got = "sha256:" + h.hexdigest()
-            if expected is not None and got != expected:
-                raise DigestMismatchError(expected, got)
-            final = self.blob_path(got)
-            if not final.exists():  # an existing blob is left untouched (open readers, mtime)
-                part.commit(final)
+        try:
+            with _Partial(self.blobs_dir, prefix) as part:
+                for chunk in chunks:
+                    h.update(chunk)
+                    part.write(chunk)
+                    size += len(chunk)
+                    if progress:
+                        progress(size)
+                got = "sha256:" + h.hexdigest()
+                if expected is not None and got != expected:
+                    raise DigestMismatchError(expected, got)
+                final = self.blob_path(got)
+                if not final.exists():  # an existing blob is left untouched (open readers, mtime)
+                    part.commit(final)
+                    for recorder in _RECORDERS.get():
+                        recorder.add(got)
+        except OSError as e:
+            # The partial file is gone (the with block aborted it); the caller learns why in plain words.
+            if e.errno in _NO_SPACE and not isinstance(e, BlobsError):
+                raise NoSpaceError() from None
+            raise
         return got, size
 
     def add_file(self, path: str | os.PathLike[str], *, progress: Callable[[int], None] | None = None) -> tuple[str, int]:
-        """Copy a local file into the store. Never a hard link: the user may edit the source later."""
-        with open(path, "rb") as f:
+        """Copy a local file into the store. Never a hard link: the user may edit the source later.
+
+        Only a regular file is read (NotRegularFileError otherwise): opened non-blocking and checked on the
+        open descriptor, so a FIFO cannot block and /dev/zero cannot fill the disk, even if the path was
+        swapped after a caller's own check."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise NotRegularFileError()
+            os.set_blocking(fd, True)
+            f = open(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
             return self.write_blob(f, progress=progress)
+
+    @contextmanager
+    def recording_new_blobs(self) -> Iterator[set[str]]:
+        """Collect the digests of the blobs this thread's writes create (not those that already existed),
+        so that a failed create can remove exactly what it added (discard_unreferenced). Nests."""
+        written: set[str] = set()
+        token = _RECORDERS.set(_RECORDERS.get() + (written,))
+        try:
+            yield written
+        finally:
+            _RECORDERS.reset(token)
+
+    def discard_unreferenced(self, digests: Iterable[str]) -> list[str]:
+        """Remove those of ``digests`` no manifest references (a failed create's own blobs), at once."""
+        digests = list(digests)
+        if not digests:
+            return []
+        with self._lock(exclusive=True):
+            return self._remove_unreferenced(digests)
+
+    def remove_dead_partials(self) -> list[str]:
+        """Remove the partial blob files of dead writers; return their names.
+
+        The rule: a partial file is removed only when its flock can be taken, i.e. no process holds it, i.e.
+        its writer has exited (the kernel releases a flock with the writer's last descriptor). A live
+        writer in this or any other process keeps its file. Without flock (Windows) nothing is removed here,
+        since liveness cannot be told; prune() at serve start still runs."""
+        if fcntl is None:  # pragma: no cover - Windows
+            return []
+        removed = self._remove_partials()
+        if removed:
+            log.info("removed %d partial blob file(s) of dead writers", len(removed))
+        return removed
+
+    def _remove_partials(self) -> list[str]:
+        removed: list[str] = []
+        try:
+            with os.scandir(self.blobs_dir) as it:
+                entries = [e for e in it if e.name.startswith("sha256-") and not _BLOB_NAME_RE.fullmatch(e.name)]
+        except OSError:  # no blobs directory yet, or not ours to read
+            return removed
+        for e in entries:
+            try:
+                if e.is_file(follow_symlinks=False) and _remove_if_abandoned(Path(e.path)):
+                    removed.append(e.name)
+            except OSError:
+                continue
+        return removed
 
     def add_json_blob(self, obj: Any, *, sort_keys: bool = False, newline: bool = False) -> tuple[str, int]:
         """Store ``obj`` encoded as Go's json.Marshal would (see manifest.marshal_json)."""
@@ -732,14 +833,7 @@ class BlobStore:
         """
         with self._lock(exclusive=True):
             removed_tmp: list[str] = []
-            try:
-                with os.scandir(self.blobs_dir) as it:
-                    entries = [e for e in it if e.name.startswith("sha256-") and not _BLOB_NAME_RE.fullmatch(e.name)]
-            except FileNotFoundError:
-                entries = []
-            for e in entries:
-                if e.is_file(follow_symlinks=False) and _remove_if_abandoned(Path(e.path)):
-                    removed_tmp.append(e.name)
+            removed_tmp += self._remove_partials()  # at serve start even without flock: no writer yet
             for base in (self.manifests_dir, self.manifests_v2_dir):
                 removed_tmp += self._prune_manifest_tree(base)
             return self._remove_unreferenced(None) + sorted(removed_tmp)

@@ -2,8 +2,9 @@
 
 The order follows Ollama's CreateHandler: resolve the base (FROM model name or uploaded files), add
 the draft, then the text layers, then the config blob, then the manifest. Nothing becomes visible
-until the manifest is written, and the manifest is written atomically, so a failed create leaves at
-most unreferenced blobs (which `prune` removes) and never a half-built model.
+until the manifest is written, and the manifest is written atomically, so a failed create never leaves a
+half-built model; the blobs it wrote itself (converted, quantized, text and config layers) are removed as it
+fails, unless some manifest references them. Blobs that existed before (a client's uploads) are kept.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import hashlib
 import json
 import os
 import re
+import logging
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from blobs import (
     MEDIA_TYPE_ADAPTER,
@@ -48,6 +51,7 @@ from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_pro
 
 _SEMVER_RE = re.compile(r"^v?(\d+)(\.\d+)?(\.\d+)?(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 _GGUF_MAGIC = b"GGUF"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,38 @@ class _Weights:
     summary: GGUFSummary
 
 
+@contextmanager
+def discarding_new_blobs_on_error(store: BlobStore) -> Iterator[set[str]]:
+    """Record the blobs written in this block (by this thread); if it raises, remove those that no manifest
+    references, at once rather than at the next `serve`. Yields the recorded digests, so a caller whose create
+    continues elsewhere can discard them when that part fails (`store.discard_unreferenced`)."""
+    with store.recording_new_blobs() as written:
+        try:
+            yield written
+        except BaseException:
+            discard_quietly(store, written)
+            raise
+
+
+def discard_quietly(store: BlobStore, digests: set[str]) -> None:
+    """store.discard_unreferenced, logged rather than raised: cleaning up must not hide the create's own error."""
+    try:
+        removed = store.discard_unreferenced(digests)
+    except Exception as e:  # noqa: BLE001 - the original failure is what the caller reports
+        log.warning("could not remove the blobs of a failed create: %s", e)
+        return
+    if removed:
+        log.info("removed %d blob(s) of a failed create", len(removed))
+
+
 def create_model(store: BlobStore, req: CreateRequest, progress: Progress = no_progress) -> ModelName:
-    """Build ``req.model`` in ``store``; returns the stored name. Raises CreateError on bad input."""
+    """Build ``req.model`` in ``store``; returns the stored name. Raises CreateError on bad input; the blobs
+    a failed create wrote are gone when it raises."""
+    with discarding_new_blobs_on_error(store):
+        return _create_model(store, req, progress)
+
+
+def _create_model(store: BlobStore, req: CreateRequest, progress: Progress) -> ModelName:
     try:
         name = ModelName.parse(req.model)
     except InvalidNameError:

@@ -10,6 +10,10 @@ downloaded through huggingface_hub (`importer.hf_source`, with pull's progress e
 the sink like a local file. `DRAFT hf.co/...` always resolves on Hugging Face (a DRAFT never names a
 stored model). Everything is checked and downloaded before the first file reaches the sink, so a
 failing Modelfile leaves the store untouched.
+
+On a server (`/api/create`'s old form) a `PathGate` holds every FROM/DRAFT/ADAPTER path to the operator's
+allow-list: outside it a path is not even looked at (so a name that is not a path hint stays a model name), and
+what may not be read is refused with one message, whatever the reason.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ from typing import Protocol
 
 from modelfile import Command, ParamError, format_params
 
+from blobs import NotRegularFileError
+
 from . import hf_source
+from .path_gate import PathGate
 from .request import CreateError, CreateRequest, Progress, no_progress
 
 _PATH_HINT = re.compile(r"^(\.{1,2}/|/|~)|\.(gguf|safetensors)$", re.IGNORECASE)
@@ -59,6 +66,27 @@ def _collect_files(path: Path, role: str) -> list[Path]:
     return [path]
 
 
+def _is_local(path: Path, gate: PathGate | None) -> bool:
+    """Whether a Modelfile argument names a local file: it exists (and, on a server, is inside the allow-list,
+    checked first so that nothing outside it is probed)."""
+    if gate is not None and not gate.allows(path):
+        return False
+    return path.exists()
+
+
+def _local_files(path: Path, role: str, value: str, gate: PathGate | None,
+                 real_of: dict[Path, tuple[Path, str, str]]) -> list[Path]:
+    """The files a local FROM/DRAFT/ADAPTER path stands for; through the gate, each checked and resolved
+    (``real_of`` maps a file to the path to read and what to say if it cannot be read)."""
+    if gate is None:
+        return _collect_files(path, role)
+    gate.admit(path, role, value)
+    files = _collect_files(path, role)
+    for f, real in zip(files, gate.admit_files(files, role, value)):
+        real_of[f] = (real, role, value)
+    return files
+
+
 def _stored(sink: BlobSink, name: str) -> bool:
     has_model = getattr(sink, "has_model", None)
     return bool(has_model(name)) if has_model is not None else False
@@ -73,22 +101,41 @@ def _from_hf(value: str, role: str, progress: Progress) -> list[tuple[Path, str 
     return [(path, f.digest) for path, f in fetched]
 
 
+def _upload(sink: BlobSink, p: Path, real_of: dict[Path, tuple[Path, str, str]], gate: PathGate | None) -> str:
+    """Hand one file to the sink; a gated file that changed since it was checked (gone, no longer regular)
+    gets the gate's one refusal too."""
+    if p not in real_of:
+        return sink.upload_file(p)
+    real, role, value = real_of[p]
+    try:
+        return sink.upload_file(real)
+    except (NotRegularFileError, FileNotFoundError, PermissionError, IsADirectoryError):
+        assert gate is not None
+        raise gate.refusal(role, value) from None
+
+
 def request_from_modelfile(commands: list[Command], model: str, base_dir: Path, sink: BlobSink,
-                           warnings: list[str] | None = None, progress: Progress = no_progress) -> CreateRequest:
+                           warnings: list[str] | None = None, progress: Progress = no_progress,
+                           gate: PathGate | None = None) -> CreateRequest:
     """Build the create request for ``model`` from Modelfile ``commands`` (paths relative to ``base_dir``).
-    ``progress`` gets the download progress of Hugging Face sources."""
+    ``progress`` gets the download progress of Hugging Face sources; ``gate``, on a server, limits which
+    local paths may be read."""
     req = CreateRequest(model=model)
     from_paths: list[Path] = []
     raw_params: dict[str, list[str]] = {}
     # (files map to fill, [(local path, expected digest or None)]): uploaded once everything checked out.
     uploads: list[tuple[dict[str, str], list[tuple[Path, str | None]]]] = []
+    real_of: dict[Path, tuple[Path, str, str]] = {}
     for cmd in commands:
         if cmd.name == "model":
             path = expand_path(cmd.args, base_dir)
-            if cmd.args and path.exists():
+            if cmd.args and _is_local(path, gate):
+                files = _local_files(path, "FROM", cmd.args, gate, real_of)
                 from_paths.append(path.resolve())
-                uploads.append((req.files, [(p, None) for p in _collect_files(path, "FROM")]))
+                uploads.append((req.files, [(p, None) for p in files]))
             elif _PATH_HINT.search(cmd.args):
+                if gate is not None:
+                    raise gate.refusal("FROM", cmd.args)
                 raise CreateError(f"FROM {cmd.args}: no such file or directory")
             elif hf_source.is_hf_name(cmd.args) and not _stored(sink, cmd.args):
                 files = _from_hf(cmd.args, "FROM", progress)
@@ -98,22 +145,26 @@ def request_from_modelfile(commands: list[Command], model: str, base_dir: Path, 
                 req.from_ = cmd.args
         elif cmd.name == "draft":
             path = expand_path(cmd.args, base_dir)
-            if path.exists():
+            if _is_local(path, gate):
                 if path.resolve() in from_paths:
                     raise CreateError(f"DRAFT must not reference the same local path as FROM: {path}")
-                uploads.append((req.draft_files, [(p, None) for p in _collect_files(path, "DRAFT")]))
+                uploads.append((req.draft_files, [(p, None) for p in _local_files(path, "DRAFT", cmd.args, gate, real_of)]))
             elif hf_source.is_hf_name(cmd.args) and not _PATH_HINT.search(cmd.args):
                 files = _from_hf(cmd.args, "DRAFT", progress)
                 if any(p.resolve() in from_paths for p, _ in files):
                     raise CreateError(f"DRAFT must not reference the same model as FROM: {cmd.args}")
                 uploads.append((req.draft_files, files))
+            elif gate is not None:
+                raise gate.refusal("DRAFT", cmd.args)
             else:
                 raise CreateError(f"stat {path}: no such file or directory")
         elif cmd.name == "adapter":
             path = expand_path(cmd.args, base_dir)
-            if not path.exists():
+            if not _is_local(path, gate):
+                if gate is not None:
+                    raise gate.refusal("ADAPTER", cmd.args)
                 raise CreateError(f"stat {path}: no such file or directory")
-            uploads.append((req.adapters, [(p, None) for p in _collect_files(path, "ADAPTER")]))
+            uploads.append((req.adapters, [(p, None) for p in _local_files(path, "ADAPTER", cmd.args, gate, real_of)]))
         elif cmd.name == "template":
             req.template = cmd.args
         elif cmd.name == "system":
@@ -140,7 +191,7 @@ def request_from_modelfile(commands: list[Command], model: str, base_dir: Path, 
         req.check()  # neither FROM nor files: refused before anything is uploaded
     for files, items in uploads:
         for p, expected in items:
-            digest = sink.upload_file(p)
+            digest = _upload(sink, p, real_of, gate)
             if expected and digest != expected:
                 raise CreateError(f'{p.name}: digest mismatch, expected "{expected}", got "{digest}"')
             files[p.name] = digest

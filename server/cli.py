@@ -22,6 +22,7 @@ from importer import (
     LocalBlobSink,
     ProgressEvent,
     create_model,
+    discarding_new_blobs_on_error,
     request_from_modelfile,
 )
 from modelfile import ParseError, parse
@@ -75,6 +76,7 @@ def _print_progress(out: Callable[[str], None]) -> Callable[[ProgressEvent], Non
 
 
 def cmd_create(args: argparse.Namespace, store: BlobStore) -> None:
+    store.remove_dead_partials()  # a killed earlier create's partial file goes now, not at the next serve
     client = Client()
     try:
         if client.heartbeat():  # a tandem server: build the model there, like `ollama create`
@@ -132,7 +134,7 @@ def create_body(req) -> dict:
     return body
 
 
-def _create_local(args: argparse.Namespace, store: BlobStore) -> None:
+def _build_local(args: argparse.Namespace, store: BlobStore) -> None:
     modelfile_path = Path(args.file) if args.file else Path("Modelfile")
     if not modelfile_path.exists():
         raise CLIError(f"open {modelfile_path}: no such file or directory")
@@ -155,7 +157,14 @@ def _create_local(args: argparse.Namespace, store: BlobStore) -> None:
     create_model(store, req, progress)
 
 
+def _create_local(args: argparse.Namespace, store: BlobStore) -> None:
+    # The user's files copied in by request_from_modelfile go too if the create then fails.
+    with discarding_new_blobs_on_error(store):
+        _build_local(args, store)
+
+
 def cmd_list(args: argparse.Namespace, store: BlobStore) -> None:
+    store.remove_dead_partials()  # partial files of killed writers (only those: see BlobStore)
     entries = sorted(store.list_models(), key=lambda e: e.modified_at, reverse=True)
     rows = [("NAME", "ID", "SIZE", "MODIFIED")]
     for e in entries:

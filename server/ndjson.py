@@ -8,6 +8,7 @@ pull) runs in a thread whose events feed the stream, its failures mapped to Olla
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import threading
 from typing import Any, AsyncIterator, Callable
@@ -113,6 +114,8 @@ def as_api_error(e: BaseException) -> ApiError:
         return ApiError(404, str(e))
     if isinstance(e, (InvalidNameError, InvalidDigestError, DigestMismatchError, ParseError, ParamError)):
         return ApiError(400, str(e))
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return ApiError(500, "no space left on device")  # Ollama's status and Go's text, no path
     if isinstance(e, BlobsError):
         return ApiError(400, str(e))
     if isinstance(e, OSError):

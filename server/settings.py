@@ -12,6 +12,10 @@
 | TANDEM_DEBUG           | OLLAMA_DEBUG            | false                   |
 | TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
+| TANDEM_CREATE_PATHS    | (tandem only)           | (none)                  |
+
+TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Linux, as PATH is) whose files an
+`/api/create` naming local paths may read; by default none, so files reach the server only as uploaded blobs.
 """
 
 from __future__ import annotations
@@ -237,6 +241,12 @@ def allowed_origins(env: Mapping[str, str]) -> list[str]:
     return [o for o in origins if o]
 
 
+def create_paths(env: Mapping[str, str]) -> tuple[Path, ...]:
+    """TANDEM_CREATE_PATHS: `os.pathsep`-separated directories (`~` expanded); empty entries ignored."""
+    s = env_value(env, "TANDEM_CREATE_PATHS")
+    return tuple(Path(p.strip()).expanduser() for p in s.split(os.pathsep) if p.strip())
+
+
 @dataclass
 class Settings:
     host: HostSpec = field(default_factory=lambda: parse_host(None))
@@ -249,6 +259,7 @@ class Settings:
     debug: bool = False
     load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds an engine may take to load; inf = no limit
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
+    create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -278,4 +289,5 @@ class Settings:
             debug=env_bool(env, "TANDEM_DEBUG"),
             load_timeout=load_timeout,
             num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
+            create_paths=create_paths(env),
         )

@@ -23,6 +23,7 @@ from blobs import (
     InvalidNameError,
     ModelName,
     ModelNotFoundError,
+    NoSpaceError,
     parse_digest,
 )
 from blobs.model import StoredModel, load_stored_model
@@ -31,8 +32,11 @@ from importer import (
     CreateError,
     CreateRequest,
     LocalBlobSink,
+    PathGate,
     ProgressEvent,
     create_model,
+    discard_quietly,
+    discarding_new_blobs_on_error,
     hf_source,
     request_from_modelfile,
 )
@@ -61,7 +65,8 @@ router = APIRouter()
 
 def _old_form_request(ctx: ServerContext, body: dict[str, Any]) -> CreateRequest:
     """The pre-2025 create body `{"name","modelfile","path"}`: the Modelfile is parsed here and its
-    files are paths on this machine, relative to `path` (the Modelfile's location) when given."""
+    files are paths on this machine, relative to `path` (the Modelfile's location) when given. Every path,
+    `path` included, is held to TANDEM_CREATE_PATHS (importer.PathGate): by default none may be read."""
     name = body.get("model") or body.get("name")
     if not name or not isinstance(name, str):
         raise ApiError(400, "model is required")
@@ -69,7 +74,8 @@ def _old_form_request(ctx: ServerContext, body: dict[str, Any]) -> CreateRequest
     path = body.get("path") or ""
     if not isinstance(text, str) or not isinstance(path, str):
         raise ApiError(400, "modelfile and path must be strings")
-    base = Path(path).expanduser() if path else Path.cwd()
+    gate = PathGate(ctx.settings.create_paths)
+    base = gate.admit(Path(path).expanduser(), "path", path) if path else Path.cwd()
     if path and base.is_file():
         if not text:
             text = base.read_text(encoding="utf-8", errors="replace")
@@ -81,7 +87,7 @@ def _old_form_request(ctx: ServerContext, body: dict[str, Any]) -> CreateRequest
     except ParseError as e:
         raise ApiError(400, str(e)) from None
     warnings: list[str] = []
-    req = request_from_modelfile(commands, name, base.resolve(), LocalBlobSink(ctx.store), warnings)
+    req = request_from_modelfile(commands, name, base.resolve(), LocalBlobSink(ctx.store), warnings, gate=gate)
     for w in warnings:
         log.warning("create %s: %s", name, w)
     quant = body.get("quantize") or body.get("quantization")
@@ -101,13 +107,22 @@ async def create(request: Request) -> Response:
     if not isinstance(stream, bool):
         raise ApiError(400, f"json: cannot unmarshal {go_json_kind(stream)} into Go struct field CreateRequest.stream of type bool")
     old_form = body.get("modelfile") and not body.get("files") and not body.get("from")
+    uploaded: set[str] = set()  # blobs the old form copied in: removed if the create then fails
+
+    def old_form_request() -> CreateRequest:
+        with discarding_new_blobs_on_error(ctx.store) as written:
+            req = _old_form_request(ctx, body)
+        uploaded.update(written)
+        return req
+
     try:
         if old_form:
-            req = await anyio.to_thread.run_sync(_old_form_request, ctx, body)
+            req = await anyio.to_thread.run_sync(old_form_request)
         else:
             req = CreateRequest.from_json(body)
         ModelName.parse(req.model)
     except (CreateError, InvalidNameError, BlobsError, OSError) as e:
+        await anyio.to_thread.run_sync(discard_quietly, ctx.store, uploaded)
         raise as_api_error(e) from None
 
     def work(progress: Callable[[ProgressEvent], None]) -> None:
@@ -115,7 +130,11 @@ async def create(request: Request) -> Response:
             # `"from": "hf.co/org/repo:tag"` of a model not pulled yet: pulled first, as Ollama does.
             req.files = fetch_into_store(ctx.store, hf_source.parse_hf_name(req.from_), progress)
             req.from_ = None
-        name = create_model(ctx.store, req, progress)
+        try:
+            name = create_model(ctx.store, req, progress)
+        except BaseException:
+            discard_quietly(ctx.store, uploaded)
+            raise
         log.info("created %s", name.display())
 
     return await stream_or_collect(thread_progress(work), stream, merge_last)
@@ -157,6 +176,8 @@ async def post_blob(request: Request, digest: str) -> Response:
         got, size = await anyio.to_thread.run_sync(lambda: ctx.store.write_blob(body_chunks(), expected_digest=canonical))
     except DigestMismatchError as e:
         raise ApiError(400, f'digest mismatch, expected "{digest}", got "{e.got}"') from None
+    except NoSpaceError as e:  # Ollama's 500 with Go's text; the partial file is already gone
+        raise ApiError(500, str(e)) from None
     log.info("stored blob %s (%d bytes)", got, size)
     return Response(status_code=201)
 

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("transformers")
 
 from blobs import BlobStore  # noqa: E402
+from server.settings import Settings  # noqa: E402
 from tests import hf_tiny_gemma4 as g4  # noqa: E402
 from tests.server_thread import SPEC_FIELDS, ServerThread, ndjson  # noqa: E402
 
@@ -27,7 +28,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory):
     target = g4.make_gemma4("e2b", d, chat_template=g4.CHAT_TEMPLATE)
     assistant = g4.make_assistant(target, d)
     wrong = g4.make_assistant(target, d, target_width=96, name="wrong")
-    with ServerThread(BlobStore(d / "models")) as server:
+    # The old create form reads these local paths: the directory is on the operator's allow-list.
+    with ServerThread(BlobStore(d / "models"), Settings(num_thread=1, create_paths=(d,))) as server:
         server.paths = {"target": target.path, "assistant": assistant.path, "wrong": wrong.path}
         server.dir = d
         yield server

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from server.settings import Settings
 from tests.hf_mock import HFMock
 from tests.server_thread import ServerThread, make_store, ndjson, parse_time, write_pair
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
@@ -20,7 +21,8 @@ from tests.tiny_gguf import TinySpec, write_tiny_gguf
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("models")
-    with ServerThread(make_store(d)) as server:
+    # The old create form reads local paths only from the operator's allow-list (TANDEM_CREATE_PATHS).
+    with ServerThread(make_store(d), Settings(num_thread=1, create_paths=(d,))) as server:
         server.dir = d
         yield server
 
@@ -98,7 +100,8 @@ def test_create_old_modelfile_form(http: httpx.Client, srv: ServerThread) -> Non
     assert show["system"] == "old form" and show["speculation"]["draft"] is not None
     r = http.post("/api/create", json={"name": "oldform2", "modelfile": "FROM ./missing.gguf", "path": str(srv.dir),
                                        "stream": False})
-    assert r.status_code == 400 and "no such file or directory" in r.json()["error"]
+    # a missing file reads as every unreadable path does (issue 15: nothing about the path's existence)
+    assert r.status_code == 400 and r.json()["error"].startswith("FROM ./missing.gguf: local paths are not readable")
 
 
 def test_tags_show_copy_delete(http: httpx.Client) -> None:

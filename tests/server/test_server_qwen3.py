@@ -30,7 +30,8 @@ def srv(tmp_path_factory: pytest.TempPathFactory):
         write_tiny_gguf(d / f"{name}-draft.gguf", dataclasses.replace(spec, name=f"{name}-draft"))
         (d / f"{name}.Modelfile").write_text(f"FROM ./{name}.gguf\nDRAFT ./{name}-draft.gguf\n"
                                              "PARAMETER temperature 0\n")
-    with ServerThread(BlobStore(d / "models"), Settings(num_thread=1)) as server:
+    # The old create form reads these local paths: the directory is on the operator's allow-list.
+    with ServerThread(BlobStore(d / "models"), Settings(num_thread=1, create_paths=(d,))) as server:
         server.dir = d
         yield server
 
