@@ -11,6 +11,14 @@ Every blocking EngineClient call runs in a worker thread so the event loop never
 runs in its own thread (`GenerationStream`) that feeds the event loop through a queue; the lock is
 released from that thread's completion, so a client that went away can never leave the engine busy
 while the next request starts writing to its pipe.
+
+The watchdog (``Settings.engine_timeout``): the engine client kills an engine that stays silent past the
+bound while it works (its heartbeat keeps a long prefill alive), which fails that request like a crash;
+an idle engine is pinged before it is reused and replaced when it does not answer; stopping an engine
+is bounded and ends in a kill. So a frozen engine costs one request, never the model.
+
+Shutdown (``drain``): new requests are refused, running streams get a short grace to finish, then end
+with an error the client sees as a final line, before the engines stop.
 """
 
 from __future__ import annotations
@@ -43,6 +51,9 @@ from .settings import Settings
 log = logging.getLogger("tandem.scheduler")
 
 MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+SHUTDOWN_MESSAGE = "server is shutting down"
+STOP_TIMEOUT = 3.0  # seconds an engine gets to exit when asked before it is killed
+PING_TIMEOUT = 5.0  # seconds an idle engine gets to answer the health ping before reuse
 # Go's time.Duration(math.MaxInt64): what Ollama adds to now for a model kept forever.
 _FOREVER_DELTA = timedelta(microseconds=(2**63 - 1) // 1000)
 
@@ -64,15 +75,16 @@ class EngineHandle(Protocol):
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]: ...
     def detokenize(self, ids: list[int]) -> str: ...
     def cancel(self) -> None: ...
+    def health(self, timeout: float = 5.0) -> Any: ...
     def alive(self) -> bool: ...
     def close(self, timeout: float = 5.0) -> None: ...
     def kill(self) -> None: ...
 
 
-def _default_engine_factory() -> EngineHandle:
+def _default_engine_factory(timeout: float) -> EngineHandle:
     from engine.process.client import EngineClient
 
-    return EngineClient()
+    return EngineClient(timeout=None if math.isinf(timeout) else timeout)
 
 
 @dataclass
@@ -143,9 +155,10 @@ class Lease:
 class Scheduler:
     def __init__(self, settings: Settings, engine_factory: Callable[[], EngineHandle] | None = None):
         self.settings = settings
-        self._engine_factory = engine_factory or _default_engine_factory
+        self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
         self._slots: dict[tuple[str, str | None], Slot] = {}
         self._closing = False
+        self._streams: set["GenerationStream"] = set()  # generations running now (ended by drain)
         # Background unloads (keep_alive 0, expiry); kept so they are not garbage-collected mid-flight.
         self._tasks: set[asyncio.Task] = set()
 
@@ -188,9 +201,15 @@ class Scheduler:
         finally:
             slot.waiting -= 1
         try:
+            if self._closing:
+                raise EngineError(SHUTDOWN_MESSAGE, 503)
             slot.cancel_timer()
             spec = self.load_spec(model, options)
             runner = slot.runner
+            if runner is not None and runner.engine.alive() and runner.spec == spec:
+                if not await self._answers(runner):
+                    log.warning("engine of %s (pid %s) did not answer a health ping; starting a new one",
+                                runner.name, runner.engine.pid)
             if runner is not None and (not runner.engine.alive() or runner.spec != spec):
                 why = "engine exited" if not runner.engine.alive() else "load options changed"
                 log.info("reloading %s (%s)", runner.name, why)
@@ -207,6 +226,24 @@ class Scheduler:
         except BaseException:
             slot.lock.release()
             raise
+
+    async def _answers(self, runner: LoadedModel) -> bool:
+        """The watchdog's check before an idle engine is reused: it answers a health ping in time (one that
+        does not is killed, by the client, so it no longer counts as alive)."""
+        if math.isinf(self.settings.engine_timeout):
+            return True
+        timeout = min(PING_TIMEOUT, self.settings.engine_timeout)
+
+        def ping() -> bool:
+            try:
+                runner.engine.health(timeout)
+                return True
+            except EngineError:
+                if runner.engine.alive():
+                    runner.engine.kill()
+                return False
+
+        return await anyio.to_thread.run_sync(ping)
 
     async def _load(self, slot: Slot, model: StoredModel, spec: LoadSpec, keep_alive: float) -> LoadedModel:
         t0 = time.monotonic()
@@ -310,6 +347,21 @@ class Scheduler:
         slot = self._slots.get(model_key(model))
         return slot.runner if slot else None
 
+    async def drain(self, grace: float) -> None:
+        """Begin a shutdown: refuse new requests (503), give running generations ``grace`` seconds to
+        finish, then end the rest with SHUTDOWN_MESSAGE (a final error line for a stream already
+        started) and cancel their engine work."""
+        self._closing = True
+        streams = list(self._streams)
+        if streams:
+            log.info("shutting down: waiting up to %gs for %d running generation(s)", grace, len(streams))
+            waits = [asyncio.ensure_future(s.finished.wait()) for s in streams]
+            _, pending = await asyncio.wait(waits, timeout=grace)
+            for w in pending:
+                w.cancel()
+        for stream in list(self._streams):
+            stream.abort(EngineError(SHUTDOWN_MESSAGE, 503))
+
     async def shutdown(self) -> None:
         self._closing = True
         for slot in self._slots.values():
@@ -326,9 +378,9 @@ class Scheduler:
                 pass
 
 
-def _stop_engine(engine: EngineHandle, timeout: float = 10.0) -> None:
+def _stop_engine(engine: EngineHandle, timeout: float = STOP_TIMEOUT) -> None:
     """Stop an engine process: cancel what it runs, ask it to exit, kill it if it does not within
-    ``timeout`` (a wedged engine holding its pipe must not hang the server's shutdown)."""
+    ``timeout`` (a wedged engine holding its pipe must not hang an unload or the server's shutdown)."""
     try:
         engine.cancel()
     except Exception:
@@ -336,13 +388,13 @@ def _stop_engine(engine: EngineHandle, timeout: float = 10.0) -> None:
 
     def close() -> None:
         try:
-            engine.close()
+            engine.close(timeout)
         except Exception:
             pass
 
     closer = threading.Thread(target=close, name="tandem-engine-close", daemon=True)
     closer.start()
-    closer.join(timeout)
+    closer.join(timeout + 1)
     if closer.is_alive() or engine.alive():
         try:
             engine.kill()
@@ -375,6 +427,7 @@ class GenerationStream:
         self._cancelled = threading.Event()
         self._started = False
         self.finished = asyncio.Event()
+        lease._scheduler._streams.add(self)
 
     def start(self) -> None:
         if self._started or self._cancelled.is_set():
@@ -418,6 +471,7 @@ class GenerationStream:
                 pass
 
     def _done(self) -> None:
+        self.lease._scheduler._streams.discard(self)
         self.lease.release()
         self.finished.set()
 
@@ -427,6 +481,7 @@ class GenerationStream:
             return
         self._cancelled.set()
         if not self._started:
+            self.lease._scheduler._streams.discard(self)
             self.lease.release()
             self.finished.set()
             self._queue.put_nowait(_END)  # a consumer still iterating ends at once
@@ -436,7 +491,15 @@ class GenerationStream:
         except Exception:
             pass
 
+    def abort(self, error: BaseException) -> None:
+        """End the stream with ``error`` for its consumer (after the items already queued) and stop the
+        engine's work (the server is shutting down)."""
+        self._queue.put_nowait(error)
+        self.cancel()
+
     async def __aiter__(self) -> AsyncIterator[TokenChunk | GenerateResult]:
+        if self.lease._scheduler._closing and not self._started:
+            self.abort(EngineError(SHUTDOWN_MESSAGE, 503))
         self.start()
         while True:
             item = await self._queue.get()

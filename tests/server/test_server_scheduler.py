@@ -104,6 +104,9 @@ class FakeEngine:
     def alive(self) -> bool:
         return self._alive
 
+    def health(self, timeout: float = 5.0) -> dict:
+        return {"loaded": True, "pid": self.pid}
+
     def close(self, timeout: float = 5.0) -> None:
         self.closed = True
         self._alive = False

@@ -1,0 +1,96 @@
+"""The watchdog against a real server and real engine processes: an engine frozen with SIGSTOP (mid-stream
+or idle) costs at most the request it was serving; the model is served again from a fresh engine, an unload
+does not wait on the frozen one, and /api/ps stops listing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.scheduler import STOP_TIMEOUT
+from server.settings import Settings
+from tests.server_thread import ServerThread, make_store
+
+TIMEOUT = 2.0  # the watchdog's bound in this test (TANDEM_ENGINE_TIMEOUT)
+
+
+def _engine_pid(srv: ServerThread) -> int:
+    (runner,) = srv.scheduler.loaded()
+    return runner.engine.pid
+
+
+def _freeze(pid: int, frozen: list[int]) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    frozen.append(pid)
+
+
+def _wait_ps_empty(c: httpx.Client, within: float) -> None:
+    deadline = time.monotonic() + within
+    while c.get("/api/ps").json()["models"]:
+        assert time.monotonic() < deadline, "/api/ps still lists the frozen engine"
+        time.sleep(0.05)
+
+
+def test_frozen_engine_is_replaced(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    frozen: list[int] = []
+    body = {"model": "tiny", "prompt": "hello", "options": {"num_predict": -1}}
+    try:
+        with ServerThread(store, Settings(num_thread=1, engine_timeout=TIMEOUT)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as c:
+            # 1. Frozen mid-stream: the stream ends with an error line within the bound.
+            with c.stream("POST", "/api/generate", json=body) as r:
+                lines = r.iter_lines()
+                assert json.loads(next(lines))["done"] is False
+                first = _engine_pid(srv)
+                _freeze(first, frozen)
+                t0 = time.monotonic()
+                rest = [json.loads(line) for line in lines if line]
+                elapsed = time.monotonic() - t0
+            assert set(rest[-1]) == {"error"} and "stopped responding" in rest[-1]["error"]
+            assert all(item.get("done") is False for item in rest[:-1])
+            assert elapsed < TIMEOUT + 5
+            _wait_ps_empty(c, 5)
+
+            # 2. The next request is served by a new engine.
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "hello", "stream": False})
+            assert r.status_code == 200 and r.json()["done"] is True
+            second = _engine_pid(srv)
+            assert second != first
+
+            # 3. Frozen while idle: the health ping before reuse fails, a new engine serves the request.
+            _freeze(second, frozen)
+            t0 = time.monotonic()
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "hello", "stream": False})
+            assert r.status_code == 200 and r.json()["done"] is True
+            third = _engine_pid(srv)
+            assert third not in (first, second)
+            assert time.monotonic() - t0 < TIMEOUT + 30  # the ping's bound, then a fresh load
+
+            # 4. keep_alive 0 on a frozen idle engine: bounded, then killed; /api/ps is empty.
+            _freeze(third, frozen)
+            t0 = time.monotonic()
+            r = c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+            assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+            assert time.monotonic() - t0 < STOP_TIMEOUT + 3
+            assert c.get("/api/ps").json()["models"] == []
+    finally:
+        for pid in frozen:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def test_engine_timeout_setting() -> None:
+    assert Settings.from_env({}).engine_timeout == 300
+    assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "90s"}).engine_timeout == 90
+    assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "45"}).engine_timeout == 45
+    assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "0"}).engine_timeout == pytest.approx(float("inf"))
