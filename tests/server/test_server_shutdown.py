@@ -56,3 +56,43 @@ def test_sigterm_ends_streams_with_a_final_line(tmp_path: Path) -> None:
             proc.wait(10)
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def test_drain_ends_ndjson_and_sse_streams_and_refuses_new_requests(tmp_path: Path) -> None:
+    """The drain itself, with a fake engine: after the grace, a native stream ends with the error line and a
+    /v1 stream with an SSE error event; a request arriving meanwhile is a 503."""
+    import asyncio
+
+    from server.settings import Settings
+    from tests.server.test_server_scheduler import FakeEngine
+    from tests.server_thread import ServerThread
+
+    store = make_store(tmp_path)
+    FakeEngine.step = 0.02
+    with ServerThread(store, Settings(), engine_factory=FakeEngine) as srv, httpx.Client(base_url=srv.url,
+                                                                                         timeout=30) as c:
+        with c.stream("POST", "/api/chat", json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}],
+                                                 "options": {"num_predict": 100000}}) as r:
+            lines = r.iter_lines()
+            assert json.loads(next(lines))["done"] is False
+            (stream,) = srv.scheduler._streams
+            drain = asyncio.run_coroutine_threadsafe(srv.scheduler.drain(0.2), stream._loop)
+            rest = [json.loads(line) for line in lines if line]
+        assert rest[-1] == {"error": "server is shutting down"}
+        drain.result(5)
+        r = c.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False})
+        assert (r.status_code, r.json()) == (503, {"error": "server is shutting down"})
+
+    FakeEngine.instances.clear()
+    with ServerThread(store, Settings(), engine_factory=FakeEngine) as srv, httpx.Client(base_url=srv.url,
+                                                                                         timeout=30) as c:
+        with c.stream("POST", "/v1/chat/completions", json={
+                "model": "tiny", "stream": True, "max_tokens": 100000,
+                "messages": [{"role": "user", "content": "hi"}]}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data: {")
+            (stream,) = srv.scheduler._streams
+            asyncio.run_coroutine_threadsafe(srv.scheduler.drain(0.2), stream._loop).result(5)
+            events = [line for line in lines if line.startswith("data: ")]
+        error = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert error["message"] == "server is shutting down"

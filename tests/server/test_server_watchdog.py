@@ -20,6 +20,12 @@ from tests.server_thread import ServerThread, make_store
 TIMEOUT = 2.0  # the watchdog's bound in this test (TANDEM_ENGINE_TIMEOUT)
 
 
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny target/drafter pair for the module (building it is most of a test's time)."""
+    return tmp_path_factory.mktemp("watchdog")
+
+
 def _engine_pid(srv: ServerThread) -> int:
     (runner,) = srv.scheduler.loaded()
     return runner.engine.pid
@@ -37,8 +43,8 @@ def _wait_ps_empty(c: httpx.Client, within: float) -> None:
         time.sleep(0.05)
 
 
-def test_frozen_engine_is_replaced(tmp_path: Path) -> None:
-    store = make_store(tmp_path)
+def test_frozen_engine_is_replaced(pair_dir: Path) -> None:
+    store = make_store(pair_dir)
     frozen: list[int] = []
     body = {"model": "tiny", "prompt": "hello", "options": {"num_predict": -1}}
     try:
@@ -94,3 +100,26 @@ def test_engine_timeout_setting() -> None:
     assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "90s"}).engine_timeout == 90
     assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "45"}).engine_timeout == 45
     assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "0"}).engine_timeout == pytest.approx(float("inf"))
+
+
+def test_long_prefill_is_not_a_freeze(pair_dir: Path) -> None:
+    """A prefill that sends nothing for longer than the bound (a 4096-token prompt, one token per forward)
+    survives: the engine's heartbeat is what tells it apart from a frozen engine."""
+    from engine.options import Options
+    from engine.process.client import EngineClient
+    from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+    from tests.server_thread import write_pair
+
+    target, _ = write_pair(pair_dir)
+    timeout = 0.75
+    client = EngineClient(timeout=timeout)
+    try:
+        client.load(LoadSpec(model_path=str(target), num_ctx=4096, num_thread=1), timeout=120)
+        t0 = time.monotonic()
+        items = list(client.generate(GenerateRequest(prompt="hello world " * 600, options=Options.from_map(
+            {"num_predict": 2, "num_batch": 1, "temperature": 0}))))
+        assert isinstance(items[-1], GenerateResult) and items[-1].prompt_eval_count == 4096
+        assert time.monotonic() - t0 > 2 * timeout  # long enough that silence would have been fatal
+        assert client.alive()
+    finally:
+        client.close()
