@@ -54,6 +54,9 @@ MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests ex
 SHUTDOWN_MESSAGE = "server is shutting down"
 STOP_TIMEOUT = 3.0  # seconds an engine gets to exit when asked before it is killed
 PING_TIMEOUT = 5.0  # seconds an idle engine gets to answer the health ping before reuse
+# An unload waiting for a running request kills the engine once it has been silent this long (it sends a
+# heartbeat every second while it generates), instead of waiting out the whole TANDEM_ENGINE_TIMEOUT.
+UNLOAD_SILENCE = 5.0
 # Go's time.Duration(math.MaxInt64): what Ollama adds to now for a model kept forever.
 _FOREVER_DELTA = timedelta(microseconds=(2**63 - 1) // 1000)
 
@@ -76,6 +79,7 @@ class EngineHandle(Protocol):
     def detokenize(self, ids: list[int]) -> str: ...
     def cancel(self) -> None: ...
     def health(self, timeout: float = 5.0) -> Any: ...
+    def silent_for(self) -> float: ...
     def alive(self) -> bool: ...
     def close(self, timeout: float = 5.0) -> None: ...
     def kill(self) -> None: ...
@@ -329,7 +333,8 @@ class Scheduler:
         slot = self._slots.get(model_key(model))
         if slot is None or slot.runner is None:
             return False
-        async with slot.lock:
+        await self._lock_for_unload(slot)
+        try:
             slot.cancel_timer()
             runner, slot.runner = slot.runner, None
             if runner is None:
@@ -337,6 +342,32 @@ class Scheduler:
             log.info("unloading %s (requested)", runner.name)
             await anyio.to_thread.run_sync(_stop_engine, runner.engine)
             return True
+        finally:
+            slot.lock.release()
+
+    async def _lock_for_unload(self, slot: Slot) -> None:
+        """Take the slot's lock after the running request, as Ollama's unload waits for it; but an
+        engine silent for UNLOAD_SILENCE meanwhile is frozen: kill it (its request fails as the
+        watchdog's would), so an unload never waits on a wedged engine."""
+        # With the watchdog off there is no heartbeat either, so silence proves nothing: just wait.
+        bound = math.inf if math.isinf(self.settings.engine_timeout) else min(UNLOAD_SILENCE,
+                                                                              self.settings.engine_timeout)
+        acquire = asyncio.ensure_future(slot.lock.acquire())
+        try:
+            while True:
+                done, _ = await asyncio.wait({acquire}, timeout=0.25)
+                if done:
+                    return
+                runner = slot.runner
+                if runner is not None and runner.engine.silent_for() > bound and runner.engine.alive():
+                    log.warning("engine of %s (pid %s) silent for %.0fs during an unload; killing it",
+                                runner.name, runner.engine.pid, runner.engine.silent_for())
+                    await anyio.to_thread.run_sync(runner.engine.kill)
+        except BaseException:
+            acquire.cancel()
+            if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
+                slot.lock.release()
+            raise
 
     def loaded(self) -> list[LoadedModel]:
         """Loaded engines that are still alive, longest remaining keep_alive first (as /api/ps sorts)."""

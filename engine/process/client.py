@@ -48,6 +48,7 @@ class EngineClient:
         child_conn.close()
         # Guards the pipe: a health check from another thread must not interleave with a generation.
         self._lock = threading.Lock()
+        self._last_heard = time.monotonic()  # when the engine last sent anything (heartbeats count)
         self.facts: ModelFacts | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -78,12 +79,18 @@ class EngineClient:
                 if timeout is not None and not self._conn.poll(timeout):
                     raise self._unresponsive(timeout)
                 msg = self._conn.recv()
+                self._last_heard = time.monotonic()
                 if msg[0] != "beat":
                     return msg
         except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
             raise self._crashed() from None
 
+    def silent_for(self) -> float:
+        """Seconds a call in progress has waited without hearing from the engine (0 when idle)."""
+        return time.monotonic() - self._last_heard if self._lock.locked() else 0.0
+
     def _send(self, msg: tuple) -> None:
+        self._last_heard = time.monotonic()
         try:
             self._conn.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):

@@ -107,6 +107,9 @@ class FakeEngine:
     def health(self, timeout: float = 5.0) -> dict:
         return {"loaded": True, "pid": self.pid}
 
+    def silent_for(self) -> float:
+        return 0.0
+
     def close(self, timeout: float = 5.0) -> None:
         self.closed = True
         self._alive = False

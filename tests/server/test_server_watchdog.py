@@ -123,3 +123,44 @@ def test_long_prefill_is_not_a_freeze(pair_dir: Path) -> None:
         assert client.alive()
     finally:
         client.close()
+
+
+def test_unload_does_not_wait_on_an_engine_frozen_mid_stream(pair_dir: Path) -> None:
+    """keep_alive 0 while a stream runs on a frozen engine: the unload kills the silent engine after
+    UNLOAD_SILENCE instead of waiting out a long TANDEM_ENGINE_TIMEOUT; the stream ends with an error line."""
+    import threading
+
+    from server.scheduler import UNLOAD_SILENCE
+
+    store = make_store(pair_dir)
+    frozen: list[int] = []
+    try:
+        with ServerThread(store, Settings(num_thread=1, engine_timeout=120)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as c:
+            with c.stream("POST", "/api/generate", json={"model": "tiny", "prompt": "hello",
+                                                         "options": {"num_predict": -1}}) as r:
+                lines = r.iter_lines()
+                assert json.loads(next(lines))["done"] is False
+                _freeze(_engine_pid(srv), frozen)
+                unload: dict = {}
+
+                def ask() -> None:
+                    t0 = time.monotonic()
+                    unload["response"] = c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+                    unload["seconds"] = time.monotonic() - t0
+
+                asker = threading.Thread(target=ask)
+                asker.start()
+                rest = [json.loads(line) for line in lines if line]
+                asker.join(30)
+            assert set(rest[-1]) == {"error"}
+            assert unload["response"].status_code == 200 and unload["response"].json()["done_reason"] == "unload"
+            assert unload["seconds"] < UNLOAD_SILENCE + STOP_TIMEOUT + 3
+            assert c.get("/api/ps").json()["models"] == []
+    finally:
+        for pid in frozen:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
