@@ -14,7 +14,8 @@ while the next request starts writing to its pipe.
 
 The watchdog (``Settings.engine_timeout``): the engine client kills an engine that stays silent past the
 bound while it works (its heartbeat keeps a long prefill alive), which fails that request like a crash;
-an idle engine is pinged before it is reused and replaced when it does not answer; stopping an engine
+an idle engine is pinged before it is reused (and every PING_INTERVAL) and dropped when it does not
+answer; stopping an engine
 is bounded and ends in a kill. So a frozen engine costs one request, never the model.
 
 Shutdown (``drain``): new requests are refused, running streams get a short grace to finish, then end
@@ -54,6 +55,7 @@ MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests ex
 SHUTDOWN_MESSAGE = "server is shutting down"
 STOP_TIMEOUT = 3.0  # seconds an engine gets to exit when asked before it is killed
 PING_TIMEOUT = 5.0  # seconds an idle engine gets to answer the health ping before reuse
+PING_INTERVAL = 30.0  # seconds between health pings of idle engines (a frozen one leaves /api/ps)
 # An unload waiting for a running request kills the engine once it has been silent this long (it sends a
 # heartbeat every second while it generates), instead of waiting out the whole TANDEM_ENGINE_TIMEOUT.
 UNLOAD_SILENCE = 5.0
@@ -163,6 +165,8 @@ class Scheduler:
         self._slots: dict[tuple[str, str | None], Slot] = {}
         self._closing = False
         self._streams: set["GenerationStream"] = set()  # generations running now (ended by drain)
+        self.ping_interval = PING_INTERVAL
+        self._pinger: asyncio.Task | None = None
         # Background unloads (keep_alive 0, expiry); kept so they are not garbage-collected mid-flight.
         self._tasks: set[asyncio.Task] = set()
 
@@ -193,6 +197,7 @@ class Scheduler:
         """Wait for the model's engine (loading or reloading it as needed). Raises QueueFullError when
         too many requests already wait, or the engine's error when it cannot load."""
         started = time.monotonic()
+        self._start_pinger()
         key = model_key(model)
         slot = self._slots.get(key)
         if slot is None:
@@ -248,6 +253,28 @@ class Scheduler:
                 return False
 
         return await anyio.to_thread.run_sync(ping)
+
+    def _start_pinger(self) -> None:
+        if self._pinger is None and not self._closing and not math.isinf(self.settings.engine_timeout):
+            self._pinger = asyncio.get_running_loop().create_task(self._ping_idle())
+
+    async def _ping_idle(self) -> None:
+        """Ping every idle engine each ``ping_interval`` seconds; one that does not answer is killed and
+        dropped, so /api/ps stops listing a frozen engine without waiting for its next request."""
+        while not self._closing:
+            await asyncio.sleep(self.ping_interval)
+            for slot in list(self._slots.values()):
+                runner = slot.runner
+                if runner is None or slot.lock.locked() or slot.waiting or self._closing:
+                    continue
+                async with slot.lock:
+                    if slot.runner is not runner or self._closing or await self._answers(runner):
+                        continue
+                    log.warning("engine of %s (pid %s) did not answer a health ping; unloading it",
+                                runner.name, runner.engine.pid)
+                    slot.cancel_timer()
+                    slot.runner = None
+                    await anyio.to_thread.run_sync(_stop_engine, runner.engine)
 
     async def _load(self, slot: Slot, model: StoredModel, spec: LoadSpec, keep_alive: float) -> LoadedModel:
         t0 = time.monotonic()
@@ -395,6 +422,8 @@ class Scheduler:
 
     async def shutdown(self) -> None:
         self._closing = True
+        if self._pinger is not None:
+            self._pinger.cancel()
         for slot in self._slots.values():
             slot.cancel_timer()
         engines = [s.runner.engine for s in self._slots.values() if s.runner is not None]

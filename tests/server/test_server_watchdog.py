@@ -164,3 +164,33 @@ def test_unload_does_not_wait_on_an_engine_frozen_mid_stream(pair_dir: Path) -> 
                     os.kill(pid, sig)
                 except ProcessLookupError:
                     pass
+
+
+def test_idle_engine_that_misses_the_ping_is_dropped(pair_dir: Path) -> None:
+    """The periodic ping (fake engine): an idle engine that stops answering leaves /api/ps (loaded()) on its
+    own, and the next request loads a new one."""
+    import asyncio
+
+    from blobs.model import load_stored_model
+    from server.scheduler import Scheduler
+    from tests.server.test_server_scheduler import FakeEngine, run_one
+
+    FakeEngine.instances.clear()
+    model = load_stored_model(make_store(pair_dir), "tiny")
+
+    async def main() -> None:
+        s = Scheduler(Settings(), engine_factory=FakeEngine)
+        s.ping_interval = 0.05
+        assert await run_one(s, model) == "t0 t1 t2 "
+        first = FakeEngine.instances[0]
+        assert [r.engine for r in s.loaded()] == [first]
+        first.frozen = True
+        deadline = time.monotonic() + 5
+        while s.loaded():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert await run_one(s, model) == "t0 t1 t2 "
+        assert len(FakeEngine.instances) == 2 and [r.engine for r in s.loaded()] == [FakeEngine.instances[1]]
+        await s.shutdown()
+
+    asyncio.run(main())
