@@ -240,9 +240,8 @@ def cmd_rm(args: argparse.Namespace, store: BlobStore) -> None:
 def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
     import logging
 
-    import uvicorn
-
     from .app import create_app
+    from .serving import serve
     from .settings import Settings
 
     settings = Settings.from_env()
@@ -251,10 +250,10 @@ def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
     app = create_app(settings=settings)
     print(f"tandem listening on {settings.host.bind_host}:{settings.host.port} (models: {settings.models})",
           file=sys.stderr)
-    # A bounded graceful shutdown: streams still open after 5s are cancelled (which cancels their
-    # engine work) instead of holding Ctrl-C hostage until a long generation ends.
-    uvicorn.run(app, host=settings.host.bind_host, port=settings.host.port,
-                log_level="debug" if settings.debug else "info", timeout_graceful_shutdown=5)
+    # A bounded graceful shutdown: running generations get a short grace, then end with a final error
+    # line (server.serving), instead of holding Ctrl-C hostage or being cut mid-stream.
+    serve(app, app.state.ctx.scheduler, settings.host.bind_host, settings.host.port,
+          "debug" if settings.debug else "info")
 
 
 def go_duration(ns: int) -> str:

@@ -83,6 +83,10 @@ class Generation:
             self.lease = await self._acquire()
             try:
                 engine_req = await build(self.lease)
+            except EngineError as e:  # the engine died or froze while the prompt was tokenized
+                self.lease.release()
+                log.error("%s %s: %s", self.endpoint, self.name, e)
+                raise ApiError(e.status, str(e)) from None
             except BaseException:
                 self.lease.release()
                 raise

@@ -11,6 +11,15 @@ Every blocking EngineClient call runs in a worker thread so the event loop never
 runs in its own thread (`GenerationStream`) that feeds the event loop through a queue; the lock is
 released from that thread's completion, so a client that went away can never leave the engine busy
 while the next request starts writing to its pipe.
+
+The watchdog (``Settings.engine_timeout``): the engine client kills an engine that stays silent past the
+bound while it works (its heartbeat keeps a long prefill alive), which fails that request like a crash;
+an idle engine is pinged before it is reused (and every PING_INTERVAL) and dropped when it does not
+answer; stopping an engine
+is bounded and ends in a kill. So a frozen engine costs one request, never the model.
+
+Shutdown (``drain``): new requests are refused, running streams get a short grace to finish, then end
+with an error the client sees as a final line, before the engines stop.
 """
 
 from __future__ import annotations
@@ -43,6 +52,13 @@ from .settings import Settings
 log = logging.getLogger("tandem.scheduler")
 
 MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
+SHUTDOWN_MESSAGE = "server is shutting down"
+STOP_TIMEOUT = 3.0  # seconds an engine gets to exit when asked before it is killed
+PING_TIMEOUT = 5.0  # seconds an idle engine gets to answer the health ping before reuse
+PING_INTERVAL = 30.0  # seconds between health pings of idle engines (a frozen one leaves /api/ps)
+# An unload waiting for a running request kills the engine once it has been silent this long (it sends a
+# heartbeat every second while it generates), instead of waiting out the whole TANDEM_ENGINE_TIMEOUT.
+UNLOAD_SILENCE = 5.0
 # Go's time.Duration(math.MaxInt64): what Ollama adds to now for a model kept forever.
 _FOREVER_DELTA = timedelta(microseconds=(2**63 - 1) // 1000)
 
@@ -64,15 +80,17 @@ class EngineHandle(Protocol):
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]: ...
     def detokenize(self, ids: list[int]) -> str: ...
     def cancel(self) -> None: ...
+    def health(self, timeout: float = 5.0) -> Any: ...
+    def silent_for(self) -> float: ...
     def alive(self) -> bool: ...
     def close(self, timeout: float = 5.0) -> None: ...
     def kill(self) -> None: ...
 
 
-def _default_engine_factory() -> EngineHandle:
+def _default_engine_factory(timeout: float) -> EngineHandle:
     from engine.process.client import EngineClient
 
-    return EngineClient()
+    return EngineClient(timeout=None if math.isinf(timeout) else timeout)
 
 
 @dataclass
@@ -143,9 +161,12 @@ class Lease:
 class Scheduler:
     def __init__(self, settings: Settings, engine_factory: Callable[[], EngineHandle] | None = None):
         self.settings = settings
-        self._engine_factory = engine_factory or _default_engine_factory
+        self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
         self._slots: dict[tuple[str, str | None], Slot] = {}
         self._closing = False
+        self._streams: set["GenerationStream"] = set()  # generations running now (ended by drain)
+        self.ping_interval = PING_INTERVAL
+        self._pinger: asyncio.Task | None = None
         # Background unloads (keep_alive 0, expiry); kept so they are not garbage-collected mid-flight.
         self._tasks: set[asyncio.Task] = set()
 
@@ -176,6 +197,7 @@ class Scheduler:
         """Wait for the model's engine (loading or reloading it as needed). Raises QueueFullError when
         too many requests already wait, or the engine's error when it cannot load."""
         started = time.monotonic()
+        self._start_pinger()
         key = model_key(model)
         slot = self._slots.get(key)
         if slot is None:
@@ -188,9 +210,15 @@ class Scheduler:
         finally:
             slot.waiting -= 1
         try:
+            if self._closing:
+                raise EngineError(SHUTDOWN_MESSAGE, 503)
             slot.cancel_timer()
             spec = self.load_spec(model, options)
             runner = slot.runner
+            if runner is not None and runner.engine.alive() and runner.spec == spec:
+                if not await self._answers(runner):
+                    log.warning("engine of %s (pid %s) did not answer a health ping; starting a new one",
+                                runner.name, runner.engine.pid)
             if runner is not None and (not runner.engine.alive() or runner.spec != spec):
                 why = "engine exited" if not runner.engine.alive() else "load options changed"
                 log.info("reloading %s (%s)", runner.name, why)
@@ -207,6 +235,46 @@ class Scheduler:
         except BaseException:
             slot.lock.release()
             raise
+
+    async def _answers(self, runner: LoadedModel) -> bool:
+        """The watchdog's check before an idle engine is reused: it answers a health ping in time (one that
+        does not is killed, by the client, so it no longer counts as alive)."""
+        if math.isinf(self.settings.engine_timeout):
+            return True
+        timeout = min(PING_TIMEOUT, self.settings.engine_timeout)
+
+        def ping() -> bool:
+            try:
+                runner.engine.health(timeout)
+                return True
+            except EngineError:
+                if runner.engine.alive():
+                    runner.engine.kill()
+                return False
+
+        return await anyio.to_thread.run_sync(ping)
+
+    def _start_pinger(self) -> None:
+        if self._pinger is None and not self._closing and not math.isinf(self.settings.engine_timeout):
+            self._pinger = asyncio.get_running_loop().create_task(self._ping_idle())
+
+    async def _ping_idle(self) -> None:
+        """Ping every idle engine each ``ping_interval`` seconds; one that does not answer is killed and
+        dropped, so /api/ps stops listing a frozen engine without waiting for its next request."""
+        while not self._closing:
+            await asyncio.sleep(self.ping_interval)
+            for slot in list(self._slots.values()):
+                runner = slot.runner
+                if runner is None or slot.lock.locked() or slot.waiting or self._closing:
+                    continue
+                async with slot.lock:
+                    if slot.runner is not runner or self._closing or await self._answers(runner):
+                        continue
+                    log.warning("engine of %s (pid %s) did not answer a health ping; unloading it",
+                                runner.name, runner.engine.pid)
+                    slot.cancel_timer()
+                    slot.runner = None
+                    await anyio.to_thread.run_sync(_stop_engine, runner.engine)
 
     async def _load(self, slot: Slot, model: StoredModel, spec: LoadSpec, keep_alive: float) -> LoadedModel:
         t0 = time.monotonic()
@@ -292,7 +360,8 @@ class Scheduler:
         slot = self._slots.get(model_key(model))
         if slot is None or slot.runner is None:
             return False
-        async with slot.lock:
+        await self._lock_for_unload(slot)
+        try:
             slot.cancel_timer()
             runner, slot.runner = slot.runner, None
             if runner is None:
@@ -300,6 +369,32 @@ class Scheduler:
             log.info("unloading %s (requested)", runner.name)
             await anyio.to_thread.run_sync(_stop_engine, runner.engine)
             return True
+        finally:
+            slot.lock.release()
+
+    async def _lock_for_unload(self, slot: Slot) -> None:
+        """Take the slot's lock after the running request, as Ollama's unload waits for it; but an
+        engine silent for UNLOAD_SILENCE meanwhile is frozen: kill it (its request fails as the
+        watchdog's would), so an unload never waits on a wedged engine."""
+        # With the watchdog off there is no heartbeat either, so silence proves nothing: just wait.
+        bound = math.inf if math.isinf(self.settings.engine_timeout) else min(UNLOAD_SILENCE,
+                                                                              self.settings.engine_timeout)
+        acquire = asyncio.ensure_future(slot.lock.acquire())
+        try:
+            while True:
+                done, _ = await asyncio.wait({acquire}, timeout=0.25)
+                if done:
+                    return
+                runner = slot.runner
+                if runner is not None and runner.engine.silent_for() > bound and runner.engine.alive():
+                    log.warning("engine of %s (pid %s) silent for %.0fs during an unload; killing it",
+                                runner.name, runner.engine.pid, runner.engine.silent_for())
+                    await anyio.to_thread.run_sync(runner.engine.kill)
+        except BaseException:
+            acquire.cancel()
+            if acquire.done() and not acquire.cancelled() and acquire.exception() is None:
+                slot.lock.release()
+            raise
 
     def loaded(self) -> list[LoadedModel]:
         """Loaded engines that are still alive, longest remaining keep_alive first (as /api/ps sorts)."""
@@ -310,8 +405,25 @@ class Scheduler:
         slot = self._slots.get(model_key(model))
         return slot.runner if slot else None
 
+    async def drain(self, grace: float) -> None:
+        """Begin a shutdown: refuse new requests (503), give running generations ``grace`` seconds to
+        finish, then end the rest with SHUTDOWN_MESSAGE (a final error line for a stream already
+        started) and cancel their engine work."""
+        self._closing = True
+        streams = list(self._streams)
+        if streams:
+            log.info("shutting down: waiting up to %gs for %d running generation(s)", grace, len(streams))
+            waits = [asyncio.ensure_future(s.finished.wait()) for s in streams]
+            _, pending = await asyncio.wait(waits, timeout=grace)
+            for w in pending:
+                w.cancel()
+        for stream in list(self._streams):
+            stream.abort(EngineError(SHUTDOWN_MESSAGE, 503))
+
     async def shutdown(self) -> None:
         self._closing = True
+        if self._pinger is not None:
+            self._pinger.cancel()
         for slot in self._slots.values():
             slot.cancel_timer()
         engines = [s.runner.engine for s in self._slots.values() if s.runner is not None]
@@ -326,9 +438,9 @@ class Scheduler:
                 pass
 
 
-def _stop_engine(engine: EngineHandle, timeout: float = 10.0) -> None:
+def _stop_engine(engine: EngineHandle, timeout: float = STOP_TIMEOUT) -> None:
     """Stop an engine process: cancel what it runs, ask it to exit, kill it if it does not within
-    ``timeout`` (a wedged engine holding its pipe must not hang the server's shutdown)."""
+    ``timeout`` (a wedged engine holding its pipe must not hang an unload or the server's shutdown)."""
     try:
         engine.cancel()
     except Exception:
@@ -336,13 +448,13 @@ def _stop_engine(engine: EngineHandle, timeout: float = 10.0) -> None:
 
     def close() -> None:
         try:
-            engine.close()
+            engine.close(timeout)
         except Exception:
             pass
 
     closer = threading.Thread(target=close, name="tandem-engine-close", daemon=True)
     closer.start()
-    closer.join(timeout)
+    closer.join(timeout + 1)
     if closer.is_alive() or engine.alive():
         try:
             engine.kill()
@@ -375,6 +487,7 @@ class GenerationStream:
         self._cancelled = threading.Event()
         self._started = False
         self.finished = asyncio.Event()
+        lease._scheduler._streams.add(self)
 
     def start(self) -> None:
         if self._started or self._cancelled.is_set():
@@ -418,6 +531,7 @@ class GenerationStream:
                 pass
 
     def _done(self) -> None:
+        self.lease._scheduler._streams.discard(self)
         self.lease.release()
         self.finished.set()
 
@@ -427,6 +541,7 @@ class GenerationStream:
             return
         self._cancelled.set()
         if not self._started:
+            self.lease._scheduler._streams.discard(self)
             self.lease.release()
             self.finished.set()
             self._queue.put_nowait(_END)  # a consumer still iterating ends at once
@@ -436,7 +551,15 @@ class GenerationStream:
         except Exception:
             pass
 
+    def abort(self, error: BaseException) -> None:
+        """End the stream with ``error`` for its consumer (after the items already queued) and stop the
+        engine's work (the server is shutting down)."""
+        self._queue.put_nowait(error)
+        self.cancel()
+
     async def __aiter__(self) -> AsyncIterator[TokenChunk | GenerateResult]:
+        if self.lease._scheduler._closing and not self._started:
+            self.abort(EngineError(SHUTDOWN_MESSAGE, 503))
         self.start()
         while True:
             item = await self._queue.get()

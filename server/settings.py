@@ -11,6 +11,7 @@
 | TANDEM_CONTEXT_LENGTH  | OLLAMA_CONTEXT_LENGTH   | 4096                    |
 | TANDEM_DEBUG           | OLLAMA_DEBUG            | false                   |
 | TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
+| TANDEM_ENGINE_TIMEOUT  | (tandem only)           | 5m; 0 = no watchdog     |
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
 | TANDEM_CREATE_PATHS    | (tandem only)           | (none)                  |
 
@@ -35,6 +36,7 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds (Ollama's 5m)
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_LOAD_TIMEOUT = 300.0  # seconds (Ollama's OLLAMA_LOAD_TIMEOUT 5m)
+DEFAULT_ENGINE_TIMEOUT = 300.0  # seconds a busy engine may stay silent (heartbeats count) before it is killed
 FOREVER: float = math.inf  # keep_alive that never expires (Ollama: time.Duration(math.MaxInt64))
 
 
@@ -260,24 +262,14 @@ class Settings:
     load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds an engine may take to load; inf = no limit
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
+    engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.scheduler); inf = off
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
         models = env_value(env, "TANDEM_MODELS")
         ctx = _env_uint(env, "TANDEM_CONTEXT_LENGTH", 0) or DEFAULT_CONTEXT_LENGTH
-        load_timeout = DEFAULT_LOAD_TIMEOUT
-        lt = env_value(env, "TANDEM_LOAD_TIMEOUT")
-        if lt:
-            try:
-                load_timeout = parse_go_duration(lt)
-            except DurationError:
-                try:
-                    load_timeout = float(int(lt))
-                except ValueError:
-                    pass
-        if load_timeout <= 0:
-            load_timeout = FOREVER
+        load_timeout = _env_timeout(env, "TANDEM_LOAD_TIMEOUT", DEFAULT_LOAD_TIMEOUT)
         return cls(
             host=parse_host(env_value(env, "TANDEM_HOST")),
             models=Path(models) if models else default_models_root(),
@@ -290,4 +282,21 @@ class Settings:
             load_timeout=load_timeout,
             num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
             create_paths=create_paths(env),
+            engine_timeout=_env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),
         )
+
+
+def _env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
+    """A timeout variable as OLLAMA_LOAD_TIMEOUT reads: Go duration, else integer seconds, else the
+    default; zero or negative means no limit."""
+    seconds = default
+    s = env_value(env, key)
+    if s:
+        try:
+            seconds = parse_go_duration(s)
+        except DurationError:
+            try:
+                seconds = float(int(s))
+            except ValueError:
+                pass
+    return FOREVER if seconds <= 0 else seconds

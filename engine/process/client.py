@@ -2,17 +2,25 @@
 
 Calls block; the server runs them in worker threads. One generation at a time per engine (the
 scheduler serialises requests per model), so a single pipe carries everything in order.
+
+The watchdog lives here: with a ``timeout``, every wait on the pipe (a generation's next chunk, a
+tokenize) gives up after ``timeout`` seconds without any message; the engine's heartbeat (sent every
+``timeout / 4`` at most while it generates) counts as a message, so a long prefill is not mistaken for
+a freeze. An engine that misses the bound is killed (its pipe state is unknown, a late answer would be
+read as the next request's) and the call raises ``EngineUnresponsiveError``.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 from typing import Any, Iterator
 
 from engine.process.protocol import (
     EngineCrashedError,
     EngineError,
+    EngineUnresponsiveError,
     GenerateRequest,
     GenerateResult,
     LoadSpec,
@@ -25,17 +33,22 @@ _CTX = mp.get_context("spawn")
 
 
 class EngineClient:
-    def __init__(self) -> None:
+    def __init__(self, timeout: float | None = None) -> None:
+        """``timeout``: seconds without any message from a busy engine before it counts as frozen
+        (None: wait forever, no heartbeat)."""
         self._conn, child_conn = _CTX.Pipe(duplex=True)
         self._cancel = _CTX.Event()
+        self._timeout = timeout
+        beat = min(1.0, timeout / 4) if timeout else 0.0
         from engine.process.worker import engine_main
 
-        self._proc = _CTX.Process(target=engine_main, args=(child_conn, self._cancel), daemon=True,
+        self._proc = _CTX.Process(target=engine_main, args=(child_conn, self._cancel, beat), daemon=True,
                                   name="tandem-engine")
         self._proc.start()
         child_conn.close()
         # Guards the pipe: a health check from another thread must not interleave with a generation.
         self._lock = threading.Lock()
+        self._last_heard = time.monotonic()  # when the engine last sent anything (heartbeats count)
         self.facts: ModelFacts | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -52,26 +65,45 @@ class EngineClient:
         how = f"exit code {code}" if code is None or code >= 0 else f"signal {-code}"
         return EngineCrashedError(f"engine process exited unexpectedly ({how})")
 
+    def _unresponsive(self, timeout: float) -> EngineUnresponsiveError:
+        self._proc.kill()
+        self._proc.join(5)
+        return EngineUnresponsiveError(f"engine process stopped responding (no answer within {timeout:g}s); "
+                                       "it was stopped and the next request starts a new one")
+
     def _recv(self, timeout: float | None = None) -> tuple:
+        """The next message other than a heartbeat; ``timeout`` bounds the silence between messages
+        (a heartbeat restarts it). Past it the engine is killed and EngineUnresponsiveError raised."""
         try:
-            if timeout is not None and not self._conn.poll(timeout):
-                raise EngineError(f"engine did not answer within {timeout:.0f}s")
-            return self._conn.recv()
-        except (EOFError, ConnectionResetError, BrokenPipeError, OSError) as e:
-            if isinstance(e, EngineError):
-                raise
+            while True:
+                if timeout is not None and not self._conn.poll(timeout):
+                    raise self._unresponsive(timeout)
+                msg = self._conn.recv()
+                self._last_heard = time.monotonic()
+                if msg[0] != "beat":
+                    return msg
+        except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
             raise self._crashed() from None
 
+    def silent_for(self) -> float:
+        """Seconds a call in progress has waited without hearing from the engine (0 when idle)."""
+        return time.monotonic() - self._last_heard if self._lock.locked() else 0.0
+
     def _send(self, msg: tuple) -> None:
+        self._last_heard = time.monotonic()
         try:
             self._conn.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
             raise self._crashed() from None
 
     def _call(self, msg: tuple, timeout: float | None = None) -> Any:
-        with self._lock:
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise self._unresponsive(timeout)  # the pipe is held by a stream that no longer drains
+        try:
             self._send(msg)
             reply = self._recv(timeout)
+        finally:
+            self._lock.release()
         if reply[0] == "error":
             raise EngineError(reply[1], reply[2])
         return reply[1]
@@ -82,10 +114,10 @@ class EngineClient:
         return self.facts
 
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
-        return self._call(("tokenize", text, add_bos))
+        return self._call(("tokenize", text, add_bos), self._timeout)
 
     def detokenize(self, ids: list[int]) -> str:
-        return self._call(("detokenize", list(ids)))
+        return self._call(("detokenize", list(ids)), self._timeout)
 
     def health(self, timeout: float = 5.0) -> dict:
         if not self.alive():
@@ -105,7 +137,11 @@ class EngineClient:
             self._cancel.clear()
             self._send(("generate", req))
             while True:
-                reply = self._recv()
+                try:
+                    reply = self._recv(self._timeout)
+                except EngineCrashedError:
+                    finished = True  # dead or killed: nothing left to drain
+                    raise
                 if reply[0] == "chunk":
                     yield reply[1]
                 elif reply[0] == "done":
@@ -122,28 +158,30 @@ class EngineClient:
             if not finished and self.alive():
                 self._cancel.set()
                 try:
-                    while self._recv()[0] == "chunk":
+                    while self._recv(self._timeout)[0] == "chunk":
                         pass
                 except EngineError:
                     pass
             self._lock.release()
 
     def close(self, timeout: float = 5.0) -> None:
-        """Ask the engine to exit; kill it if it does not within ``timeout``. A generation in
-        progress is cancelled first, so closing never waits for it to run to completion."""
+        """Ask the engine to exit; kill it if it has not within ``timeout`` seconds in all. A
+        generation in progress is cancelled first, so closing never waits for it to run to completion,
+        and a frozen engine costs the bound, not a hang."""
+        deadline = time.monotonic() + timeout
         self._cancel.set()
         if self._proc.is_alive() and self._lock.acquire(timeout=timeout):
             try:
                 self._conn.send(("exit",))
-                self._conn.poll(timeout)
+                self._conn.poll(max(0.0, deadline - time.monotonic()))
             except (BrokenPipeError, OSError, EOFError):
                 pass
             finally:
                 self._lock.release()
-            self._proc.join(timeout)
+            self._proc.join(max(0.0, deadline - time.monotonic()))
         if self._proc.is_alive():
             self._proc.kill()
-            self._proc.join(timeout)
+            self._proc.join(5)
         self._conn.close()
 
     def kill(self) -> None:

@@ -26,6 +26,11 @@ class EngineCrashedError(EngineError):
     """The engine process died (crash, out of memory, killed) while serving a request."""
 
 
+class EngineUnresponsiveError(EngineCrashedError):
+    """The engine process stopped answering (frozen, stopped, wedged): the client killed it, so the
+    model's next request starts a fresh one, exactly as after a crash."""
+
+
 class ContextLengthError(EngineError):
     """The prompt does not fit in num_ctx and shifting was not allowed."""
 

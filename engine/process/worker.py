@@ -8,7 +8,10 @@ Protocol (tuples over a `multiprocessing.Connection`; one request at a time):
   server -> engine: ("load", LoadSpec) | ("generate", GenerateRequest) | ("tokenize", text, add_bos)
                     | ("detokenize", ids) | ("health",) | ("exit",)
   engine -> server: ("ok", payload) | ("chunk", TokenChunk) | ("done", GenerateResult)
-                    | ("error", message, status)
+                    | ("error", message, status) | ("beat",)
+While a generation runs, a heartbeat thread sends ("beat",) every ``beat_interval`` seconds, so the
+server's watchdog can tell a long prefill (which sends no chunk for a while) from a frozen process: a
+stopped or wedged process (or one whose main thread holds the GIL for good) sends no beats.
 Cancellation uses a shared Event, checked by the decode loop between rounds, so a cancel never
 interrupts a forward pass halfway and the caches stay consistent.
 """
@@ -16,6 +19,8 @@ interrupts a forward pass halfway and the caches stay consistent.
 from __future__ import annotations
 
 import os
+import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
@@ -31,11 +36,41 @@ def _error_message(exc: BaseException) -> tuple[str, int]:
     return f"engine error: {type(exc).__name__}: {exc}", 500
 
 
-def engine_main(conn: Connection, cancel_event: Any) -> None:
-    """Entry point of the child process."""
+class _Sender:
+    """The pipe's sending end, shared by the main loop and the heartbeat thread: a large message is
+    written in more than one piece, so the two must never interleave."""
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, msg: tuple) -> None:
+        with self._lock:
+            self._conn.send(msg)
+
+
+def _heartbeat(out: _Sender, busy: threading.Event, interval: float) -> None:
+    """Send ("beat",) every ``interval`` seconds while ``busy`` is set (a generation runs)."""
+    while True:
+        busy.wait()
+        time.sleep(interval)
+        if busy.is_set():
+            try:
+                out.send(("beat",))
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                return
+
+
+def engine_main(conn: Connection, cancel_event: Any, beat_interval: float = 0.0) -> None:
+    """Entry point of the child process. ``beat_interval`` > 0 turns the generation heartbeat on."""
     import torch  # imported here: the server process never loads torch
 
     engine = None
+    out = _Sender(conn)
+    busy = threading.Event()
+    if beat_interval > 0:
+        threading.Thread(target=_heartbeat, args=(out, busy, beat_interval), name="tandem-heartbeat",
+                         daemon=True).start()
     while True:
         try:
             msg = conn.recv()
@@ -44,28 +79,32 @@ def engine_main(conn: Connection, cancel_event: Any) -> None:
         kind = msg[0]
         try:
             if kind == "exit":
-                conn.send(("ok", None))
+                out.send(("ok", None))
                 return
             if kind == "health":
-                conn.send(("ok", {"loaded": engine is not None, "pid": os.getpid()}))
+                out.send(("ok", {"loaded": engine is not None, "pid": os.getpid()}))
             elif kind == "load":
                 spec: LoadSpec = msg[1]
                 torch.set_num_threads(spec.num_thread if spec.num_thread > 0 else (os.cpu_count() or 1))
                 from engine.runtime import ModelRuntime
 
                 engine = ModelRuntime.load(spec)
-                conn.send(("ok", engine.facts))
+                out.send(("ok", engine.facts))
             elif engine is None:
-                conn.send(("error", "no model loaded", 500))
+                out.send(("error", "no model loaded", 500))
             elif kind == "tokenize":
-                conn.send(("ok", engine.tokenize(msg[1], add_bos=msg[2])))
+                out.send(("ok", engine.tokenize(msg[1], add_bos=msg[2])))
             elif kind == "detokenize":
-                conn.send(("ok", engine.detokenize(msg[1])))
+                out.send(("ok", engine.detokenize(msg[1])))
             elif kind == "generate":
-                for item in engine.generate(msg[1], should_stop=cancel_event.is_set):
-                    conn.send(("done", item) if isinstance(item, GenerateResult) else ("chunk", item))
+                busy.set()
+                try:
+                    for item in engine.generate(msg[1], should_stop=cancel_event.is_set):
+                        out.send(("done", item) if isinstance(item, GenerateResult) else ("chunk", item))
+                finally:
+                    busy.clear()
             else:
-                conn.send(("error", f"unknown engine command {kind!r}", 500))
+                out.send(("error", f"unknown engine command {kind!r}", 500))
         except (BrokenPipeError, ConnectionResetError):
             return
         except BaseException as exc:  # report, keep serving: one bad request must not end the engine
@@ -73,6 +112,6 @@ def engine_main(conn: Connection, cancel_event: Any) -> None:
                 traceback.print_exc()
             message, status = _error_message(exc)
             try:
-                conn.send(("error", message, status))
+                out.send(("error", message, status))
             except (BrokenPipeError, ConnectionResetError):
                 return

@@ -19,6 +19,7 @@ from blobs.model import load_stored_model
 from engine.options import Options
 from engine.process.protocol import (
     EngineCrashedError,
+    EngineUnresponsiveError,
     GenerateRequest,
     GenerateResult,
     LoadSpec,
@@ -60,6 +61,7 @@ class FakeEngine:
         self.cancels = 0
         self.calls = 0
         self.requests: list[GenerateRequest] = []
+        self.frozen = False
         FakeEngine.instances.append(self)
 
     def load(self, spec: LoadSpec, timeout: float | None = None) -> ModelFacts:
@@ -103,6 +105,15 @@ class FakeEngine:
 
     def alive(self) -> bool:
         return self._alive
+
+    def health(self, timeout: float = 5.0) -> dict:
+        if self.frozen:  # as EngineClient answers after killing an engine that missed the ping
+            self._alive = False
+            raise EngineUnresponsiveError("engine process stopped responding")
+        return {"loaded": True, "pid": self.pid}
+
+    def silent_for(self) -> float:
+        return 0.0
 
     def close(self, timeout: float = 5.0) -> None:
         self.closed = True

@@ -1,0 +1,196 @@
+"""The watchdog against a real server and real engine processes: an engine frozen with SIGSTOP (mid-stream
+or idle) costs at most the request it was serving; the model is served again from a fresh engine, an unload
+does not wait on the frozen one, and /api/ps stops listing it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.scheduler import STOP_TIMEOUT
+from server.settings import Settings
+from tests.server_thread import ServerThread, make_store
+
+TIMEOUT = 2.0  # the watchdog's bound in this test (TANDEM_ENGINE_TIMEOUT)
+
+
+@pytest.fixture(scope="module")
+def pair_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny target/drafter pair for the module (building it is most of a test's time)."""
+    return tmp_path_factory.mktemp("watchdog")
+
+
+def _engine_pid(srv: ServerThread) -> int:
+    (runner,) = srv.scheduler.loaded()
+    return runner.engine.pid
+
+
+def _freeze(pid: int, frozen: list[int]) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    frozen.append(pid)
+
+
+def _wait_ps_empty(c: httpx.Client, within: float) -> None:
+    deadline = time.monotonic() + within
+    while c.get("/api/ps").json()["models"]:
+        assert time.monotonic() < deadline, "/api/ps still lists the frozen engine"
+        time.sleep(0.05)
+
+
+def test_frozen_engine_is_replaced(pair_dir: Path) -> None:
+    store = make_store(pair_dir)
+    frozen: list[int] = []
+    body = {"model": "tiny", "prompt": "hello", "options": {"num_predict": -1}}
+    try:
+        with ServerThread(store, Settings(num_thread=1, engine_timeout=TIMEOUT)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as c:
+            # 1. Frozen mid-stream: the stream ends with an error line within the bound.
+            with c.stream("POST", "/api/generate", json=body) as r:
+                lines = r.iter_lines()
+                assert json.loads(next(lines))["done"] is False
+                first = _engine_pid(srv)
+                _freeze(first, frozen)
+                t0 = time.monotonic()
+                rest = [json.loads(line) for line in lines if line]
+                elapsed = time.monotonic() - t0
+            assert set(rest[-1]) == {"error"} and "stopped responding" in rest[-1]["error"]
+            assert all(item.get("done") is False for item in rest[:-1])
+            assert elapsed < TIMEOUT + 5
+            _wait_ps_empty(c, 5)
+
+            # 2. The next request is served by a new engine.
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "hello", "stream": False})
+            assert r.status_code == 200 and r.json()["done"] is True
+            second = _engine_pid(srv)
+            assert second != first
+
+            # 3. Frozen while idle: the health ping before reuse fails, a new engine serves the request.
+            _freeze(second, frozen)
+            t0 = time.monotonic()
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "hello", "stream": False})
+            assert r.status_code == 200 and r.json()["done"] is True
+            third = _engine_pid(srv)
+            assert third not in (first, second)
+            assert time.monotonic() - t0 < TIMEOUT + 30  # the ping's bound, then a fresh load
+
+            # 4. keep_alive 0 on a frozen idle engine: bounded, then killed; /api/ps is empty.
+            _freeze(third, frozen)
+            t0 = time.monotonic()
+            r = c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+            assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+            assert time.monotonic() - t0 < STOP_TIMEOUT + 3
+            assert c.get("/api/ps").json()["models"] == []
+    finally:
+        for pid in frozen:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def test_engine_timeout_setting() -> None:
+    assert Settings.from_env({}).engine_timeout == 300
+    assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "90s"}).engine_timeout == 90
+    assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "45"}).engine_timeout == 45
+    assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "0"}).engine_timeout == pytest.approx(float("inf"))
+
+
+def test_long_prefill_is_not_a_freeze(pair_dir: Path) -> None:
+    """A prefill that sends nothing for longer than the bound (a 4096-token prompt, one token per forward)
+    survives: the engine's heartbeat is what tells it apart from a frozen engine."""
+    from engine.options import Options
+    from engine.process.client import EngineClient
+    from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+    from tests.server_thread import write_pair
+
+    target, _ = write_pair(pair_dir)
+    timeout = 0.75
+    client = EngineClient(timeout=timeout)
+    try:
+        client.load(LoadSpec(model_path=str(target), num_ctx=4096, num_thread=1), timeout=120)
+        t0 = time.monotonic()
+        items = list(client.generate(GenerateRequest(prompt="hello world " * 600, options=Options.from_map(
+            {"num_predict": 2, "num_batch": 1, "temperature": 0}))))
+        assert isinstance(items[-1], GenerateResult) and items[-1].prompt_eval_count == 4096
+        assert time.monotonic() - t0 > 2 * timeout  # long enough that silence would have been fatal
+        assert client.alive()
+    finally:
+        client.close()
+
+
+def test_unload_does_not_wait_on_an_engine_frozen_mid_stream(pair_dir: Path) -> None:
+    """keep_alive 0 while a stream runs on a frozen engine: the unload kills the silent engine after
+    UNLOAD_SILENCE instead of waiting out a long TANDEM_ENGINE_TIMEOUT; the stream ends with an error line."""
+    import threading
+
+    from server.scheduler import UNLOAD_SILENCE
+
+    store = make_store(pair_dir)
+    frozen: list[int] = []
+    try:
+        with ServerThread(store, Settings(num_thread=1, engine_timeout=120)) as srv, \
+                httpx.Client(base_url=srv.url, timeout=30) as c:
+            with c.stream("POST", "/api/generate", json={"model": "tiny", "prompt": "hello",
+                                                         "options": {"num_predict": -1}}) as r:
+                lines = r.iter_lines()
+                assert json.loads(next(lines))["done"] is False
+                _freeze(_engine_pid(srv), frozen)
+                unload: dict = {}
+
+                def ask() -> None:
+                    t0 = time.monotonic()
+                    unload["response"] = c.post("/api/generate", json={"model": "tiny", "keep_alive": 0})
+                    unload["seconds"] = time.monotonic() - t0
+
+                asker = threading.Thread(target=ask)
+                asker.start()
+                rest = [json.loads(line) for line in lines if line]
+                asker.join(30)
+            assert set(rest[-1]) == {"error"}
+            assert unload["response"].status_code == 200 and unload["response"].json()["done_reason"] == "unload"
+            assert unload["seconds"] < UNLOAD_SILENCE + STOP_TIMEOUT + 3
+            assert c.get("/api/ps").json()["models"] == []
+    finally:
+        for pid in frozen:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def test_idle_engine_that_misses_the_ping_is_dropped(pair_dir: Path) -> None:
+    """The periodic ping (fake engine): an idle engine that stops answering leaves /api/ps (loaded()) on its
+    own, and the next request loads a new one."""
+    import asyncio
+
+    from blobs.model import load_stored_model
+    from server.scheduler import Scheduler
+    from tests.server.test_server_scheduler import FakeEngine, run_one
+
+    FakeEngine.instances.clear()
+    model = load_stored_model(make_store(pair_dir), "tiny")
+
+    async def main() -> None:
+        s = Scheduler(Settings(), engine_factory=FakeEngine)
+        s.ping_interval = 0.05
+        assert await run_one(s, model) == "t0 t1 t2 "
+        first = FakeEngine.instances[0]
+        assert [r.engine for r in s.loaded()] == [first]
+        first.frozen = True
+        deadline = time.monotonic() + 5
+        while s.loaded():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert await run_one(s, model) == "t0 t1 t2 "
+        assert len(FakeEngine.instances) == 2 and [r.engine for r in s.loaded()] == [FakeEngine.instances[1]]
+        await s.shutdown()
+
+    asyncio.run(main())
