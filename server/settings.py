@@ -12,6 +12,9 @@
 | TANDEM_DEBUG           | OLLAMA_DEBUG            | false                   |
 | TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
+| TANDEM_MAX_REQUEST_BYTES | (tandem only)         | 64 MiB (0 = no limit)   |
+| TANDEM_MAX_BLOB_BYTES  | (tandem only)           | 256 GiB (0 = no limit)  |
+| TANDEM_QUEUE_TIMEOUT   | (tandem only)           | 10m (0 = no limit)      |
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds (Ollama's 5m)
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_LOAD_TIMEOUT = 300.0  # seconds (Ollama's OLLAMA_LOAD_TIMEOUT 5m)
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20  # a JSON body; prompts of a whole 256k context are a few MB
+DEFAULT_MAX_BLOB_BYTES = 256 << 30  # an uploaded blob; larger than any model a local server runs
+DEFAULT_QUEUE_TIMEOUT = 600.0  # seconds a request waits for its model before 503
 FOREVER: float = math.inf  # keep_alive that never expires (Ollama: time.Duration(math.MaxInt64))
 
 
@@ -224,6 +230,22 @@ def _env_uint(env: Mapping[str, str], key: str, default: int) -> int:
     return n if n >= 0 else default
 
 
+def env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
+    """A timeout variable: a Go duration or integer seconds (as TANDEM_LOAD_TIMEOUT); unparseable =
+    the default; zero or negative = no limit (math.inf)."""
+    s = env_value(env, key)
+    seconds = default
+    if s:
+        try:
+            seconds = parse_go_duration(s)
+        except DurationError:
+            try:
+                seconds = float(int(s))
+            except ValueError:
+                pass
+    return FOREVER if seconds <= 0 else seconds
+
+
 # --- CORS origins -------------------------------------------------------------------------
 
 
@@ -249,6 +271,9 @@ class Settings:
     debug: bool = False
     load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds an engine may take to load; inf = no limit
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES  # /api/blobs upload size before 413; 0 = no limit
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # seconds waiting for a busy model before 503; inf = none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -278,4 +303,7 @@ class Settings:
             debug=env_bool(env, "TANDEM_DEBUG"),
             load_timeout=load_timeout,
             num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
+            max_request_bytes=_env_uint(env, "TANDEM_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+            max_blob_bytes=_env_uint(env, "TANDEM_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES),
+            queue_timeout=env_timeout(env, "TANDEM_QUEUE_TIMEOUT", DEFAULT_QUEUE_TIMEOUT),
         )
