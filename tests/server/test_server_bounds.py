@@ -218,3 +218,13 @@ def test_engine_and_progress_errors_carry_no_exception_text() -> None:
     err = as_api_error(TypeError("unsupported operand type(s) for +: 'int' and 'str'"))
     assert err.status == 500 and "operand" not in err.message
     assert_no_exception_text(err.message)
+
+
+@pytest.mark.parametrize("options", [{"temperature": 1e-45}, {"num_ctx": 0}, {"num_ctx": -1}])
+def test_degenerate_but_well_typed_options_still_generate(http: httpx.Client, options) -> None:
+    # A denormal temperature made softmax NaN (500 with the exception text); num_ctx <= 0 left no
+    # room in the context and the request never ended.
+    r = http.post("/api/generate", json={"model": "tiny", "prompt": "hi", "stream": False,
+                                         "options": {**options, "num_predict": 3}}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["done"] is True
