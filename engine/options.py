@@ -29,10 +29,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 __all__ = [
-    "ParamError", "Options", "DrafterChoice", "DraftSchedule", "AcceptanceRule",
+    "ParamError", "OptionRangeError", "Options", "DrafterChoice", "DraftSchedule", "AcceptanceRule",
     "OPTION_TYPES", "OPTION_ALIASES", "OPTION_CHOICES", "DEFAULT_OPTIONS", "SPECULATION_DEFAULTS",
     "SPECULATION_OPTIONS", "DRAFTERS", "DRAFT_SCHEDULES", "ACCEPTANCE_RULES",
-    "coerce_options", "check_range", "float32", "INT64_MIN", "INT64_MAX",
+    "coerce_options", "check_range", "MAX_DRAFT_NUM_PREDICT", "float32", "INT64_MIN", "INT64_MAX",
 ]
 
 
@@ -40,9 +40,22 @@ class ParamError(ValueError):
     """Invalid parameter or option; ``str(err)`` is Ollama's message (or tandem's, same style)."""
 
 
+class OptionRangeError(ParamError):
+    """A well-typed option whose value tandem refuses (:func:`check_range`).
+
+    Separate from a type error because the statuses differ: Ollama answers a wrong option type on
+    generate/chat with 500, while these checks are tandem's own and are a client error (400).
+    """
+
+
 DrafterChoice = Literal["auto", "model", "mtp", "ngram", "none"]
 DraftSchedule = Literal["adaptive", "fixed"]
 AcceptanceRule = Literal["strict", "match"]
+
+
+#: The largest ``draft_num_predict``: deeper drafts are never worth verifying, and every drafted
+#: token costs a drafter step, so an unbounded cap would let one request make decoding arbitrarily slow.
+MAX_DRAFT_NUM_PREDICT = 64
 
 
 def _speculation(default: Any, **bounds: float) -> Any:
@@ -111,7 +124,7 @@ class Options:
     use_mmap: bool | None = None
     num_thread: int = 0
     # speculative decoding
-    draft_num_predict: int = _speculation(4)
+    draft_num_predict: int = _speculation(4, max=MAX_DRAFT_NUM_PREDICT)  # <= 0: no speculation
     draft_n_min: int = _speculation(0, min=0)
     draft_p_min: float = _speculation(0.0, min=0, max=1)
     relaxed_top_n: int = _speculation(0, min=0)
@@ -207,7 +220,8 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 SPECULATION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS if f.metadata.get("speculation")}
 SPECULATION_OPTIONS = frozenset(SPECULATION_DEFAULTS)
 
-_BOUNDS: dict[str, Mapping[str, Any]] = {f.name: f.metadata for f in _FIELDS if "min" in f.metadata}
+_BOUNDS: dict[str, Mapping[str, Any]] = {
+    f.name: f.metadata for f in _FIELDS if "min" in f.metadata or "max" in f.metadata}
 _CHECKED = tuple(OPTION_CHOICES) + tuple(_BOUNDS)
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -227,17 +241,19 @@ def check_range(name: str, value: Any, shown: str) -> None:
     choices = OPTION_CHOICES.get(name)
     if choices is not None:
         if value not in choices:
-            raise ParamError(f"invalid {name} value [{shown}]: must be {_quoted_choices(choices)}")
+            raise OptionRangeError(f"invalid {name} value [{shown}]: must be {_quoted_choices(choices)}")
         return
     bounds = _BOUNDS.get(name)
     if bounds is None:
         return
-    low, high = bounds["min"], bounds.get("max")
-    if high is not None:
+    low, high = bounds.get("min"), bounds.get("max")
+    if low is not None and high is not None:
         if not low <= value <= high:
-            raise ParamError(f"invalid {name} value [{shown}]: must be between {low} and {high}")
-    elif not value >= low:
-        raise ParamError(f"invalid {name} value [{shown}]: must be >= {low}")
+            raise OptionRangeError(f"invalid {name} value [{shown}]: must be between {low} and {high}")
+    elif low is not None and not value >= low:
+        raise OptionRangeError(f"invalid {name} value [{shown}]: must be >= {low}")
+    elif high is not None and not value <= high:
+        raise OptionRangeError(f"invalid {name} value [{shown}]: must be <= {high}")
 
 
 def _show(value: Any) -> str:

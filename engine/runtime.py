@@ -40,6 +40,22 @@ from engine.speculative.plan import SpeculationPlan, plan_speculation
 from engine.text.json_grammar import SchemaError, compile_format
 
 
+#: Open-ended generation stops after this many contexts' worth of tokens (Ollama's runner rule).
+OPEN_ENDED_CONTEXTS = 10
+
+
+def generation_limit(num_predict: int, num_ctx: int) -> int:
+    """The ``num_predict`` the decode loop runs with: Ollama caps any negative or larger value at
+    10 x num_ctx ("only allow maximum 10 context shifts"), so -1 and a huge limit cannot generate
+    forever. -2 ("until the context is full") is kept: it never shifts, so it ends within num_ctx."""
+    cap = OPEN_ENDED_CONTEXTS * num_ctx
+    if num_predict == -2:
+        return num_predict
+    if num_predict < 0 or num_predict > cap:
+        return cap
+    return num_predict
+
+
 class ModelRuntime:
     def __init__(self, parts: LoadedParts):
         self.spec = parts.spec
@@ -116,6 +132,12 @@ class ModelRuntime:
     # ------------------------------------------------------------------------------------------
     def _prompt_tokens(self, req: GenerateRequest, num_ctx: int, num_keep: int) -> list[int]:
         prefix = [int(t) for t in (req.raw_tokens or [])]
+        # `context` comes from the client: an id the embedding (or the detokenizer) has no row for is
+        # a client error, not an index error deep in a forward pass.
+        vocab = min(self.facts.vocab_size, self.tokenizer.vocab_size)
+        bad = next((t for t in prefix if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise EngineError(f"invalid context: token id {bad} is outside the vocabulary (0 to {vocab - 1})", 400)
         # A BOS belongs at the very start only: a `context` prefix already carries it.
         add_bos = req.add_bos if req.add_bos is not None else (None if not prefix else False)
         tokens = prefix + (self.tokenizer.encode(req.prompt, add_bos=add_bos) if req.prompt or not prefix else [])
@@ -137,7 +159,7 @@ class ModelRuntime:
         return DecodeSettings(
             sampling=SamplingOptions.from_options(o, num_ctx),
             num_ctx=num_ctx,
-            num_predict=o.num_predict,
+            num_predict=generation_limit(o.num_predict, num_ctx),
             num_keep=num_keep,
             shift=req.shift,
             cap=cap,
@@ -162,7 +184,7 @@ class ModelRuntime:
         # The context loaded (the server's context length, or num_ctx set at load) unless the request
         # asks for less: Options' 4096 default must not cap a larger context nobody asked to cap.
         num_ctx = self.cache.capacity
-        if "num_ctx" in req.options.explicit:
+        if "num_ctx" in req.options.explicit and req.options.num_ctx > 0:  # <= 0 would leave no room at all
             num_ctx = min(req.options.num_ctx, num_ctx)
         num_keep = req.options.num_keep  # < 0: keep everything (the whole context, then the whole prompt)
         prompt = self._prompt_tokens(req, num_ctx, num_keep if num_keep >= 0 else num_ctx)

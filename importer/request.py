@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from engine.options import ParamError, coerce_options
+
 _DIGEST_RE = re.compile(r"^sha256[:-][0-9a-fA-F]{64}$")
 
 
@@ -111,6 +113,10 @@ class CreateRequest:
         parameters = body.get("parameters") or {}
         if not isinstance(parameters, dict):
             raise CreateError("parameters must be an object")
+        try:  # typed and range-checked before anything is stored: a bad value must not reach a generate
+            coerce_options(parameters)
+        except ParamError as e:
+            raise CreateError(str(e)) from None
         messages = body.get("messages") or []
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content", ""), str) for m in messages

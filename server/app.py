@@ -23,7 +23,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from blobs import BlobStore
 
 from .context import ServerContext
-from .gojson import ApiError, json_response
+from .gojson import INTERNAL_ERROR, ApiError, json_response
+from .limits import BodyLimitMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .prompting import PromptCache
 from .routes import generate, models, openai, pull
@@ -208,8 +209,10 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> Response:
+        # The details go to the log only: exception text can carry paths and internals, and a client
+        # can do nothing with it.
         log.exception("%s %s failed", request.method, request.url.path, exc_info=exc)
-        message = f"{type(exc).__name__}: {exc}"
+        message = INTERNAL_ERROR
         if request.url.path.startswith("/v1/"):
             return openai.error_response(500, message)
         return json_response({"error": message}, 500)
@@ -232,6 +235,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
     app.include_router(pull.router)
 
     # add_middleware wraps outside-in in reverse order: metrics sees every answer, CORS runs before the host check.
+    app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
     app.add_middleware(HostCheckMiddleware, enabled=settings.host.is_loopback())
     app.add_middleware(CORSMiddleware, origins=settings.origins)
     app.add_middleware(MetricsMiddleware, metrics=metrics, route_of=_route_of)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from dataclasses import field
 from datetime import datetime, timezone
@@ -12,6 +13,10 @@ from typing import Any, Callable
 
 from fastapi import Request
 from fastapi.responses import Response
+
+
+#: What a client is told about a failure the server did not expect (the details are logged).
+INTERNAL_ERROR = "internal server error (see the server log)"
 
 
 class ApiError(Exception):
@@ -81,6 +86,77 @@ def _innermost(doc: str, pos: int) -> str:
     return depth[-1] if depth else ""
 
 
+#: How deeply a request body may nest. Go allows 10,000 levels; Python's decoder and the recursive
+#: code after it (schemas, templates, the JSON encoder) hit the interpreter's recursion limit near
+#: 1,000, so a body is refused well below that, where no real request ever nests.
+MAX_BODY_DEPTH = 128
+
+_CONSTANT_ERRORS = {"NaN": "invalid character 'N' looking for beginning of value",
+                    "Infinity": "invalid character 'I' looking for beginning of value",
+                    "-Infinity": "invalid character 'I' in numeric literal"}
+
+
+class _BodyError(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> Any:
+    raise _BodyError(_CONSTANT_ERRORS.get(name, "invalid character in numeric literal"))
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (math.inf, -math.inf):  # Go: out of float64 range is a decode error, not Inf
+        raise _BodyError(f"json: cannot unmarshal number {text} into Go value of type float64")
+    return value
+
+
+def decode_body(text: str) -> Any:
+    """Decode a request body as Go's encoding/json would accept it: no NaN/Infinity literals, no
+    number beyond float64, nesting bounded (:data:`MAX_BODY_DEPTH`) and no unpaired UTF-16
+    surrogate in any string, each a 400 with a message, so that nothing later can fail on them with
+    an internal error."""
+    try:
+        body = json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, _decoder_message(text, e)) from None
+    except _BodyError as e:
+        raise ApiError(400, str(e)) from None
+    except RecursionError:
+        raise ApiError(400, f"request body nested too deeply (more than {MAX_BODY_DEPTH} levels)") from None
+    except ValueError:  # an integer literal longer than Python converts (sys.get_int_max_str_digits)
+        raise ApiError(400, "invalid number in request body: too many digits") from None
+    _check_tree(body)
+    return body
+
+
+def _check_tree(body: Any) -> None:
+    stack: list[tuple[Any, int]] = [(body, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, str):
+            _check_text(value)
+        elif isinstance(value, (list, dict)):
+            if depth >= MAX_BODY_DEPTH:
+                raise ApiError(400, f"request body nested too deeply (more than {MAX_BODY_DEPTH} levels)")
+            if isinstance(value, dict):
+                for key in value:
+                    _check_text(key)
+                stack.extend((v, depth + 1) for v in value.values())
+            else:
+                stack.extend((v, depth + 1) for v in value)
+
+
+def _check_text(text: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        raise ApiError(400, f"invalid string in request body: unpaired surrogate \\u{ord(bad):04x}") from None
+
+
 async def read_json(request: Request, go_type: str) -> dict[str, Any]:
     """The request body as a JSON object: 400 `missing request body` when empty, Go's decoder text
     when malformed or not an object."""
@@ -91,10 +167,7 @@ async def read_json(request: Request, go_type: str) -> dict[str, Any]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ApiError(400, "invalid character in request body: not UTF-8") from None
-    try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ApiError(400, _decoder_message(text, e)) from None
+    body = decode_body(text)
     if not isinstance(body, dict):
         raise ApiError(400, f"json: cannot unmarshal {go_json_kind(body)} into Go value of type {go_type}")
     return body

@@ -25,7 +25,7 @@ from blobs import (
 from importer import CreateError, ProgressEvent
 from modelfile import ParamError, ParseError
 
-from .gojson import ApiError, json_bytes, json_response
+from .gojson import INTERNAL_ERROR, ApiError, json_bytes, json_response
 
 log = logging.getLogger("tandem.server")
 
@@ -121,4 +121,4 @@ def as_api_error(e: BaseException) -> ApiError:
     if isinstance(e, OSError):
         return ApiError(500, str(e))
     log.exception("unexpected error", exc_info=e)
-    return ApiError(500, f"{type(e).__name__}: {e}")
+    return ApiError(500, INTERNAL_ERROR)  # the exception's text is in the log, never in the answer

@@ -15,6 +15,7 @@ from engine.gguf import GGUFFile, format_parameter_count
 from engine.options import (
     SPECULATION_DEFAULTS,
     SPECULATION_OPTIONS,
+    OptionRangeError,
     Options,
     ParamError,
 )
@@ -26,9 +27,11 @@ from .gojson import ApiError
 def merged_options(model: StoredModel, options: dict[str, Any] | None) -> Options:
     """defaults <- model params <- request options, parsed once here; the engine decides the
     speculation from them. A wrong option type is Ollama's `option "x" must be of type ...`, which
-    it surfaces as 500 on generate/chat."""
+    it surfaces as 500 on generate/chat; a value out of tandem's own ranges is a client error (400)."""
     try:
         return Options.merged(model.params, options)
+    except OptionRangeError as e:
+        raise ApiError(400, str(e)) from None
     except ParamError as e:
         raise ApiError(500, str(e)) from None
 

@@ -70,6 +70,14 @@ class QueueFullError(Exception):
         super().__init__(MAX_QUEUE_MESSAGE)
 
 
+class QueueTimeoutError(QueueFullError):
+    """A request waited longer than TANDEM_QUEUE_TIMEOUT for its model (503, as a full queue)."""
+
+    def __init__(self, seconds: float) -> None:
+        Exception.__init__(self, f"server busy: timed out after {seconds:g}s waiting for the model; "
+                                 "please try again later")
+
+
 class EngineHandle(Protocol):
     """What the scheduler needs of an engine handle (engine.process.client.EngineClient; fakes in tests)."""
 
@@ -195,7 +203,8 @@ class Scheduler:
 
     async def acquire(self, model: StoredModel, options: Options, keep_alive: float) -> Lease:
         """Wait for the model's engine (loading or reloading it as needed). Raises QueueFullError when
-        too many requests already wait, or the engine's error when it cannot load."""
+        too many requests already wait, QueueTimeoutError (a QueueFullError: 503) when the model stays
+        busy longer than ``settings.queue_timeout``, or the engine's error when it cannot load."""
         started = time.monotonic()
         self._start_pinger()
         key = model_key(model)
@@ -206,7 +215,11 @@ class Scheduler:
             raise QueueFullError()
         slot.waiting += 1
         try:
-            await slot.lock.acquire()
+            wait = self.settings.queue_timeout
+            with anyio.fail_after(None if math.isinf(wait) else wait):
+                await slot.lock.acquire()
+        except TimeoutError:
+            raise QueueTimeoutError(self.settings.queue_timeout) from None
         finally:
             slot.waiting -= 1
         try:

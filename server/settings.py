@@ -17,6 +17,9 @@
 
 TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Linux, as PATH is) whose files an
 `/api/create` naming local paths may read; by default none, so files reach the server only as uploaded blobs.
+| TANDEM_MAX_REQUEST_BYTES | (tandem only)         | 64 MiB (0 = no limit)   |
+| TANDEM_MAX_BLOB_BYTES  | (tandem only)           | 256 GiB (0 = no limit)  |
+| TANDEM_QUEUE_TIMEOUT   | (tandem only)           | 10m (0 = no limit)      |
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ DEFAULT_MAX_QUEUE = 512
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_LOAD_TIMEOUT = 300.0  # seconds (Ollama's OLLAMA_LOAD_TIMEOUT 5m)
 DEFAULT_ENGINE_TIMEOUT = 300.0  # seconds a busy engine may stay silent (heartbeats count) before it is killed
+DEFAULT_MAX_REQUEST_BYTES = 64 << 20  # a JSON body; prompts of a whole 256k context are a few MB
+DEFAULT_MAX_BLOB_BYTES = 256 << 30  # an uploaded blob; larger than any model a local server runs
+DEFAULT_QUEUE_TIMEOUT = 600.0  # seconds a request waits for its model before 503
 FOREVER: float = math.inf  # keep_alive that never expires (Ollama: time.Duration(math.MaxInt64))
 
 
@@ -230,6 +236,22 @@ def _env_uint(env: Mapping[str, str], key: str, default: int) -> int:
     return n if n >= 0 else default
 
 
+def env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
+    """A timeout variable: a Go duration or integer seconds (as TANDEM_LOAD_TIMEOUT); unparseable =
+    the default; zero or negative = no limit (math.inf)."""
+    s = env_value(env, key)
+    seconds = default
+    if s:
+        try:
+            seconds = parse_go_duration(s)
+        except DurationError:
+            try:
+                seconds = float(int(s))
+            except ValueError:
+                pass
+    return FOREVER if seconds <= 0 else seconds
+
+
 # --- CORS origins -------------------------------------------------------------------------
 
 
@@ -263,13 +285,16 @@ class Settings:
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.scheduler); inf = off
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
+    max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES  # /api/blobs upload size before 413; 0 = no limit
+    queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # seconds waiting for a busy model before 503; inf = none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if env is None else env
         models = env_value(env, "TANDEM_MODELS")
         ctx = _env_uint(env, "TANDEM_CONTEXT_LENGTH", 0) or DEFAULT_CONTEXT_LENGTH
-        load_timeout = _env_timeout(env, "TANDEM_LOAD_TIMEOUT", DEFAULT_LOAD_TIMEOUT)
+        load_timeout = env_timeout(env, "TANDEM_LOAD_TIMEOUT", DEFAULT_LOAD_TIMEOUT)
         return cls(
             host=parse_host(env_value(env, "TANDEM_HOST")),
             models=Path(models) if models else default_models_root(),
@@ -282,21 +307,9 @@ class Settings:
             load_timeout=load_timeout,
             num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
             create_paths=create_paths(env),
-            engine_timeout=_env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),
+            engine_timeout=env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),
+            max_request_bytes=_env_uint(env, "TANDEM_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
+            max_blob_bytes=_env_uint(env, "TANDEM_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES),
+            queue_timeout=env_timeout(env, "TANDEM_QUEUE_TIMEOUT", DEFAULT_QUEUE_TIMEOUT),
         )
 
-
-def _env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
-    """A timeout variable as OLLAMA_LOAD_TIMEOUT reads: Go duration, else integer seconds, else the
-    default; zero or negative means no limit."""
-    seconds = default
-    s = env_value(env, key)
-    if s:
-        try:
-            seconds = parse_go_duration(s)
-        except DurationError:
-            try:
-                seconds = float(int(s))
-            except ValueError:
-                pass
-    return FOREVER if seconds <= 0 else seconds

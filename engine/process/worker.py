@@ -29,11 +29,14 @@ from engine.process.protocol import EngineError, GenerateResult, LoadSpec
 
 
 def _error_message(exc: BaseException) -> tuple[str, int]:
+    """The (message, status) a client sees. Only an ``EngineError`` carries text meant for clients;
+    any other exception is a bug or a resource failure whose text (types, paths, tensor shapes)
+    goes to the engine's stderr, not into an HTTP answer."""
     if isinstance(exc, EngineError):
         return str(exc), exc.status
     if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return f"out of memory: {exc}", 500
-    return f"engine error: {type(exc).__name__}: {exc}", 500
+        return "out of memory", 500
+    return "engine error: internal error (see the server log)", 500
 
 
 class _Sender:
@@ -108,7 +111,7 @@ def engine_main(conn: Connection, cancel_event: Any, beat_interval: float = 0.0)
         except (BrokenPipeError, ConnectionResetError):
             return
         except BaseException as exc:  # report, keep serving: one bad request must not end the engine
-            if os.environ.get("TANDEM_DEBUG"):
+            if os.environ.get("TANDEM_DEBUG") or not isinstance(exc, EngineError):
                 traceback.print_exc()
             message, status = _error_message(exc)
             try:

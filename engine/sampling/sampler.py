@@ -405,7 +405,13 @@ def process(
 
     # From here on rows are in descending-logit order (ties by id) whenever a stage needs it.
     ids, vals = _top_k(raw, opts.top_k, need_order=opts.top_p < 1.0 or opts.typical_p < 1.0)
-    probs = torch.softmax(vals / opts.temperature, dim=-1)
+    scaled = vals / opts.temperature
+    if torch.isposinf(scaled).any():
+        # A tiny temperature (1e-45 is a valid float32) overflows the division and softmax gives NaN;
+        # shifted by the row maximum first, the best logit stays finite. Only then: the usual path
+        # keeps its exact rounding.
+        scaled = (vals - vals.amax(-1, keepdim=True)) / opts.temperature
+    probs = torch.softmax(scaled, dim=-1)
     if opts.typical_p < 1.0:
         probs = _typical(probs, opts.typical_p)
         probs = probs / probs.sum(-1, keepdim=True)  # top-p measures mass among survivors

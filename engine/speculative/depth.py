@@ -86,6 +86,11 @@ class FixedDepth:
         pass
 
 
+#: The deepest draft ``AdaptiveDepth`` considers. ``choose`` runs before every token and scores each
+#: depth up to the cap, so without a bound a huge cap made every token slow; no drafter is ever
+#: accepted this deep (and ``engine.options`` refuses a larger ``draft_num_predict``).
+MAX_CONSIDERED_DEPTH = 64
+
 CostModel = Callable[[int, int], float]  # (depth, n_drafted) -> seconds; replaces measurements in tests
 
 
@@ -214,8 +219,9 @@ class AdaptiveDepth:
 
     def best(self, cap: int) -> int:
         """The depth in [0, cap] with the highest expected tokens per second (ties: shallower);
-        drafting must beat plain decoding by ``plain_margin``."""
-        cap = max(0, cap)
+        drafting must beat plain decoding by ``plain_margin``. Depths beyond
+        :data:`MAX_CONSIDERED_DEPTH` are not scored."""
+        cap = min(max(0, cap), MAX_CONSIDERED_DEPTH)
         acc = self.acceptances(cap)
         best_k, best_v = 0, -1.0
         expected, run = 1.0, 1.0
@@ -234,7 +240,7 @@ class AdaptiveDepth:
     # -- decision ------------------------------------------------------------------------------
     def choose(self, cap: int) -> int:
         self.step += 1
-        cap = max(0, cap)
+        cap = min(max(0, cap), MAX_CONSIDERED_DEPTH)  # per-token work independent of the cap
         if cap == 0:
             return 0
         if not self._verify:

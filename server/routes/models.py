@@ -43,6 +43,7 @@ from importer import (
 from modelfile import ParamError, ParseError, parse
 
 from ..context import ServerContext, ctx_of
+from ..limits import BodyTooLarge, blob_chunks, content_length_over
 from ..gojson import (
     ApiError,
     decode_struct,
@@ -161,6 +162,9 @@ async def post_blob(request: Request, digest: str) -> Response:
     canonical = _blob_digest(digest)
     if ctx.store.has_blob(canonical):
         return Response(status_code=200)
+    limit = ctx.settings.max_blob_bytes
+    if content_length_over(request.headers, limit):
+        raise BodyTooLarge("blob", limit)
     chunks = request.stream().__aiter__()
 
     def body_chunks() -> Any:
@@ -173,7 +177,8 @@ async def post_blob(request: Request, digest: str) -> Response:
                 yield chunk
 
     try:
-        got, size = await anyio.to_thread.run_sync(lambda: ctx.store.write_blob(body_chunks(), expected_digest=canonical))
+        got, size = await anyio.to_thread.run_sync(lambda: ctx.store.write_blob(blob_chunks(body_chunks(), limit),
+                                                                                 expected_digest=canonical))
     except DigestMismatchError as e:
         raise ApiError(400, f'digest mismatch, expected "{digest}", got "{e.got}"') from None
     except NoSpaceError as e:  # Ollama's 500 with Go's text; the partial file is already gone

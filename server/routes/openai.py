@@ -107,6 +107,11 @@ def _options(req: ChatCompletionRequest | CompletionRequest, top_p_default_when_
         options["stop"] = list(stop)
     elif stop is not None:
         raise ApiError(400, "invalid type for 'stop' field", "stop")
+    for key in ("max_completion_tokens", "max_tokens"):
+        limit = getattr(req, key, None)
+        if limit is not None and limit <= 0:  # OpenAI's answer; 0 or -1 must not mean "unbounded"
+            raise ApiError(400, f"Invalid '{key}': integer below minimum value. Expected a value >= 1, "
+                                f"but got {limit} instead.", key)
     max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens
     if max_tokens is not None:
         options["num_predict"] = max_tokens

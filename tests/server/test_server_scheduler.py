@@ -423,8 +423,8 @@ def test_options_reach_the_engine_typed(model_store: BlobStore, tmp_path: Path) 
             assert r.status_code == 200
             r = c.post("/api/generate", json={"model": "fake", "prompt": "hi", "stream": False,
                                               "options": {"draft_acceptance": "lossy"}})
-            assert (r.status_code, r.json()) == (
-                500, {"error": 'invalid draft_acceptance value [lossy]: must be "strict" or "match"'})
+            assert (r.status_code, r.json()) == (  # tandem's own range check: 400 since issue 15 (was 500)
+                400, {"error": 'invalid draft_acceptance value [lossy]: must be "strict" or "match"'})
     from_params, from_request = [req.options for e in FakeEngine.instances for req in e.requests]
     assert isinstance(from_params, Options) and from_params.draft_acceptance == "match"
     assert from_params.draft_num_predict == 2 and from_params.draft_trace
