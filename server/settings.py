@@ -210,18 +210,24 @@ def _go_type_name(value: object) -> str:
     return type(value).__name__
 
 
-def env_keep_alive(env: Mapping[str, str]) -> float:
-    """envconfig.KeepAlive(): Go duration, else integer seconds, else 5m; negative = forever."""
-    s = env_value(env, "TANDEM_KEEP_ALIVE")
-    seconds = DEFAULT_KEEP_ALIVE
+def _env_seconds(env: Mapping[str, str], key: str, default: float) -> float:
+    """A duration variable as Ollama's envconfig reads one: a Go duration, else integer seconds, else
+    (unset or unparseable) the default."""
+    s = env_value(env, key)
     if s:
         try:
-            seconds = parse_go_duration(s)
+            return parse_go_duration(s)
         except DurationError:
             try:
-                seconds = float(int(s))
+                return float(int(s))
             except ValueError:
                 pass
+    return default
+
+
+def env_keep_alive(env: Mapping[str, str]) -> float:
+    """envconfig.KeepAlive(): Go duration, else integer seconds, else 5m; negative = forever."""
+    seconds = _env_seconds(env, "TANDEM_KEEP_ALIVE", DEFAULT_KEEP_ALIVE)
     return FOREVER if seconds < 0 else seconds
 
 
@@ -239,16 +245,7 @@ def _env_uint(env: Mapping[str, str], key: str, default: int) -> int:
 def env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
     """A timeout variable: a Go duration or integer seconds (as TANDEM_LOAD_TIMEOUT); unparseable =
     the default; zero or negative = no limit (math.inf)."""
-    s = env_value(env, key)
-    seconds = default
-    if s:
-        try:
-            seconds = parse_go_duration(s)
-        except DurationError:
-            try:
-                seconds = float(int(s))
-            except ValueError:
-                pass
+    seconds = _env_seconds(env, key, default)
     return FOREVER if seconds <= 0 else seconds
 
 
