@@ -33,18 +33,28 @@ DEFAULT_PATTERN = 6
 DEFAULT_LOCAL_BASE = 10000.0
 
 
-def local_layers(n_layer: int, pattern) -> tuple[bool, ...]:
+def local_layers(n_layer: int, pattern, *, default: int = DEFAULT_PATTERN, path: str = "") -> tuple[bool, ...]:
+    """``attention.sliding_window_pattern``: one bool per layer (True = sliding), or a period (every
+    ``period``-th layer is global; 0 = none slides); ``default`` when the file has none."""
     if pattern is None:
-        pattern = DEFAULT_PATTERN
+        pattern = default
     if isinstance(pattern, (list, tuple)) or hasattr(pattern, "shape"):
         flags = tuple(bool(p) for p in pattern)
         if len(flags) != n_layer:
-            raise UnsupportedModelError(f"sliding_window_pattern has {len(flags)} entries for {n_layer} layers")
+            where = f"{path}: " if path else ""
+            raise UnsupportedModelError(f"{where}sliding_window_pattern has {len(flags)} entries for {n_layer} layers")
         return flags
     period = int(pattern)
     if period <= 0:
         return (False,) * n_layer
     return tuple((i + 1) % period != 0 for i in range(n_layer))
+
+
+def gemma_block(cfg: ModelConfig) -> dict:
+    """What every Gemma generation's block has in common: NEOX RoPE, GeGLU with the tanh GELU, embeddings
+    scaled by sqrt(n_embd), norms after attention and after the FFN, per-head q/k norms."""
+    return dict(rope_style="neox", activation="gelu_tanh", embed_scale=math.sqrt(cfg.n_embd), post_norms=True,
+                qk_norm=True)
 
 
 def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
@@ -57,11 +67,7 @@ def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
         attn_scale = 1.0 / math.sqrt(cfg.n_embd / cfg.n_head)
     return replace(
         cfg,
-        rope_style="neox",
-        activation="gelu_tanh",
-        embed_scale=math.sqrt(cfg.n_embd),
-        post_norms=True,
-        qk_norm=True,
+        **gemma_block(cfg),
         sliding_window=window,
         local_layers=flags,
         rope_base_local=float(f.arch_key("rope.freq_base_swa", DEFAULT_LOCAL_BASE)),

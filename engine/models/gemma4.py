@@ -26,7 +26,6 @@ What differs from gemma3, as llama.cpp's converter writes the GGUF and its gemma
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 from engine.gguf import GGUFFile
@@ -39,19 +38,7 @@ from engine.models.config import (
     moe_config,
     per_layer_ints,
 )
-
-DEFAULT_LOCAL_BASE = 10000.0
-
-
-def sliding_flags(value, n_layer: int, path: str) -> tuple[bool, ...]:
-    """``attention.sliding_window_pattern``: one bool per layer (True = sliding), or a period."""
-    if isinstance(value, (list, tuple)) or hasattr(value, "shape"):
-        flags = tuple(bool(v) for v in value)
-        if len(flags) != n_layer:
-            raise UnsupportedModelError(f"{path}: sliding_window_pattern has {len(flags)} entries for {n_layer} layers")
-        return flags
-    period = int(value) if value else 0
-    return tuple(period > 0 and (i + 1) % period != 0 for i in range(n_layer))
+from engine.models.gemma3 import DEFAULT_LOCAL_BASE, gemma_block, local_layers
 
 
 def kv_sources(flags: tuple[bool, ...], n_shared: int, path: str) -> tuple[int, ...]:
@@ -102,7 +89,7 @@ def attention_config(f: GGUFFile, cfg: ModelConfig) -> ModelConfig:
     n = cfg.n_layer
     window = f.arch_key("attention.sliding_window")
     window = int(window) if window else None
-    flags = sliding_flags(f.arch_key("attention.sliding_window_pattern"), n, path) if window else (False,) * n
+    flags = local_layers(n, f.arch_key("attention.sliding_window_pattern"), default=0, path=path) if window else (False,) * n
 
     head_full = cfg.head_dim
     head_swa = int(f.arch_key("attention.key_length_swa", head_full))
@@ -115,11 +102,7 @@ def attention_config(f: GGUFFile, cfg: ModelConfig) -> ModelConfig:
     head_dims = tuple(head_swa if local else head_full for local in flags)
     return replace(
         cfg,
-        rope_style="neox",
-        activation="gelu_tanh",
-        embed_scale=math.sqrt(cfg.n_embd),
-        post_norms=True,
-        qk_norm=True,
+        **gemma_block(cfg),
         v_norm=True,
         attn_scale=1.0,
         attn_softcap=None,
