@@ -397,7 +397,7 @@ Use \"\"\" to begin a multi-line message."""
 
 _SET_HELP = """Available Commands:
   /set parameter ...     Set a parameter (incl. draft_num_predict, draft_p_min, draft_n_min,
-                         relaxed_top_n, draft_schedule, drafter, draft_trace)
+                         relaxed_top_n, relaxed_scope, draft_schedule, drafter, draft_trace)
   /set system <string>   Set system message
   /set verbose           Show statistics (incl. speculation)
   /set quiet             Disable statistics"""

@@ -125,6 +125,9 @@ def test_tags_show_copy_delete(http: httpx.Client) -> None:
     assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) > 5
     r = http.post("/api/show", json={"model": "tiny", "options": {"draft_num_predict": 0}})
     assert r.json()["speculation"]["effective"]["drafter"] == "none"
+    assert spec["defaults"]["relaxed_scope"] == spec["effective"]["relaxed_scope"] == "all"
+    r = http.post("/api/show", json={"model": "tiny", "options": {"relaxed_scope": "thinking"}})
+    assert r.json()["speculation"]["effective"]["relaxed_scope"] == "thinking"
     assert http.post("/api/show", json={"model": "nope"}).status_code == 404
     assert http.post("/api/show", json={}).json() == {"error": "model is required"}
 
