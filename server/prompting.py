@@ -96,18 +96,23 @@ class ModelPrompting:
         self.facts = read_prompt_facts(model.model_path)
         self.go: GoTemplate | None = None
         self.jinja: JinjaChatTemplate | None = None
+        # The template text /api/show reports (Ollama's selectedModelTemplate): the one in use.
+        self.template_text = ""
         if model.template is not None:
             self.kind = "template"
             self.go = _parse(model.template)
+            self.template_text = model.template
         elif self.facts.chat_template is not None:
             self.kind = "chat_template"
             try:
                 self.jinja = JinjaChatTemplate(self.facts.chat_template)
+                self.template_text = self.facts.chat_template
             except TemplateError:
                 self.jinja = None
         if self.go is None and self.jinja is None:
             self.kind = "fallback"
-            self.go = _parse(fallback_template_for(self.facts.architecture, self.facts.token_strings))
+            self.template_text = fallback_template_for(self.facts.architecture, self.facts.token_strings)
+            self.go = _parse(self.template_text)
 
     # -- capabilities ---------------------------------------------------------------------------
     @property
