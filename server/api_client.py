@@ -97,7 +97,10 @@ class Client:
         return r.headers.get("x-tandem-version", "")
 
     def version(self) -> str:
-        return self._request("GET", "/api/version").json()["version"]
+        """The server's own version: tandem's (`tandem_version`; `version` is the Ollama API it mirrors),
+        or an Ollama server's `version`."""
+        body = self._request("GET", "/api/version").json()
+        return body.get("tandem_version") or body["version"]
 
     def head_blob(self, digest: str) -> bool:
         try:
