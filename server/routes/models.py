@@ -231,8 +231,9 @@ def _show(ctx: ServerContext, req: ShowBody, name: str) -> dict[str, Any]:
     if model.messages:
         out["messages"] = model.messages
     out["model_info"] = model_info(model, verbose=req.verbose)
-    if req.verbose:
-        out["tensors"] = tensor_list(model)
+    # Ollama's ShowHandler fills `tensors` for every GGUF model, verbose or not (its CLI prints them
+    # only with --verbose).
+    out["tensors"] = tensor_list(model)
     out["capabilities"] = prompting.capabilities()
     out["modified_at"] = rfc3339(model.modified_at)
     out["speculation"] = speculation_info(model, req.options, prompting.facts.has_mtp_head)
