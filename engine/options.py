@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 __all__ = [
-    "ParamError", "OptionRangeError", "Options", "DrafterChoice", "DraftSchedule", "AcceptanceRule",
+    "ParamError", "OptionRangeError", "Options", "DrafterChoice", "DraftSchedule", "AcceptanceRule", "RelaxedScope",
     "OPTION_TYPES", "OPTION_ALIASES", "OPTION_CHOICES", "DEFAULT_OPTIONS", "SPECULATION_DEFAULTS",
     "SPECULATION_OPTIONS", "DRAFTERS", "DRAFT_SCHEDULES", "ACCEPTANCE_RULES",
     "coerce_options", "check_range", "MAX_DRAFT_NUM_PREDICT", "float32", "INT64_MIN", "INT64_MAX",
@@ -51,6 +51,7 @@ class OptionRangeError(ParamError):
 DrafterChoice = Literal["auto", "model", "mtp", "ngram", "none"]
 DraftSchedule = Literal["adaptive", "fixed"]
 AcceptanceRule = Literal["strict", "match"]
+RelaxedScope = Literal["all", "thinking"]
 
 
 #: The largest ``draft_num_predict``: deeper drafts are never worth verifying, and every drafted
@@ -85,6 +86,10 @@ class Options:
     ``relaxed_top_n``
         0 = strict, lossless acceptance; N > 0 also accepts a draft ranked among the target's top
         N filtered candidates (lossy).
+    ``relaxed_scope``
+        Where ``relaxed_top_n`` applies: ``all`` positions, or only ``thinking`` ones (inside the
+        model's reasoning block, found from its ``<think>``/``</think>`` tokens); the answer after
+        the block is then decided by the strict, lossless rule.
     ``draft_schedule``
         ``adaptive`` (pick the depth that maximises committed tokens per second, up to the cap) or
         ``fixed`` (always draft up to the cap).
@@ -128,6 +133,7 @@ class Options:
     draft_n_min: int = _speculation(0, min=0)
     draft_p_min: float = _speculation(0.0, min=0, max=1)
     relaxed_top_n: int = _speculation(0, min=0)
+    relaxed_scope: RelaxedScope = _speculation("all")
     draft_schedule: DraftSchedule = _speculation("adaptive")
     drafter: DrafterChoice = _speculation("auto")
     draft_trace: bool = _speculation(False)

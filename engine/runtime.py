@@ -167,6 +167,8 @@ class ModelRuntime:
             p_min=plan.p_min,
             n_min=plan.n_min,
             relaxed_top_n=plan.relaxed_top_n,
+            relaxed_scope=plan.relaxed_scope,
+            relaxed_within=self.tokenizer.think_tags() if plan.relaxed_scope == "thinking" else None,
             rule=plan.rule,
             logprobs=bool(req.logprobs),
             top_logprobs=int(req.top_logprobs or 0) if req.logprobs else 0,

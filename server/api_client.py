@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from .settings import parse_host
+from .settings import env_value, parse_host
 
 
 class APIError(Exception):
@@ -37,9 +37,15 @@ def _error_text(response: httpx.Response) -> str:
     return response.text.strip() or f"HTTP {response.status_code}"
 
 
+def default_host() -> str | None:
+    """Where the CLI finds a server: TANDEM_HOST, else OLLAMA_HOST (so a shell set up for Ollama reaches
+    tandem too), else parse_host's default (127.0.0.1:11434). Both are read as Ollama's envconfig reads them."""
+    return env_value(os.environ, "TANDEM_HOST") or env_value(os.environ, "OLLAMA_HOST") or None
+
+
 class Client:
     def __init__(self, host: str | None = None, timeout: float | None = None):
-        spec = parse_host(host if host is not None else os.environ.get("TANDEM_HOST"))
+        spec = parse_host(host if host is not None else default_host())
         self.base_url = spec.url()
         self._http = httpx.Client(base_url=self.base_url, timeout=httpx.Timeout(timeout, connect=5.0))
 
@@ -91,7 +97,10 @@ class Client:
         return r.headers.get("x-tandem-version", "")
 
     def version(self) -> str:
-        return self._request("GET", "/api/version").json()["version"]
+        """The server's own version: tandem's (`tandem_version`; `version` is the Ollama API it mirrors),
+        or an Ollama server's `version`."""
+        body = self._request("GET", "/api/version").json()
+        return body.get("tandem_version") or body["version"]
 
     def head_blob(self, digest: str) -> bool:
         try:
@@ -126,6 +135,12 @@ class Client:
 
     def tags(self) -> dict[str, Any]:
         return self._request("GET", "/api/tags").json()
+
+    def copy(self, source: str, destination: str) -> None:
+        self._request("POST", "/api/copy", json={"source": source, "destination": destination})
+
+    def delete(self, name: str) -> None:
+        self._request("DELETE", "/api/delete", json={"model": name})
 
 
 def sha256_file(path: Path) -> str:

@@ -1,8 +1,9 @@
 """The `tandem` command line: Ollama's verbs.
 
-`serve` runs the server; `run`, `ps`, `stop`, `pull` and `bench` talk to it over the API (TANDEM_HOST); `create`
-goes through `/api/blobs` + `/api/create` when a tandem server answers and works on the local store
-otherwise; `list`, `show`, `cp` and `rm` work on the local store.
+`serve` runs the server; `run`, `stop`, `pull` and `bench` talk to it over the API (TANDEM_HOST, else
+OLLAMA_HOST); `create` goes through `/api/blobs` + `/api/create` when a server answers; `list`, `show`, `cp`,
+`rm` and `ps` ask the server too. When no server answers, `create`, `list`, `show`, `cp` and `rm` work on the
+local store (TANDEM_MODELS) and say so on stderr; `ps` then has nothing running to list.
 
 Errors go to stderr as `Error: <message>` with exit status 1, as Ollama's CLI does.
 """
@@ -29,7 +30,7 @@ from modelfile import ParseError, parse
 
 from .api_client import APIError, Client, ServerBlobSink
 from .bench.command import add_arguments as bench_arguments
-from .show import modelfile_text, parameters_text
+from .show import model_info, modelfile_text, parameters_text
 
 
 class CLIError(Exception):
@@ -163,12 +164,38 @@ def _create_local(args: argparse.Namespace, store: BlobStore) -> None:
         _build_local(args, store)
 
 
+def _server(store: BlobStore) -> Client | None:
+    """A client for the server at TANDEM_HOST (else OLLAMA_HOST) when one answers; otherwise None, after
+    saying on stderr that the local store is used instead (Ollama's CLI would fail; tandem can still
+    read its store)."""
+    client = Client()
+    if client.heartbeat() is not None:
+        return client
+    client.close()
+    print(f"tandem: no server answers at {client.base_url}; using the local store {store.root}", file=sys.stderr)
+    return None
+
+
+def _api(call: Callable[[], object]) -> object:
+    try:
+        return call()
+    except APIError as e:
+        raise CLIError(str(e)) from None
+
+
 def cmd_list(args: argparse.Namespace, store: BlobStore) -> None:
-    store.remove_dead_partials()  # partial files of killed writers (only those: see BlobStore)
-    entries = sorted(store.list_models(), key=lambda e: e.modified_at, reverse=True)
+    client = _server(store)
+    if client is not None:
+        with client:
+            tags = _api(client.tags)
+        rows_in = [(m.get("name", ""), m.get("digest", ""), int(m.get("size", 0)), _parse_time(m["modified_at"]))
+                   for m in tags.get("models", [])]  # type: ignore[union-attr]
+    else:
+        store.remove_dead_partials()  # partial files of killed writers (only those: see BlobStore)
+        rows_in = [(e.name.display(), e.digest, e.size, e.modified_at) for e in store.list_models()]
     rows = [("NAME", "ID", "SIZE", "MODIFIED")]
-    for e in entries:
-        rows.append((e.name.display(), e.digest[:12], human_bytes(e.size), human_time_ago(e.modified_at)))
+    for name, digest, size, modified in sorted(rows_in, key=lambda r: r[3], reverse=True):
+        rows.append((name, digest[:12], human_bytes(size), human_time_ago(modified)))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     for r in rows:
         print("    ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -181,56 +208,72 @@ def _section(title: str, rows: list[tuple[str, str]]) -> None:
     print()
 
 
+def _local_show(store: BlobStore, name: str) -> dict:
+    """What /api/show answers, from the local store (the fields `tandem show` prints)."""
+    from .options import draft_details
+    from .prompting import ModelPrompting
+
+    model = load_stored_model(store, name)
+    return {"modelfile": modelfile_text(model), "parameters": parameters_text(model.params),
+            "template": ModelPrompting(model).template_text, "system": model.system or "",
+            "license": "\n".join(model.licenses), "details": model.details(), "model_info": model_info(model),
+            "speculation": {"draft": draft_details(model)}}
+
+
 def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
-    model = load_stored_model(store, args.model)
-    if args.modelfile:
-        print(modelfile_text(model))
-        return
-    if args.parameters:
-        print(parameters_text(model.params))
-        return
-    if args.template:
-        print(model.template or "")
-        return
-    if args.system:
-        print(model.system or "")
-        return
-    if args.license:
-        print("\n".join(model.licenses))
-        return
-    c = model.config
-    arch = c.get("model_family", "")
-    rows = [("architecture", arch), ("parameters", c.get("model_type", ""))]
-    if c.get("context_length"):
-        rows.append(("context length", str(c["context_length"])))
-    if c.get("embedding_length"):
-        rows.append(("embedding length", str(c["embedding_length"])))
-    rows.append(("quantization", c.get("file_type", "")))
+    client = _server(store)
+    if client is not None:
+        with client:
+            info: dict = _api(lambda: client.show(args.model))  # type: ignore[assignment]
+    else:
+        info = _local_show(store, args.model)
+    for flag in ("modelfile", "parameters", "template", "system", "license"):
+        if getattr(args, flag):
+            print(info.get(flag) or "")
+            return
+    details, mi = info.get("details") or {}, info.get("model_info") or {}
+    arch = mi.get("general.architecture") or details.get("family", "")
+    rows = [("architecture", arch), ("parameters", details.get("parameter_size", ""))]
+    for key, label in (("context_length", "context length"), ("embedding_length", "embedding length")):
+        if mi.get(f"{arch}.{key}"):
+            rows.append((label, str(mi[f"{arch}.{key}"])))
+    rows.append(("quantization", details.get("quantization_level", "")))
     print()
     _section("Model", rows)
-    if model.draft_path is not None:
-        from engine.gguf import GGUFFile, format_parameter_count
-
-        with GGUFFile(model.draft_path) as f:
-            _section("Draft", [("architecture", f.architecture), ("parameters", format_parameter_count(f.parameter_count)),
-                               ("quantization", f.file_type)])
-    if model.params:
-        _section("Parameters", [(line[:30].strip(), line[30:].strip()) for line in parameters_text(model.params).splitlines()])
-    if model.system:
-        _section("System", [(line, "") for line in model.system.splitlines()[:8]])
-    if model.licenses:
-        _section("License", [(line, "") for line in model.licenses[0].splitlines()[:2]])
+    draft = (info.get("speculation") or {}).get("draft")
+    if draft:
+        _section("Draft", [("architecture", draft.get("family", "")), ("parameters", draft.get("parameter_size", "")),
+                           ("quantization", draft.get("quantization_level", ""))])
+    if info.get("parameters"):
+        _section("Parameters", [(line[:30].strip(), line[30:].strip()) for line in info["parameters"].splitlines()])
+    if info.get("system"):
+        _section("System", [(line, "") for line in info["system"].splitlines()[:8]])
+    if info.get("license"):
+        _section("License", [(line, "") for line in info["license"].splitlines()[:2]])
 
 
 def cmd_copy(args: argparse.Namespace, store: BlobStore) -> None:
-    store.copy(args.source, args.destination)
+    client = _server(store)
+    if client is not None:
+        with client:
+            _api(lambda: client.copy(args.source, args.destination))
+    else:
+        store.copy(args.source, args.destination)
     print(f"copied '{args.source}' to '{args.destination}'")
 
 
 def cmd_rm(args: argparse.Namespace, store: BlobStore) -> None:
-    for name in args.models:
-        store.delete(name)
-        print(f"deleted '{name}'")
+    client = _server(store)
+    try:
+        for name in args.models:
+            if client is not None:
+                _api(lambda: client.delete(name))
+            else:
+                store.delete(name)
+            print(f"deleted '{name}'")
+    finally:
+        if client is not None:
+            client.close()
 
 
 
@@ -397,7 +440,7 @@ Use \"\"\" to begin a multi-line message."""
 
 _SET_HELP = """Available Commands:
   /set parameter ...     Set a parameter (incl. draft_num_predict, draft_p_min, draft_n_min,
-                         relaxed_top_n, draft_schedule, drafter, draft_trace)
+                         relaxed_top_n, relaxed_scope, draft_schedule, drafter, draft_trace)
   /set system <string>   Set system message
   /set verbose           Show statistics (incl. speculation)
   /set quiet             Disable statistics"""
@@ -589,10 +632,14 @@ def _parse_time(value: str) -> datetime:
 
 def cmd_ps(args: argparse.Namespace, store: BlobStore) -> None:
     with Client() as client:
-        try:
-            models = client.ps().get("models", [])
-        except APIError as e:
-            raise CLIError(str(e)) from None
+        if client.heartbeat() is None:  # no server: nothing can be running
+            print(f"tandem: no server answers at {client.base_url}; no models are running", file=sys.stderr)
+            models = []
+        else:
+            try:
+                models = client.ps().get("models", [])
+            except APIError as e:
+                raise CLIError(str(e)) from None
     rows = [("NAME", "ID", "SIZE", "PROCESSOR", "CONTEXT", "UNTIL")]
     for m in models:
         size, vram = m.get("size", 0), m.get("size_vram", 0)

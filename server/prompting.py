@@ -30,6 +30,7 @@ from engine.text.prompt import (
     render_generate,
     supports_insert,
 )
+from engine.text.special_tokens import FimTokens, find_fim_tokens
 
 __all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "Tool", "InsertNotSupported"]
 
@@ -53,6 +54,7 @@ class GGUFPromptFacts:
     add_bos: bool
     token_strings: tuple[str, ...]
     has_mtp_head: bool  # NextN tensors: the target can draft for itself
+    fim: FimTokens | None = None  # fill-in-the-middle markers of the vocabulary
 
 
 def read_prompt_facts(path: Path) -> GGUFPromptFacts:
@@ -81,6 +83,7 @@ def read_prompt_facts(path: Path) -> GGUFPromptFacts:
             add_bos=bool(add_bos),
             token_strings=tokens,
             has_mtp_head=has_mtp_head(f.tensors),
+            fim=find_fim_tokens(tokens, md.get("tokenizer.ggml.token_type"), md),
         )
 
 
@@ -93,23 +96,35 @@ class ModelPrompting:
         self.facts = read_prompt_facts(model.model_path)
         self.go: GoTemplate | None = None
         self.jinja: JinjaChatTemplate | None = None
+        # The template text /api/show reports (Ollama's selectedModelTemplate): the one in use.
+        self.template_text = ""
         if model.template is not None:
             self.kind = "template"
             self.go = _parse(model.template)
+            self.template_text = model.template
         elif self.facts.chat_template is not None:
             self.kind = "chat_template"
             try:
                 self.jinja = JinjaChatTemplate(self.facts.chat_template)
+                self.template_text = self.facts.chat_template
             except TemplateError:
                 self.jinja = None
         if self.go is None and self.jinja is None:
             self.kind = "fallback"
-            self.go = _parse(fallback_template_for(self.facts.architecture, self.facts.token_strings))
+            self.template_text = fallback_template_for(self.facts.architecture, self.facts.token_strings)
+            self.go = _parse(self.template_text)
 
     # -- capabilities ---------------------------------------------------------------------------
     @property
-    def supports_insert(self) -> bool:
+    def template_inserts(self) -> bool:
+        """The model's Go template renders .Suffix (Ollama's only source of the insert capability)."""
         return self.go is not None and supports_insert(self.go)
+
+    @property
+    def supports_insert(self) -> bool:
+        """`suffix` works: the template handles it, or the vocabulary has FIM markers (tandem's
+        addition, so a GGUF whose Jinja template knows nothing of FIM can still fill in the middle)."""
+        return self.template_inserts or self.facts.fim is not None
 
     def capabilities(self) -> list[str]:
         """Ollama's capability names this model has (tandem runs text models only)."""
@@ -124,10 +139,14 @@ class ModelPrompting:
         """/api/generate (not raw): the request's template overrides the model's."""
         go = _parse(template) if template else self.go
         try:
+            if suffix and not (go is not None and supports_insert(go)):
+                # No template that renders .Suffix (Ollama's way wins when there is one): the
+                # vocabulary's FIM markers, laid out as llama.cpp's infill, with no chat template.
+                if self.facts.fim is None:
+                    raise InsertNotSupported("template does not support insert")
+                return self.facts.fim.render(prompt, suffix)
             if go is not None:
                 return render_generate(go, prompt=prompt, system=system, suffix=suffix or None, history=history)
-            if suffix:
-                raise InsertNotSupported("template does not support insert")
             messages = ([Message("system", system)] if system else []) + list(history) + [Message("user", prompt)]
             return self._jinja(messages, ())
         except InsertNotSupported:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from blobs.model import StoredModel
-from engine.gguf import GGUFFile
+from engine.gguf import GGML_TYPES, GGUFFile
 from modelfile import Command, render
 
 
@@ -87,3 +87,13 @@ def model_info(model: StoredModel, verbose: bool = False) -> dict[str, Any]:
                 if k not in ("general.name", "tokenizer.chat_template")}
         info["general.parameter_count"] = f.parameter_count
     return info
+
+
+def tensor_list(model: StoredModel) -> list[dict[str, Any]]:
+    """Ollama's `tensors` (api.Tensor): every tensor of the model file in file order, its ggml type name
+    and its shape in GGUF order (innermost dimension first)."""
+    if model.model_path is None:
+        return []
+    with GGUFFile(model.model_path) as f:
+        return [{"name": t.name, "type": GGML_TYPES[t.ggml_type][0] if t.ggml_type in GGML_TYPES else "unknown",
+                 "shape": [int(d) for d in t.dims]} for t in f.tensors.values()]

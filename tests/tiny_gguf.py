@@ -97,14 +97,22 @@ class TinySpec:
     seed: int = 0
     name: str = "tiny"
     extra_metadata: dict = field(default_factory=dict)
+    extra_specials: tuple[str, ...] = ()  # more control tokens after the gpt2 vocabulary's (FIM markers, <think>)
 
 
 def vocab_for(spec: TinySpec) -> tuple[list[str], list[int]]:
     if spec.tokenizer == "llama":
         tokens, types, _ = spm_vocab()
     else:
-        tokens, types, _ = gpt2_vocab()
+        tokens, types, _ = _gpt2_vocab_for(spec)
     return tokens, types
+
+
+_GPT2_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+
+def _gpt2_vocab_for(spec: TinySpec) -> tuple[list[str], list[int], list[str]]:
+    return gpt2_vocab(_GPT2_SPECIALS + tuple(spec.extra_specials))
 
 
 _QUANT = {
@@ -205,7 +213,7 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
         writer.add_pad_token_id(0)
         writer.add_add_bos_token(True)
     else:
-        tokens, types, merges = gpt2_vocab()
+        tokens, types, merges = _gpt2_vocab_for(spec)
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(spec.pre)
         writer.add_token_list(tokens)

@@ -18,6 +18,8 @@ Rules
 * ``relaxed_accept`` (lossy, the seed guide's top-N): accept if the strict test passes, or if ``d_i``
   is a candidate of the filtered ``p_i`` (``p_i(d_i) > 0``) whose rank -- the number of candidates
   with strictly higher probability -- is ``< top_n``. Rejections emit as the strict rule does.
+  ``relaxed`` (one flag per drafted position, e.g. "inside the reasoning block") limits the rank test
+  to the flagged positions; the others are decided by the strict test alone.
 
 Generator contract
 ------------------
@@ -219,18 +221,22 @@ def _finish(drafts: list[int], decisions: list[Decision], next_token: int) -> Ac
 
 
 def relaxed_accept_from_uniforms(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float], top_n: int
+    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float], top_n: int,
+    relaxed: Sequence[bool] | None = None,
 ) -> AcceptResult:
-    """Strict rule, plus rank acceptance when ``top_n > 0``; ``u`` holds the round's k+1 uniforms."""
+    """Strict rule, plus rank acceptance when ``top_n > 0`` (at the positions ``relaxed`` flags, all
+    when None); ``u`` holds the round's k+1 uniforms."""
     d, k = _check(p, q, drafts)
     if len(u) != k + 1:
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
+    if relaxed is not None and len(relaxed) < k:
+        raise ValueError(f"relaxed needs a flag for each of the {k} drafted positions, got {len(relaxed)}")
     s, dl = _round(p, q, d, k), d.tolist()
     decisions: list[Decision] = []
     for i in range(k):
         if _strict_test(u[i], s.p_draft[i], s.q_draft[i]):
             kind: DecisionKind = "accept-strict"
-        elif top_n > 0 and 0 <= s.rank[i] < top_n:  # rank -1: filtered out, never accepted
+        elif top_n > 0 and (relaxed is None or relaxed[i]) and 0 <= s.rank[i] < top_n:  # rank -1: filtered out
             kind = "accept-rank"
         else:
             kind = "reject"
@@ -285,8 +291,10 @@ def match_accept(
 
 
 def relaxed_accept(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator, top_n: int
+    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator, top_n: int,
+    relaxed: Sequence[bool] | None = None,
 ) -> AcceptResult:
-    """Lossy top-N rule; ``top_n = 0`` is ``strict_accept`` exactly (same draws, same result)."""
+    """Lossy top-N rule; ``top_n = 0`` (or no position flagged in ``relaxed``) is ``strict_accept``
+    exactly (same draws, same result)."""
     k = _depth(drafts)
-    return relaxed_accept_from_uniforms(p, q, drafts, draw_uniforms(generator, k + 1), top_n)
+    return relaxed_accept_from_uniforms(p, q, drafts, draw_uniforms(generator, k + 1), top_n, relaxed)

@@ -42,6 +42,7 @@ from engine.speculative.acceptance import (
 from engine.speculative.depth import DepthController
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, TargetOutput
 from engine.speculative.stats import SpeculationStats
+from engine.text.special_tokens import ThinkTags
 from engine.text.stops import TextStream
 
 TRACE_ENV = "TANDEM_DRAFT_TRACE"
@@ -70,6 +71,10 @@ class DecodeSettings:
     p_min: float = 0.0
     n_min: int = 0
     relaxed_top_n: int = 0
+    # relaxed_scope "thinking": the tags of the reasoning block the relaxed rule is limited to (None with
+    # relaxed_scope "all"); a model without them gets the strict rule everywhere.
+    relaxed_within: ThinkTags | None = None
+    relaxed_scope: str = "all"
     rule: str = "strict"  # strict | match (llama.cpp's rule, for measurements); relaxed via relaxed_top_n
     logprobs: bool = False
     top_logprobs: int = 0
@@ -131,6 +136,7 @@ class DecodeLoop:
         self.times = TimeBreakdown()
         self._rounds = 0
         self._last_commit_drafting = 0.0
+        self._reasoning = False  # relaxed_scope "thinking": the committed log leaves the block open
 
     # ------------------------------------------------------------------------------------------
     # the loop
@@ -150,6 +156,8 @@ class DecodeLoop:
 
         if s.cap > 0:
             self.controller.begin_request()
+        if s.relaxed_within is not None:  # a prompt that ends inside an open block (a thinking prefill)
+            self._reasoning = s.relaxed_within.inside_after(prompt, False)
         t_start = self.clock()
         cached, committed = self._evaluate(list(prompt))
         t_prompt = self.clock()
@@ -289,8 +297,18 @@ class DecodeLoop:
         if self.s.rule == "match":
             return match_accept(p, q, drafts, self.gen)
         if self.s.relaxed_top_n > 0:
-            return relaxed_accept(p, q, drafts, self.gen, self.s.relaxed_top_n)
+            return relaxed_accept(p, q, drafts, self.gen, self.s.relaxed_top_n, self._relaxed_positions(drafts))
         return strict_accept(p, q, drafts, self.gen)
+
+    def _relaxed_positions(self, drafts: list[int]) -> list[bool] | None:
+        """relaxed_scope: None (every position) for ``all``; for ``thinking``, the drafted positions
+        inside the reasoning block, decided from the committed log and the earlier drafts."""
+        s = self.s
+        if s.relaxed_scope == "all":
+            return None
+        if s.relaxed_within is None:
+            return [False] * len(drafts)
+        return s.relaxed_within.reasoning_positions(drafts, self._reasoning)
 
     def _commit(self, res: AcceptResult, dist: Distribution, drafts: list[int], P: int,
                 target_out: TargetOutput | None) -> _Committed:
@@ -307,6 +325,8 @@ class DecodeLoop:
         self.cache.truncate(min(P + 1 + res.n_accepted, new_len, self.cache.length))
         self.log.extend(run)
         self.generated.extend(run)
+        if self.s.relaxed_within is not None:
+            self._reasoning = self.s.relaxed_within.inside_after(run, self._reasoning)
         t0 = self.clock()
         self.drafter.commit(run, len(self.log), target_out)
         self._last_commit_drafting = self.clock() - t0

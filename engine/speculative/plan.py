@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.options import SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options
+from engine.options import SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options, RelaxedScope
 
 PlannedDrafter = Literal["model", "mtp", "ngram", "none"]
 
@@ -29,11 +29,13 @@ class SpeculationPlan:
     n_min: int
     relaxed_top_n: int
     trace: bool  # the draft_trace option (the engine also honours TANDEM_DRAFT_TRACE)
+    relaxed_scope: RelaxedScope = "all"  # where relaxed_top_n applies: everywhere or the reasoning only
 
     def as_options(self) -> dict[str, Any]:
         """The plan under the option names, in :data:`SPECULATION_DEFAULTS` order (/api/show)."""
         values = {"draft_num_predict": self.cap, "draft_n_min": self.n_min, "draft_p_min": self.p_min,
-                  "relaxed_top_n": self.relaxed_top_n, "draft_schedule": self.schedule,
+                  "relaxed_top_n": self.relaxed_top_n, "relaxed_scope": self.relaxed_scope,
+                  "draft_schedule": self.schedule,
                   "drafter": self.drafter, "draft_trace": self.trace, "draft_acceptance": self.rule}
         return {name: values[name] for name in SPECULATION_DEFAULTS}
 
@@ -66,4 +68,4 @@ def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: b
     return SpeculationPlan(drafter=drafter, cap=cap, rule=options.draft_acceptance,  # type: ignore[arg-type]
                            schedule=options.draft_schedule, p_min=options.draft_p_min,
                            n_min=options.draft_n_min, relaxed_top_n=options.relaxed_top_n,
-                           trace=options.draft_trace)
+                           trace=options.draft_trace, relaxed_scope=options.relaxed_scope)

@@ -36,6 +36,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
+from engine.text.special_tokens import ThinkTags, find_think_tags
+
 log = logging.getLogger(__name__)
 
 
@@ -454,6 +456,10 @@ class Tokenizer:
 
     def is_control(self, token_id: int) -> bool:
         return token_id in self._control
+
+    def think_tags(self) -> ThinkTags | None:
+        """The reasoning block's open/close tokens (``<think>``/``</think>``), if the vocabulary has them."""
+        return find_think_tags(self.token_id)
 
     def token_id(self, text: str) -> int | None:
         """The id of the token spelled ``text`` in the vocabulary (e.g. ``"<|im_end|>"``), if any."""

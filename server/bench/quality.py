@@ -115,7 +115,7 @@ def _render(client: Client, model: str, text: str) -> str:
     r = client._request("POST", "/api/generate",
                         json={"model": model, "prompt": text, "_debug_render_only": True, "stream": False}).json()
     try:
-        return r["debug_info"]["rendered_template"]
+        return r["_debug_info"]["rendered_template"]
     except (KeyError, TypeError):
         raise QualityError("the server did not render the prompt (debug_render_only); "
                            "--quality needs a tandem server") from None

@@ -83,8 +83,8 @@ async def generate(request: Request) -> Response:
 
     if req.debug_render_only:
         text = await anyio.to_thread.run_sync(render)
-        return json_response({"model": req.model, "created_at": rfc3339(),
-                              "debug_info": {"rendered_template": text, "image_count": 0}})
+        return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": False,
+                              "_debug_info": debug_info(text)})
 
     gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0)
     if not req.prompt:  # load only
@@ -107,6 +107,15 @@ async def generate(request: Request) -> Response:
 
     return await stream_or_collect(native_events(gen, req.model, lambda text: {"response": text},
                                                  with_context=not req.raw), req.stream, merge)
+
+
+def debug_info(rendered: str, images: int = 0) -> dict[str, Any]:
+    """Ollama's `_debug_info` (api.DebugInfo) for `_debug_render_only`: the zero-valued response
+    around it, as Go marshals it (image_count omitted when 0)."""
+    out: dict[str, Any] = {"rendered_template": rendered}
+    if images:
+        out["image_count"] = images
+    return out
 
 
 async def native_events(gen: Generation, model: str, payload: Callable[[str], dict[str, Any]],
@@ -186,9 +195,8 @@ async def chat(request: Request) -> Response:
             text = await anyio.to_thread.run_sync(lambda: prompting.chat_prompt(full, []))
         except PromptError as e:
             raise ApiError(e.status, str(e)) from None
-        return json_response({"model": req.model, "created_at": rfc3339(),
-                              "message": {"role": "assistant", "content": ""},
-                              "debug_info": {"rendered_template": text, "image_count": 0}})
+        return json_response({"model": req.model, "created_at": rfc3339(), "message": {"role": "", "content": ""},
+                              "done": False, "_debug_info": debug_info(text)})
 
     gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0)
     if not messages:  # load only

@@ -55,7 +55,7 @@ from ..gojson import (
 from ..hf_pull import fetch_into_store
 from ..ndjson import as_api_error, merge_last, stream_or_collect, thread_progress
 from ..options import speculation_info
-from ..show import model_info, modelfile_text, parameters_text
+from ..show import model_info, modelfile_text, parameters_text, tensor_list
 from ..types import CopyBody, DeleteBody, ShowBody
 from ..validation import stored_model
 
@@ -223,14 +223,17 @@ def _show(ctx: ServerContext, req: ShowBody, name: str) -> dict[str, Any]:
     out["modelfile"] = modelfile_text(dataclasses.replace(model, params=params))
     if params:
         out["parameters"] = parameters_text(params)
-    if model.template:
-        out["template"] = model.template
+    if prompting.template_text:
+        out["template"] = prompting.template_text
     if model.system:
         out["system"] = model.system
     out["details"] = model.details()
     if model.messages:
         out["messages"] = model.messages
     out["model_info"] = model_info(model, verbose=req.verbose)
+    # Ollama's ShowHandler fills `tensors` for every GGUF model, verbose or not (its CLI prints them
+    # only with --verbose).
+    out["tensors"] = tensor_list(model)
     out["capabilities"] = prompting.capabilities()
     out["modified_at"] = rfc3339(model.modified_at)
     out["speculation"] = speculation_info(model, req.options, prompting.facts.has_mtp_head)
@@ -327,7 +330,15 @@ async def push(request: Request) -> Response:
     raise ApiError(400, "pushing models is not supported by tandem; share the GGUF files or the models directory")
 
 
+#: The Ollama release whose API this server mirrors, reported as /api/version's `version`: clients gate
+#: features on it (a "0.1.0" read as a very old Ollama). The shapes and messages follow the Ollama
+#: source snapshot tagged v0.33.0-rc2 (release candidate of 0.33.0), reported as its release number
+#: because clients parse X.Y.Z. Raise it when the routes are brought up to a newer Ollama.
+OLLAMA_API_VERSION = "0.33.0"
+
+
 @router.get("/api/version")
 @router.head("/api/version")
 async def version(request: Request) -> Response:
-    return json_response({"version": ctx_of(request).version})
+    # tandem's own version in a field of its own (Ollama clients read only `version`).
+    return json_response({"version": OLLAMA_API_VERSION, "tandem_version": ctx_of(request).version})

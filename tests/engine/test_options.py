@@ -40,7 +40,7 @@ def test_option_types_table():
     floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
               "frequency_penalty", "draft_p_min"}
     bools = {"use_mmap", "draft_trace"}
-    strs = {"draft_schedule", "drafter", "draft_acceptance"}
+    strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope"}
     assert {k for k, v in OPTION_TYPES.items() if v is int} == ints
     assert {k for k, v in OPTION_TYPES.items() if v is float} == floats
     assert {k for k, v in OPTION_TYPES.items() if v is bool} == bools
@@ -65,7 +65,7 @@ def test_default_options():
 def test_speculation_defaults():
     assert SPECULATION_DEFAULTS == {
         "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
-        "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
+        "relaxed_scope": "all", "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
         "draft_acceptance": "strict"}
     # every default passes its own validation
     typed = coerce_options(SPECULATION_DEFAULTS)
@@ -243,11 +243,11 @@ def test_plan_from_merged_layers():
 def test_plan_carries_the_tunables():
     options = Options.from_map({"drafter": "ngram", "draft_schedule": "fixed", "draft_p_min": 0.5,
                                 "draft_n_min": 2, "relaxed_top_n": 3, "draft_trace": True,
-                                "draft_acceptance": "match"})
+                                "draft_acceptance": "match", "relaxed_scope": "thinking"})
     plan = plan_speculation(options, has_draft_layer=False, has_mtp_head=False)
     assert plan == SpeculationPlan(drafter="ngram", cap=4, rule="match", schedule="fixed", p_min=0.5,
-                                   n_min=2, relaxed_top_n=3, trace=True)
+                                   n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking")
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
-        "draft_schedule": "fixed", "drafter": "ngram", "draft_trace": True, "draft_acceptance": "match"}
+        "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "ngram", "draft_trace": True, "draft_acceptance": "match"}
     assert list(plan.as_options()) == list(SPECULATION_DEFAULTS)

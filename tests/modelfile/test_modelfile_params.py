@@ -196,3 +196,10 @@ def test_draft_acceptance_is_a_parameter():
     assert parameters_from_commands(cmds) == ({"draft_acceptance": "match"}, [])
     assert perr(format_params, {"draft_acceptance": ["lossy"]}) == (
         'invalid draft_acceptance value [lossy]: must be "strict" or "match"')
+
+
+def test_relaxed_scope_is_a_parameter():
+    cmds = parse("FROM m\nPARAMETER relaxed_scope thinking\n")
+    assert parameters_from_commands(cmds) == ({"relaxed_scope": "thinking"}, [])
+    assert perr(format_params, {"relaxed_scope": ["answer"]}) == (
+        'invalid relaxed_scope value [answer]: must be "all" or "thinking"')

@@ -11,6 +11,7 @@ import pytest
 
 from modelfile import parse
 from server.cli import main
+from tests.server_thread import free_port
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TANDEM_MODELS", str(tmp_path / "models"))
+    # No server answers there: the verbs fall back to the local store (and say so on stderr).
+    monkeypatch.setenv("TANDEM_HOST", f"127.0.0.1:{free_port()}")
+    monkeypatch.delenv("OLLAMA_HOST", raising=False)
     write_tiny_gguf(tmp_path / "target.gguf", TinySpec(arch="llama", dtype="F16", seed=1))
     write_tiny_gguf(tmp_path / "draft.gguf", TinySpec(arch="llama", n_layer=1, dtype="F16", seed=2))
     (tmp_path / "Modelfile").write_text(
@@ -104,7 +108,11 @@ def test_a_modelfile_round_trips_through_show(env: Path, monkeypatch, capsys) ->
 def test_errors_go_to_stderr_with_exit_1(env: Path, args, message) -> None:
     r = run_cli(*args, cwd=env)
     assert r.returncode == 1
-    assert r.stderr.strip() == message
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == message
+    if args[0] != "create":
+        assert lines[:-1] == [f"tandem: no server answers at http://{os.environ['TANDEM_HOST']}; "
+                              f"using the local store {env / 'models'}"]
     assert r.stdout == ""
 
 

@@ -4,11 +4,12 @@ loopback Host check, CORS, and the JSON body errors every route shares.
 
 from __future__ import annotations
 
-import re
 
 import httpx
 import pytest
 
+from server.api_client import Client
+from server.routes.models import OLLAMA_API_VERSION
 from tests.server_thread import ServerThread, make_store
 
 
@@ -32,7 +33,12 @@ def test_root_routes_and_version(http: httpx.Client) -> None:
     assert r.status_code == 404 and r.text == "404 page not found"
     r = http.get("/api/generate")
     assert r.status_code == 405 and r.text == "405 method not allowed"
-    assert re.fullmatch(r"\d+\.\d+\.\d+.*", http.get("/api/version").json()["version"])
+    version = http.get("/api/version").json()
+    # The Ollama API version mirrored (clients gate features on it), tandem's own beside it.
+    assert version["version"] == OLLAMA_API_VERSION and tuple(map(int, version["version"].split("."))) >= (0, 33, 0)
+    assert version["tandem_version"] == http.get("/").headers["x-tandem-version"]
+    with Client(str(http.base_url)) as client:  # the CLI (tandem bench's report) reads the server's own version
+        assert client.version() == version["tandem_version"]
 
 
 def test_host_check_and_cors(http: httpx.Client) -> None:

@@ -121,6 +121,7 @@ def test_create_parameters_checked_before_storing(http: httpx.Client, srv: Serve
     ({"draft_num_predict": 1000000}, "invalid draft_num_predict value [1000000]: must be <= 64"),
     ({"drafter": "magic"}, 'invalid drafter value [magic]: must be one of "auto", "model", "mtp", "ngram", or "none"'),
     ({"draft_p_min": 2}, "invalid draft_p_min value [2]: must be between 0 and 1"),
+    ({"relaxed_scope": "answer"}, 'invalid relaxed_scope value [answer]: must be "all" or "thinking"'),
 ])
 def test_range_errors_are_400(http: httpx.Client, options, error) -> None:
     for path, body in (("/api/generate", {"prompt": "hi"}), ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]})):

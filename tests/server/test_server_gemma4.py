@@ -99,6 +99,6 @@ def test_chat_with_the_ggufs_own_jinja_template(http: httpx.Client, srv: ServerT
     shown = http.post("/api/chat", json={"model": "g4-jinja", "messages": msgs, "_debug_render_only": True}).json()
     want = render_jinja_template([msgs], chat_template=g4.CHAT_TEMPLATE, bos_token="<bos>", eos_token="<eos>",
                                  add_generation_prompt=True)[0][0]
-    assert shown["debug_info"]["rendered_template"] == want
+    assert shown["_debug_info"]["rendered_template"] == want
     final = http.post("/api/chat", json={"model": "g4-jinja", "messages": msgs, "stream": False}).json()
     assert final["drafter"] == "mtp" and final["prompt_eval_count"] > 20

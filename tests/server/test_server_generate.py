@@ -145,17 +145,17 @@ def test_chat_with_model_layers(http: httpx.Client) -> None:
     assert r.status_code == 200
     r = http.post("/api/chat", json={"model": "tiny-sys", "messages": [{"role": "user", "content": "now"}],
                                      "_debug_render_only": True})
-    text = r.json()["debug_info"]["rendered_template"]
+    text = r.json()["_debug_info"]["rendered_template"]
     assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nearlier<|im_end|>\n"
                     "<|im_start|>assistant\nreply<|im_end|>\n<|im_start|>user\nnow<|im_end|>\n<|im_start|>assistant\n")
     r = http.post("/api/chat", json={"model": "tiny-sys", "_debug_render_only": True,
                                      "messages": [{"role": "system", "content": "mine"}, {"role": "user", "content": "now"}]})
-    text = r.json()["debug_info"]["rendered_template"]
+    text = r.json()["_debug_info"]["rendered_template"]
     # Ollama's order: MESSAGE layers, then the request; the model's SYSTEM only when the request has none
     assert text == ("<|im_start|>user\nearlier<|im_end|>\n<|im_start|>assistant\nreply<|im_end|>\n"
                     "<|im_start|>system\nmine<|im_end|>\n<|im_start|>user\nnow<|im_end|>\n<|im_start|>assistant\n")
     r = http.post("/api/generate", json={"model": "tiny-sys", "prompt": "p", "_debug_render_only": True})
-    assert r.json()["debug_info"]["rendered_template"].startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
+    assert r.json()["_debug_info"]["rendered_template"].startswith("<|im_start|>system\nBe brief.<|im_end|>\n")
 
     msgs = [{"role": "user", "content": "hello"}]
     with http.stream("POST", "/api/chat", json={"model": "tiny-sys", "messages": msgs}) as r:
@@ -176,13 +176,13 @@ def test_insert_capability_and_template_override(http: httpx.Client) -> None:
     assert http.post("/api/show", json={"model": "tiny-fim"}).json()["template"] == fim
     r = http.post("/api/generate", json={"model": "tiny-fim", "prompt": "def f(", "suffix": "return x",
                                          "_debug_render_only": True})
-    assert r.json()["debug_info"]["rendered_template"] == "<PRE> def f( <SUF>return x <MID>"
+    assert r.json()["_debug_info"]["rendered_template"] == "<PRE> def f( <SUF>return x <MID>"
     r = http.post("/api/generate", json={"model": "tiny-fim", "prompt": "def f(", "suffix": "return x",
                                          "stream": False, "options": {"num_predict": 3}})
     assert r.status_code == 200 and r.json()["eval_count"] == 3
     r = http.post("/api/generate", json={"model": "tiny", "prompt": "hi", "template": "[{{ .System }}|{{ .Prompt }}]",
                                          "system": "S", "_debug_render_only": True})
-    assert r.json()["debug_info"]["rendered_template"] == "[S|hi]"
+    assert r.json()["_debug_info"]["rendered_template"] == "[S|hi]"
     r = http.post("/api/create", json={"model": "bad-tpl", "from": "tiny", "template": "{{ .Prompt", "stream": False})
     assert r.status_code == 400 and r.json()["error"].startswith("template error")
 

@@ -10,12 +10,14 @@ import re
 from pathlib import Path
 
 import httpx
+import ollama
 import pytest
 
+from engine.gguf import GGUFFile
 from server.settings import Settings
 from tests.hf_mock import HFMock
 from tests.server_thread import ServerThread, make_store, ndjson, parse_time, write_pair
-from tests.tiny_gguf import TinySpec, write_tiny_gguf
+from tests.tiny_gguf import CHATML_TEMPLATE, TinySpec, write_tiny_gguf
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +106,7 @@ def test_create_old_modelfile_form(http: httpx.Client, srv: ServerThread) -> Non
     assert r.status_code == 400 and r.json()["error"].startswith("FROM ./missing.gguf: local paths are not readable")
 
 
-def test_tags_show_copy_delete(http: httpx.Client) -> None:
+def test_tags_show_copy_delete(http: httpx.Client, srv: ServerThread) -> None:
     tags = http.get("/api/tags").json()["models"]
     tiny = next(m for m in tags if m["name"] == "tiny:latest")
     assert tiny["model"] == "tiny:latest" and re.fullmatch(r"[0-9a-f]{64}", tiny["digest"]) and tiny["size"] > 0
@@ -123,8 +125,20 @@ def test_tags_show_copy_delete(http: httpx.Client) -> None:
     assert spec["defaults"]["draft_num_predict"] == 4
     verbose = http.post("/api/show", json={"model": "tiny", "verbose": True}).json()
     assert len(verbose["model_info"]["tokenizer.ggml.tokens"]) > 5
+    # The template in use: no TEMPLATE layer, so the GGUF's chat template (Ollama's selectedModelTemplate).
+    assert show["template"] == CHATML_TEMPLATE
+    assert ollama.Client(host=str(http.base_url)).show("tiny").template == CHATML_TEMPLATE
+    # `tensors`: every tensor of the file, ggml type name and GGUF-order shape (Ollama fills them verbose or not).
+    with GGUFFile(srv.dir / "target.gguf") as f:
+        want = [{"name": t.name, "type": "F32", "shape": list(t.dims)} for t in f.tensors.values()]
+    assert verbose["tensors"] == want and show["tensors"] == want and len(want) > 10
+    embd = next(t for t in verbose["tensors"] if t["name"] == "token_embd.weight")
+    assert embd["shape"][0] == 64 and embd["shape"][1] == show["model_info"]["qwen2.vocab_size"]
     r = http.post("/api/show", json={"model": "tiny", "options": {"draft_num_predict": 0}})
     assert r.json()["speculation"]["effective"]["drafter"] == "none"
+    assert spec["defaults"]["relaxed_scope"] == spec["effective"]["relaxed_scope"] == "all"
+    r = http.post("/api/show", json={"model": "tiny", "options": {"relaxed_scope": "thinking"}})
+    assert r.json()["speculation"]["effective"]["relaxed_scope"] == "thinking"
     assert http.post("/api/show", json={"model": "nope"}).status_code == 404
     assert http.post("/api/show", json={}).json() == {"error": "model is required"}
 
