@@ -27,13 +27,17 @@ POOLING_KEYS = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_tok
 def make_bert_folder(out: Path, *, pooling: str = "mean", normalize: bool = True, lowercase: bool = True,
                      n_layer: int = 2, seed: int = 0, vocab_size: int = 400, context: int = 64) -> Path:
     import transformers as tf
-    from tokenizers import BertWordPieceTokenizer
+    from tokenizers import BertWordPieceTokenizer, processors
 
     out.mkdir(parents=True, exist_ok=True)
     wp = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=None)
     wp.train_from_iterator(CORPUS * 3, vocab_size=vocab_size, min_frequency=1, limit_alphabet=500)
     vocab = sorted(wp.get_vocab().items(), key=lambda kv: kv[1])
     (out / "vocab.txt").write_text("".join(t + "\n" for t, _ in vocab), encoding="utf-8")
+    # what a BERT tokenizer.json carries: [CLS] $A [SEP]
+    wp.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", wp.token_to_id("[CLS]")), ("[SEP]", wp.token_to_id("[SEP]"))])
     wp.save(str(out / "tokenizer.json"))
     specials = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
                 "mask_token": "[MASK]"}

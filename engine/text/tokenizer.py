@@ -409,10 +409,10 @@ class Tokenizer:
                 finally:
                     self._backend.encode_special_tokens = False
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
-            if not ids or ids[0] != self.bos_id:
+            if self.sep_id is not None:  # WordPiece wraps every input, as BERT's post-processor does
+                ids = [self.bos_id, *ids, self.sep_id]
+            elif not ids or ids[0] != self.bos_id:
                 ids.insert(0, self.bos_id)
-            if self.sep_id is not None:
-                ids.append(self.sep_id)
         return ids
 
     # -- decoding ---------------------------------------------------------------------------
