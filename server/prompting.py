@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from blobs.model import StoredModel
-from engine.capabilities import has_mtp_head
+from engine.capabilities import embedding_normalizes, embedding_pooling, has_mtp_head
 from engine.gguf import GGUFFile
 from engine.text.gotemplate import GoTemplate, TemplateError, parse_template
 from engine.text.prompt import (
@@ -53,6 +53,10 @@ class GGUFPromptFacts:
     add_bos: bool
     token_strings: tuple[str, ...]
     has_mtp_head: bool  # NextN tensors: the target can draft for itself
+    # An embedding model (the GGUF declares a pooling type): its pooling, and whether its own pipeline
+    # L2-normalises (the legacy /api/embeddings returns raw vectors otherwise). None: a completion model.
+    pooling: str | None = None
+    normalize_embeddings: bool = True
 
 
 def read_prompt_facts(path: Path) -> GGUFPromptFacts:
@@ -81,6 +85,8 @@ def read_prompt_facts(path: Path) -> GGUFPromptFacts:
             add_bos=bool(add_bos),
             token_strings=tokens,
             has_mtp_head=has_mtp_head(f.tensors),
+            pooling=embedding_pooling(md),
+            normalize_embeddings=embedding_normalizes(md),
         )
 
 
@@ -111,8 +117,16 @@ class ModelPrompting:
     def supports_insert(self) -> bool:
         return self.go is not None and supports_insert(self.go)
 
+    @property
+    def is_embedding(self) -> bool:
+        """Ollama's rule: a GGUF with a pooling type embeds and does not complete."""
+        return self.facts.pooling is not None
+
     def capabilities(self) -> list[str]:
-        """Ollama's capability names this model has (tandem runs text models only)."""
+        """Ollama's capability names this model has (tandem runs text models only): ``embedding`` for a
+        model whose GGUF has a pooling type, ``completion`` for any other."""
+        if self.is_embedding:
+            return ["embedding"]
         caps = ["completion"]
         if self.supports_insert:
             caps.append("insert")
