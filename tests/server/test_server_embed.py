@@ -190,3 +190,18 @@ def test_real_clients(srv: ServerThread, expected) -> None:
     assert _cos(emb.embed_query(TEXTS[0]), expected[TEXTS[0]]) > 1 - 1e-6
     docs = emb.embed_documents(TEXTS)
     assert all(_cos(d, expected[t]) > 1 - 1e-6 for d, t in zip(docs, TEXTS))
+
+
+def test_tandem_create_from_folder_through_the_server(srv: ServerThread, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch, expected) -> None:
+    """`tandem create NAME -f Modelfile` with `FROM <sentence-transformers folder>`: the CLI uploads the
+    folder's files (1_Pooling/config.json under that name) and the server converts them."""
+    from server.cli import main
+
+    (tmp_path / "Modelfile").write_text(f"FROM {srv.folder}\n")
+    monkeypatch.setenv("TANDEM_HOST", srv.url)
+    monkeypatch.setenv("TANDEM_MODELS", str(tmp_path / "local-store"))  # must stay unused
+    assert main(["create", "cli-bert", "-f", str(tmp_path / "Modelfile")]) == 0
+    assert not (tmp_path / "local-store").exists()
+    r = httpx.post(f"{srv.url}/api/embed", json={"model": "cli-bert", "input": TEXTS[0]}, timeout=60)
+    assert r.status_code == 200 and _cos(r.json()["embeddings"][0], expected[TEXTS[0]]) > 1 - 1e-6
