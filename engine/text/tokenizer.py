@@ -375,9 +375,13 @@ class Tokenizer:
         eos_id = _meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
         sep_id = None
         if model == "bert":  # [CLS] opens an input and [SEP] closes it (llama.cpp's cls / "seperator" ids)
+            # Converters differ in which ids they write: the BOS or the older CLS key, the separator or an
+            # EOS; a file with none of them still spells the tokens.
             bos_id = _meta_id(metadata, "tokenizer.ggml.cls_token_id", n) if bos_id is None else bos_id
+            bos_id = built.backend.token_to_id("[CLS]") if bos_id is None else bos_id
             sep_id = _meta_id(metadata, "tokenizer.ggml.seperator_token_id", n)
             sep_id = eos_id if sep_id is None else sep_id
+            sep_id = built.backend.token_to_id("[SEP]") if sep_id is None else sep_id
         add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", built.add_bos_default)) and bos_id is not None
         eot = {i for key in _EOG_ID_KEYS if (i := _meta_id(metadata, key, n)) is not None}
         eot.update(i for name in _EOG_NAMES if (i := built.backend.token_to_id(name)) is not None and i < n)

@@ -75,3 +75,11 @@ def test_minilm_vocabulary_matches_its_tokenizer_json() -> None:
     files = {p.name: p for p in folder.iterdir() if p.is_file()}
     tok = _tokenizer(files, 30522)
     _check(tok, HFTokenizer.from_file(str(files["tokenizer.json"])))
+
+
+def test_special_ids_found_by_their_spelling_when_the_file_has_none() -> None:
+    """A bert GGUF from another converter may carry no BOS/CLS/SEP ids: [CLS] and [SEP] are found by name."""
+    md = {"general.architecture": "bert", "tokenizer.ggml.model": "bert",
+          "tokenizer.ggml.tokens": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "\u2581hi"],
+          "tokenizer.ggml.token_type": [3, 3, 3, 3, 1], "tokenizer.ggml.unknown_token_id": 1}
+    assert Tokenizer.from_gguf_metadata(md).encode("hi", add_bos=True) == [2, 4, 3]
