@@ -11,7 +11,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-import torch
 
 from importer import CreateRequest, create_model
 from tests.hf_tiny_bert import folder_files, make_bert_folder, reference
