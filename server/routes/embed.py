@@ -80,6 +80,14 @@ def _inputs(value: Any) -> list[str]:
     return []
 
 
+def _stored(ctx: ServerContext, name: str) -> StoredModel:
+    """The model, or Ollama's embed answers: an empty name is 404 `model '' not found`, a malformed one 400
+    `invalid model name`, an unknown one 404."""
+    if not name:
+        raise ApiError(404, "model '' not found")
+    return stored_model(ctx, name, invalid_status=400)
+
+
 def normalize(vec: np.ndarray) -> np.ndarray:
     """Ollama's normalize: float32, divided by max(L2 norm, 1e-12); NaN or Inf is an error."""
     v = np.asarray(vec, dtype=np.float32)
@@ -161,7 +169,7 @@ async def embed(request: Request) -> Response:
     ctx = ctx_of(request)
     req: EmbedBody = decode_struct(EmbedBody, await read_json(request, "api.EmbedRequest"), "EmbedRequest")
     inputs = _inputs(req.input)
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
+    model = await anyio.to_thread.run_sync(_stored, ctx, req.model)
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
     done = await _embed(ctx, "/api/embed", req.model, model, inputs, truncate=req.truncate, raw_options=req.options,
                         keep_alive=keep_alive, unsupported_status=501)
@@ -181,7 +189,7 @@ async def embeddings(request: Request) -> Response:
                                        "EmbeddingRequest")
     if not req.model:
         raise ApiError(400, "model is required")
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
+    model = await anyio.to_thread.run_sync(_stored, ctx, req.model)
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
     inputs = [req.prompt] if req.prompt else []  # an empty prompt only loads the model
     done = await _embed(ctx, "/api/embeddings", req.model, model, inputs, truncate=True, raw_options=req.options,
@@ -210,7 +218,7 @@ async def openai_embeddings(request: Request) -> Response:
     if value is None or value == []:
         raise ApiError(400, "invalid input")
     inputs = _inputs(value)
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
+    model = await anyio.to_thread.run_sync(_stored, ctx, req.model)
     keep_alive = parse_keep_alive(ctx, None)
     done = await _embed(ctx, "/v1/embeddings", req.model, model, inputs, truncate=True, raw_options=None,
                         keep_alive=keep_alive, unsupported_status=501)

@@ -6,6 +6,7 @@ checked against transformers' mean pooling (normalised as Ollama does), the real
 from __future__ import annotations
 
 import base64
+import time
 from pathlib import Path
 
 import httpx
@@ -90,6 +91,10 @@ def test_empty_inputs_and_bad_inputs(srv: ServerThread) -> None:
         assert r.status_code == 400 and r.json() == {"error": "invalid input type"}
     r = httpx.post(f"{srv.url}/api/embed", json={"model": "nope", "input": "x"}, timeout=60)
     assert r.status_code == 404 and r.json() == {"error": "model 'nope' not found"}
+    r = httpx.post(f"{srv.url}/api/embed", json={"model": "bad/name/x:y:z", "input": "x"}, timeout=60)
+    assert r.status_code == 400 and r.json() == {"error": "invalid model name"}
+    r = httpx.post(f"{srv.url}/api/embed", json={"input": "x"}, timeout=60)
+    assert r.status_code == 404 and r.json() == {"error": "model '' not found"}
     r = httpx.post(f"{srv.url}/api/embed", content=b"", timeout=60)
     assert r.status_code == 400 and r.json() == {"error": "missing request body"}
     r = httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": "x", "truncate": "yes"}, timeout=60)
@@ -204,3 +209,18 @@ def test_tandem_create_from_folder_through_the_server(srv: ServerThread, tmp_pat
     assert not (tmp_path / "local-store").exists()
     r = httpx.post(f"{srv.url}/api/embed", json={"model": "cli-bert", "input": TEXTS[0]}, timeout=60)
     assert r.status_code == 200 and _cos(r.json()["embeddings"][0], expected[TEXTS[0]]) > 1 - 1e-6
+
+
+def test_keep_alive_zero_unloads(srv: ServerThread) -> None:
+    r = httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": "x", "keep_alive": 0}, timeout=60)
+    assert r.status_code == 200
+    for _ in range(100):  # the unload runs after the answer
+        if not any(m["name"].startswith("minibert") for m in httpx.get(f"{srv.url}/api/ps").json()["models"]):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("minibert stayed loaded after keep_alive 0")
+    r = httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": "x", "keep_alive": "5m"}, timeout=60)
+    ps = httpx.get(f"{srv.url}/api/ps").json()["models"]
+    assert r.status_code == 200 and r.json()["load_duration"] > 0
+    assert any(m["name"].startswith("minibert") for m in ps)
