@@ -28,6 +28,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory):
     files = {name: store.add_file(path)[0] for name, path in folder_files(folder).items()}
     assert "1_Pooling/config.json" in files
     create_model(store, CreateRequest(model="minibert", files=files))
+    raw = make_bert_folder(d / "raw", pooling="cls", normalize=False, seed=3)  # no Normalize module
+    create_model(store, CreateRequest(model="rawbert", files={n: store.add_file(p)[0]
+                                                              for n, p in folder_files(raw).items()}))
     with ServerThread(store) as s:
         s.folder = folder
         yield s
@@ -136,7 +139,7 @@ def test_decoder_model_is_refused_as_ollama(srv: ServerThread) -> None:
     r = httpx.post(f"{srv.url}/v1/embeddings", json={"model": "tiny", "input": "hello"}, timeout=60)
     assert r.status_code == 501 and r.json()["error"]["message"] == '"tiny" does not support embeddings'
     # an empty input only loads the model, as Ollama's handler does
-    r = httpx.post(f"{srv.url}/api/embed", json={"model": "tiny", "input": []}, timeout=60)
+    r = httpx.post(f"{srv.url}/api/embed", json={"model": "tiny", "input": []}, timeout=600)  # a cold load
     assert r.status_code == 200 and r.json() == {"model": "tiny", "embeddings": []}
 
 
@@ -224,3 +227,14 @@ def test_keep_alive_zero_unloads(srv: ServerThread) -> None:
     ps = httpx.get(f"{srv.url}/api/ps").json()["models"]
     assert r.status_code == 200 and r.json()["load_duration"] > 0
     assert any(m["name"].startswith("minibert") for m in ps)
+
+
+def test_legacy_returns_raw_vectors_of_a_model_that_does_not_normalise(srv: ServerThread) -> None:
+    """Ollama's legacy endpoint returns the runner's output: a model without a Normalize module gets its raw
+    CLS vector there, while /api/embed always normalises."""
+    legacy = np.array(httpx.post(f"{srv.url}/api/embeddings", json={"model": "rawbert", "prompt": TEXTS[0]},
+                                 timeout=60).json()["embedding"])
+    embed = np.array(httpx.post(f"{srv.url}/api/embed", json={"model": "rawbert", "input": TEXTS[0]},
+                                timeout=60).json()["embeddings"][0])
+    assert abs(np.linalg.norm(legacy) - 1) > 1e-2 and abs(np.linalg.norm(embed) - 1) < 1e-5
+    assert np.allclose(legacy / np.linalg.norm(legacy), embed, atol=1e-6)
