@@ -1,9 +1,14 @@
 """What the engine can run, as plain constants, so the importer can validate without loading torch."""
 
-from engine.models import ARCHITECTURES, DRAFTERS
+from engine.models import ARCHITECTURES, DRAFTERS, ENCODERS
+from engine.models.bert import normalizes as embedding_normalizes  # noqa: F401  (re-exported for the server)
+from engine.models.bert import pooling_of as embedding_pooling  # noqa: F401  (re-exported for the server)
 
-# GGUF `general.architecture` values with a module in the registry of engine/models/.
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(ARCHITECTURES)
+# GGUF `general.architecture` values with a module in the registry of engine/models/ (decoders and encoders).
+SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(ARCHITECTURES) | frozenset(ENCODERS)
+
+# Architectures that embed text (/api/embed) and cannot generate.
+ENCODER_ARCHITECTURES: frozenset[str] = frozenset(ENCODERS)
 
 # Architectures that only draft for a target (a DRAFT layer): the Gemma 4 assistant.
 DRAFTER_ARCHITECTURES: frozenset[str] = frozenset(DRAFTERS)

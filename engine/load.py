@@ -9,13 +9,15 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.cache.kv import KVCache
-from engine.capabilities import DRAFTER_ARCHITECTURES, is_mtp_head_only
+from engine.capabilities import DRAFTER_ARCHITECTURES, ENCODER_ARCHITECTURES, is_mtp_head_only
 from engine.gguf import GGUFFile
 from engine.models.config import UnsupportedModelError
+from engine.models.encoder import Encoder
 from engine.models.loader import (
     default_format,
     find_nextn_block,
     load_assistant,
+    load_encoder,
     load_model,
     load_nextn_head,
     nextn_hidden_size,
@@ -36,10 +38,10 @@ class LoadedParts:
     """Everything a load builds, owned by the runtime until it closes."""
 
     spec: LoadSpec
-    target: Model
+    target: Model | Encoder  # an Encoder for an embedding model (which has no cache and no drafters)
     gguf: GGUFFile
     tokenizer: Tokenizer
-    cache: KVCache
+    cache: KVCache | None
     drafters: dict[str, Drafter]
     facts: ModelFacts
     draft_kind: str | None = None  # what the DRAFT layer became: "model", "mtp" (a head) or None
@@ -113,6 +115,8 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
         f = GGUFFile(spec.model_path)
     except ValueError as e:
         raise EngineError(str(e), 400) from None
+    if f.architecture in ENCODER_ARCHITECTURES:
+        return _load_encoder_parts(spec, f, device)
     try:
         tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
         target = load_model(f, spec.weight_format, device, role="target")
@@ -181,3 +185,29 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
     )
     return LoadedParts(spec=spec, target=target, gguf=f, tokenizer=tokenizer, cache=cache, drafters=drafters,
                        facts=facts, draft_kind=draft_kind, owned_files=owned)
+
+
+def _load_encoder_parts(spec: LoadSpec, f: GGUFFile, device: torch.device) -> LoadedParts:
+    """An embedding model: the encoder and its tokenizer; no KV cache (each input is encoded whole) and no
+    drafters (it never generates). Its context is the load's num_ctx within the positions it learned."""
+    if spec.draft_path:
+        f.close()
+        raise EngineError("an embedding model cannot have a draft model", 400)
+    try:
+        tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
+        encoder = load_encoder(f, device)
+    except (UnsupportedModelError, TokenizerError) as e:
+        f.close()
+        raise EngineError(str(e), 400) from None
+    if tokenizer.bos_id is None or tokenizer.sep_id is None:
+        f.close()
+        raise EngineError(f"{spec.model_path}: the vocabulary has no [CLS]/[SEP] tokens", 400)
+    cfg = encoder.config
+    num_ctx = min(int(spec.num_ctx), cfg.context_length) if spec.num_ctx and spec.num_ctx > 0 else cfg.context_length
+    toks = tokenizer.token_strings()
+    facts = ModelFacts(
+        architecture=cfg.arch, context_length=num_ctx, vocab_size=cfg.vocab_size, device=str(device),
+        weight_format=encoder.fmt, draft_architecture=None, draft_weight_format=None,
+        memory_bytes=int(model_bytes(encoder)), bos_token=toks[tokenizer.bos_id], eos_token=toks[tokenizer.sep_id],
+        add_bos=True, pooling=cfg.pooling, embedding_length=cfg.n_embd)
+    return LoadedParts(spec=spec, target=encoder, gguf=f, tokenizer=tokenizer, cache=None, drafters={}, facts=facts)

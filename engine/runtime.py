@@ -3,6 +3,7 @@
     engine = ModelRuntime.load(LoadSpec(model_path=..., draft_path=...))
     engine.facts; engine.tokenize(text, add_bos=None); engine.detokenize(ids)
     for item in engine.generate(GenerateRequest(...), should_stop=event.is_set): ...  # chunks, result
+    engine.embed(EmbedRequest(inputs=[...]))  # an embedding model (bert): one pooled vector per input
 
 Everything that belongs to the loaded model is built once (``engine.load``), not per request (the
 seed's lesson): the target and its KV cache, every drafter with its own state (draft model + KV cache,
@@ -14,11 +15,14 @@ tokenizes, and runs ``engine.speculative.loop.DecodeLoop`` over those long-lived
 from __future__ import annotations
 
 import os
+import time
 from typing import Callable, Iterator
 
 from engine.load import LoadedParts, load_parts
 from engine.process.protocol import (
     ContextLengthError,
+    EmbedRequest,
+    EmbedResult,
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -54,6 +58,22 @@ def generation_limit(num_predict: int, num_ctx: int) -> int:
     if num_predict < 0 or num_predict > cap:
         return cap
     return num_predict
+
+
+#: An embedding batch holds at most this many padded token positions (sequences x longest).
+EMBED_BATCH_TOKENS = 8192
+
+
+def _embed_batches(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
+    """Indices in ``order`` (shortest first) grouped so that no batch pads past EMBED_BATCH_TOKENS."""
+    batch: list[int] = []
+    for i in order:
+        if batch and (len(batch) + 1) * lengths[i] > EMBED_BATCH_TOKENS:
+            yield batch
+            batch = []
+        batch.append(i)
+    if batch:
+        yield batch
 
 
 class ModelRuntime:
@@ -96,6 +116,40 @@ class ModelRuntime:
 
     def detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(list(ids))
+
+    # ------------------------------------------------------------------------------------------
+    # embeddings (an encoder model)
+    # ------------------------------------------------------------------------------------------
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        """Each input's pooled vector, as the model's pooling type says. Inputs are tokenized as Ollama
+        does: the text's tokens cut to ``num_ctx`` minus the two special tokens (or refused when
+        ``truncate`` is off), then wrapped in [CLS] ... [SEP]; they run in batches of similar length."""
+        if self.facts.pooling is None:
+            raise EngineError("this model does not support embeddings", 501)
+        t0 = time.perf_counter_ns()
+        num_ctx = self.facts.context_length
+        if req.num_ctx > 0:
+            num_ctx = min(num_ctx, req.num_ctx)
+        room = num_ctx - 2  # [CLS] and [SEP]
+        if room <= 0:
+            raise EngineError("input after truncation exceeds maximum context length", 400)
+        tok = self.tokenizer
+        seqs = []
+        for text in req.inputs:
+            ids = tok.encode(text, add_bos=False)
+            if len(ids) > room:
+                if not req.truncate:
+                    raise ContextLengthError("the input length exceeds the context length")
+                ids = ids[:room]
+            seqs.append([tok.bos_id, *ids, tok.sep_id])
+        vectors: list[list[float] | None] = [None] * len(seqs)
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        for batch in _embed_batches(order, [len(s) for s in seqs]):
+            pooled = self.target.embed([seqs[i] for i in batch]).float().cpu()
+            for i, v in zip(batch, pooled):
+                vectors[i] = v.tolist()
+        return EmbedResult(embeddings=vectors, token_counts=[len(s) for s in seqs],
+                           duration_ns=time.perf_counter_ns() - t0)
 
     # ------------------------------------------------------------------------------------------
     # speculation settings

@@ -42,12 +42,14 @@ from blobs import (
 from engine.gguf import read_metadata
 from engine.text.gotemplate import TemplateError, parse_template
 
+from . import bert_import
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
 from .pair_precheck import precheck_folder_pair
 from .quantize import parse_quant_type, quantize_gguf
 from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
+from .safetensors_import import folder_paths
 
 _SEMVER_RE = re.compile(r"^v?(\d+)(\.\d+)?(\.\d+)?(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 _GGUF_MAGIC = b"GGUF"
@@ -179,7 +181,7 @@ def _gguf_from_files(store: BlobStore, files: dict[str, str], role: str, progres
 def _converted_gguf(store: BlobStore, files: dict[str, str], role: str, progress: Progress,
                     check: Callable[[GGUFSummary], None] | None, donor_digest: str | None) -> str:
     """Convert an uploaded Hugging Face folder to GGUF and add it to the store (atomically, once vetted)."""
-    paths = {os.path.basename(name): store.blob_path(digest) for name, digest in files.items()}
+    paths = folder_paths({name: store.blob_path(digest) for name, digest in files.items()})
     donor = None
     if donor_digest is not None and not has_tokenizer(paths):
         donor, _ = read_metadata(store.blob_path(donor_digest))
@@ -189,8 +191,11 @@ def _converted_gguf(store: BlobStore, files: dict[str, str], role: str, progress
     with tempfile.TemporaryDirectory(prefix="tandem-convert-") as tmp_dir:
         tmp = Path(tmp_dir) / "model.gguf"
         progress(ProgressEvent(status, total=0, completed=0))
-        convert_folder(paths, tmp, role, tokenizer_donor=donor,
-                       progress=lambda done, total: progress(ProgressEvent(status, total=total, completed=done)))
+        report = lambda done, total: progress(ProgressEvent(status, total=total, completed=done))  # noqa: E731
+        if bert_import.is_bert_folder(paths):
+            bert_import.convert_folder(paths, tmp, role, progress=report)
+        else:
+            convert_folder(paths, tmp, role, tokenizer_donor=donor, progress=report)
         if check is not None:
             check(summarize_gguf(tmp))
         digest, _ = store.add_file(tmp)

@@ -62,8 +62,20 @@ def _collect_files(path: Path, role: str) -> list[Path]:
             raise CreateError(f"{role} {path}: no GGUF or safetensors file in this directory")
         extras = sorted(p for p in path.iterdir()
                         if p.is_file() and (p.suffix in (".json", ".jinja") or p.name.startswith("tokenizer")))
+        # As Ollama's client: a sentence-transformers folder keeps module configs one level down
+        # (1_Pooling/config.json), and vocab.txt is a BERT tokenizer's only vocabulary file.
+        extras += sorted(p for p in path.glob("*/*.json") if p.is_file())
+        extras += [p for p in [path / "vocab.txt"] if p.is_file()]
         return weights + (extras if any(w.suffix == ".safetensors" for w in weights) else [])
     return [path]
+
+
+def _upload_name(p: Path, items: list[tuple[Path, str | None]]) -> str:
+    """The name a file is uploaded under: its base name, or ``folder/name`` for a file one level below the
+    folder's other files (a sentence-transformers module config, ``1_Pooling/config.json``)."""
+    if any(q.parent == p.parent.parent for q, _ in items):
+        return f"{p.parent.name}/{p.name}"
+    return p.name
 
 
 def _is_local(path: Path, gate: PathGate | None) -> bool:
@@ -194,7 +206,7 @@ def request_from_modelfile(commands: list[Command], model: str, base_dir: Path, 
             digest = _upload(sink, p, real_of, gate)
             if expected and digest != expected:
                 raise CreateError(f'{p.name}: digest mismatch, expected "{expected}", got "{digest}"')
-            files[p.name] = digest
+            files[_upload_name(p, items)] = digest
     # A DRAFT named before FROM in the file is checked here too. Only weights count: a drafter folder
     # usually ships the very tokenizer.json (and often config files) of its target.
     target_weights = {d for name, d in req.files.items() if name.lower().endswith(_WEIGHT_SUFFIXES)}

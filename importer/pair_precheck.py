@@ -16,12 +16,13 @@ from engine.capabilities import DRAFTER_ARCHITECTURES, drafter_problem
 
 from .hf_config import read_params
 from .request import CreateError
+from .safetensors_import import folder_paths
 
 
 def _config(files: Mapping[str, str], blob_path: Callable[[str], Path]) -> dict[str, Any] | None:
     """The parsed config.json of an uploaded safetensors folder; None for a GGUF upload or a missing/bad config
     (which the conversion itself reports)."""
-    names = {Path(name).name: digest for name, digest in files.items()}
+    names = folder_paths(files)
     if "config.json" not in names or not any(n.endswith(".safetensors") for n in names):
         return None
     try:

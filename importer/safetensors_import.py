@@ -16,7 +16,7 @@ import struct
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar
 
 from .request import CreateError
 
@@ -32,6 +32,7 @@ DTYPE_SIZES: Mapping[str, float] = {
     "F6_E3M2": 0.75, "C64": 8,
 }
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
+V = TypeVar("V")
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,19 @@ class HFSource:
     config: dict[str, Any]
     tensors: dict[str, TensorEntry]
     files: dict[str, Path]
+
+
+def folder_paths(files: Mapping[str, V]) -> dict[str, V]:
+    """Uploaded file names as a folder reads them: each file under its base name (a top-level file wins over
+    a nested one of the same name, so ``1_Pooling/config.json`` never stands in for ``config.json``), and a
+    nested file also under its path in the folder (sentence-transformers' ``1_Pooling/config.json``)."""
+    out: dict[str, V] = {}
+    for name, value in sorted(files.items(), key=lambda kv: kv[0].strip("/").count("/")):
+        rel = "/".join(part for part in name.split("/") if part not in ("", "."))
+        out.setdefault(rel.rsplit("/", 1)[-1], value)
+        if "/" in rel:
+            out.setdefault(rel, value)
+    return out
 
 
 def _error(role: str, message: str) -> CreateError:

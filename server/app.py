@@ -27,7 +27,7 @@ from .gojson import INTERNAL_ERROR, ApiError, json_response
 from .limits import BodyLimitMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .prompting import PromptCache
-from .routes import generate, models, openai, pull
+from .routes import embed, generate, models, openai, pull
 from .scheduler import EngineHandle, Scheduler
 from .settings import Settings
 
@@ -233,6 +233,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
     app.include_router(models.router)
     app.include_router(openai.router)
     app.include_router(pull.router)
+    app.include_router(embed.router)
 
     # add_middleware wraps outside-in in reverse order: metrics sees every answer, CORS runs before the host check.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)

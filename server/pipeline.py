@@ -76,8 +76,17 @@ class Generation:
         self._gone = asyncio.Event()
         self.client_gone = False
 
+    async def _check_completion(self) -> None:
+        """An embedding model cannot generate: Ollama's 400 `"<model>" does not support generate` (`chat`
+        on the chat endpoints), before anything is loaded."""
+        prompting = await anyio.to_thread.run_sync(self.ctx.prompts.get, self.model)
+        if prompting.is_embedding:
+            what = "chat" if "chat" in self.endpoint else "generate"
+            raise ApiError(400, f'"{self.name}" does not support {what}')
+
     async def open(self, build: Callable[[Lease], Awaitable[EngineRequest]]) -> None:
         """Lease the model's engine (loading it if needed) and prepare the engine request."""
+        await self._check_completion()
         self._start_watch()
         try:
             self.lease = await self._acquire()
@@ -99,6 +108,7 @@ class Generation:
 
     async def load_only(self) -> None:
         """An empty prompt: load the model (applying keep_alive) and generate nothing."""
+        await self._check_completion()
         self._start_watch()
         try:
             (await self._acquire()).release()

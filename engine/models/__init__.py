@@ -3,7 +3,7 @@
 Each module exposes ``read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig`` and declares its
 deviations from the plain llama block as ``ModelConfig`` fields; the layers (``engine.models.layers``),
 the model (``engine.models.transformer``) and the loader (``engine.models.loader``) are shared. Adding an
-architecture means one module here and one entry below. Torch-free: ``engine.capabilities`` derives the
+architecture means one module here and one entry below (``ENCODERS`` for embedding models). Torch-free: ``engine.capabilities`` derives the
 importer's list of supported architectures from this one.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from engine.models import gemma3, gemma4, gemma4_assistant, llama, qwen2, qwen3, qwen3moe
+from engine.models import bert, gemma3, gemma4, gemma4_assistant, llama, qwen2, qwen3, qwen3moe
 from engine.models.config import UnsupportedArchitectureError
 
 ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3, "gemma4": gemma4,
@@ -20,6 +20,10 @@ ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3"
 # Architectures that only draft for a target (a DRAFT layer, never a FROM): each module also exposes
 # ``TARGET_ARCHITECTURES`` and ``target_width(metadata)``.
 DRAFTERS: dict[str, ModuleType] = {gemma4_assistant.ARCH: gemma4_assistant}
+
+# Encoders: architectures that embed text rather than generate it (``/api/embed``). Each module exposes
+# ``read_config(f: GGUFFile) -> EncoderConfig``; ``engine.models.encoder`` is their model.
+ENCODERS: dict[str, ModuleType] = {bert.ARCH: bert}
 
 
 def get_arch(name: str, path: str = "") -> ModuleType:

@@ -19,9 +19,10 @@ import torch
 from torch import nn
 
 from engine.gguf import GGUFFile
-from engine.models import gemma4_assistant, get_arch
+from engine.models import bert, gemma4_assistant, get_arch
 from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
+from engine.models.encoder import DenseWeights, Encoder, EncoderLayerWeights, EncoderWeights, NormWeights
 from engine.models.gemma4_moe import Gemma4MoE
 from engine.models.layers import Block, BlockWeights, FeedForward
 from engine.models.moe import Router, SparseMoE
@@ -301,3 +302,59 @@ def load_nextn_head(target: Model, f: GGUFFile, block: int, fmt: str) -> NextNHe
                if p + "embed_tokens.weight" in f.tensors else None),
     )
     return NextNHead(target, weights)
+
+
+# ------------------------------------------------------------------------------------------------
+# Encoders (bert): llama.cpp's names for a BERT-family embedding model
+# ------------------------------------------------------------------------------------------------
+POSITION_EMBD = "position_embd.weight"
+TOKEN_TYPES = "token_types.weight"
+TOKEN_EMBD_NORM = "token_embd_norm"
+
+
+def load_encoder(path_or_file: str | os.PathLike | GGUFFile, device: str | torch.device = "cpu",
+                 dtype: torch.dtype = torch.float32) -> Encoder:
+    """Load a bert GGUF into an ``Encoder`` (every weight dequantized to ``dtype``)."""
+    device = torch.device(device)
+    if isinstance(path_or_file, GGUFFile):
+        f, owned = path_or_file, False
+    else:
+        f, owned = GGUFFile(path_or_file), True
+    try:
+        cfg = bert.read_config(f)
+
+        def t(name: str) -> torch.Tensor:
+            if name not in f.tensors:
+                raise UnsupportedModelError(f"{f.path}: GGUF has no {name}")
+            return load_tensor(f, name, dtype).to(device)
+
+        def dense(name: str) -> DenseWeights:
+            return DenseWeights(t(name + ".weight"), t(name + ".bias"))
+
+        def norm(name: str) -> NormWeights:
+            return NormWeights(t(name + ".weight"), t(name + ".bias"))
+
+        layers = []
+        for i in range(cfg.n_layer):
+            p = f"blk.{i}."
+            layers.append(EncoderLayerWeights(
+                q=dense(p + "attn_q"), k=dense(p + "attn_k"), v=dense(p + "attn_v"), out=dense(p + "attn_output"),
+                attn_norm=norm(p + "attn_output_norm"), up=dense(p + "ffn_up"), down=dense(p + "ffn_down"),
+                ffn_norm=norm(p + "layer_output_norm")))
+            f.release_pages()
+        weights = EncoderWeights(token_embd=t(EMBEDDING), position_embd=t(POSITION_EMBD), token_types=t(TOKEN_TYPES),
+                                 embd_norm=norm(TOKEN_EMBD_NORM), layers=layers)
+        # Position rows bound the input length; an embedding row per token id, each n_embd wide.
+        if tuple(weights.token_embd.shape) != (cfg.vocab_size, cfg.n_embd) or \
+                weights.position_embd.shape[0] < cfg.context_length or weights.position_embd.shape[1] != cfg.n_embd:
+            raise UnsupportedModelError(f"{f.path}: {EMBEDDING} {tuple(weights.token_embd.shape)} or {POSITION_EMBD} "
+                                        f"{tuple(weights.position_embd.shape)} does not fit {cfg.vocab_size} tokens "
+                                        f"x {cfg.n_embd} over {cfg.context_length} positions")
+        model = Encoder(cfg, weights)
+    except BaseException:
+        if owned:
+            f.close()
+        raise
+    f.release_pages()
+    model.gguf, model.source_path = f, f.path
+    return model.eval()

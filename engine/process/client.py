@@ -1,4 +1,4 @@
-"""The server-side handle on one engine process: load, tokenize, generate as a stream, cancel, health.
+"""The server-side handle on one engine process: load, tokenize, generate as a stream, embed, cancel, health.
 
 Calls block; the server runs them in worker threads. One generation at a time per engine (the
 scheduler serialises requests per model), so a single pipe carries everything in order.
@@ -18,6 +18,8 @@ import time
 from typing import Any, Iterator
 
 from engine.process.protocol import (
+    EmbedRequest,
+    EmbedResult,
     EngineCrashedError,
     EngineError,
     EngineUnresponsiveError,
@@ -118,6 +120,10 @@ class EngineClient:
 
     def detokenize(self, ids: list[int]) -> str:
         return self._call(("detokenize", list(ids)), self._timeout)
+
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        """Every input's pooled vector (an embedding model only), in one round trip."""
+        return self._call(("embed", req), self._timeout)
 
     def health(self, timeout: float = 5.0) -> dict:
         if not self.alive():

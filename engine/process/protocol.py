@@ -1,7 +1,8 @@
 """The boundary between the server and the engine process: typed, picklable messages.
 
 The server never touches torch: it sends a `LoadSpec` once, then `GenerateRequest`s, and reads back
-`TokenChunk`s followed by one `GenerateResult`. Everything here is plain data so it crosses a
+`TokenChunk`s followed by one `GenerateResult` (or, to an embedding model, `EmbedRequest`s answered by one
+`EmbedResult` each). Everything here is plain data so it crosses a
 process pipe unchanged.
 """
 
@@ -68,6 +69,32 @@ class GenerateRequest:
 
 
 @dataclass(frozen=True)
+class EmbedRequest:
+    """Embed each of ``inputs`` (an encoder model: one pooled vector per input).
+
+    ``truncate``: an input longer than the context loses its end (the special tokens kept); False makes it a
+    ``ContextLengthError`` instead. ``num_ctx`` > 0 narrows the context the model was loaded with."""
+
+    inputs: list[str]
+    truncate: bool = True
+    num_ctx: int = 0
+
+
+@dataclass
+class EmbedResult:
+    """One pooled vector per input, in order, as the model computes it (not normalised: the server
+    normalises as Ollama does), and the tokens each input was embedded from."""
+
+    embeddings: list[list[float]]
+    token_counts: list[int]
+    duration_ns: int = 0
+
+    @property
+    def prompt_eval_count(self) -> int:
+        return sum(self.token_counts)
+
+
+@dataclass(frozen=True)
 class TokenLogprob:
     token: str
     logprob: float
@@ -113,3 +140,5 @@ class ModelFacts:
     bos_token: str
     eos_token: str
     add_bos: bool
+    pooling: str | None = None  # an embedding model's pooling ("mean", "cls", "last"); None: a decoder
+    embedding_length: int = 0

@@ -5,8 +5,8 @@ kernel, an out-of-memory kill or a runaway allocation ends this process, and the
 closed pipe, which it reports as an error for the request in flight.
 
 Protocol (tuples over a `multiprocessing.Connection`; one request at a time):
-  server -> engine: ("load", LoadSpec) | ("generate", GenerateRequest) | ("tokenize", text, add_bos)
-                    | ("detokenize", ids) | ("health",) | ("exit",)
+  server -> engine: ("load", LoadSpec) | ("generate", GenerateRequest) | ("embed", EmbedRequest)
+                    | ("tokenize", text, add_bos) | ("detokenize", ids) | ("health",) | ("exit",)
   engine -> server: ("ok", payload) | ("chunk", TokenChunk) | ("done", GenerateResult)
                     | ("error", message, status) | ("beat",)
 While a generation runs, a heartbeat thread sends ("beat",) every ``beat_interval`` seconds, so the
@@ -99,6 +99,14 @@ def engine_main(conn: Connection, cancel_event: Any, beat_interval: float = 0.0)
                 out.send(("ok", engine.tokenize(msg[1], add_bos=msg[2])))
             elif kind == "detokenize":
                 out.send(("ok", engine.detokenize(msg[1])))
+            elif kind == "embed":
+                busy.set()  # a large batch takes a while: the heartbeat tells it from a freeze
+                try:
+                    out.send(("ok", engine.embed(msg[1])))
+                finally:
+                    busy.clear()
+            elif kind == "generate" and engine.facts.pooling is not None:
+                out.send(("error", "an embedding model does not generate", 400))
             elif kind == "generate":
                 busy.set()
                 try:

@@ -318,6 +318,7 @@ class Tokenizer:
         eos_id: int | None,
         eot_ids: set[int],
         info: TokenizerInfo,
+        sep_id: int | None = None,
     ):
         self._backend = backend
         self._tokens = tokens
@@ -328,6 +329,7 @@ class Tokenizer:
         self.bos_id = bos_id
         self.eos_id = eos_id
         self.eot_ids: set[int] = eot_ids
+        self.sep_id = sep_id  # WordPiece: [SEP], appended whenever [CLS] (the BOS) is added
         self.info = info
         self.add_bos = info.add_bos
         self._control = frozenset(np.flatnonzero(token_types == TOKEN_CONTROL).tolist())
@@ -362,15 +364,26 @@ class Tokenizer:
             built = _build_spm(metadata, tokens, types)
         elif model == "gemma4":
             built = _build_gemma4(metadata, tokens, types)
+        elif model == "bert":
+            built = _build_wordpiece(metadata, tokens, types)
         else:
             raise TokenizerError(
                 f"unsupported tokenizer.ggml.model {model!r}; supported: 'gpt2' (byte-level BPE), 'llama' "
-                "(SentencePiece BPE), 'gemma4' (SentencePiece-style BPE with merges)"
+                "(SentencePiece BPE), 'gemma4' (SentencePiece-style BPE with merges), 'bert' (WordPiece)"
             )
         _add_added_tokens(built.backend, tokens, types)
 
         bos_id = _meta_id(metadata, "tokenizer.ggml.bos_token_id", n)
         eos_id = _meta_id(metadata, "tokenizer.ggml.eos_token_id", n)
+        sep_id = None
+        if model == "bert":  # [CLS] opens an input and [SEP] closes it (llama.cpp's cls / "seperator" ids)
+            # Converters differ in which ids they write: the BOS or the older CLS key, the separator or an
+            # EOS; a file with none of them still spells the tokens.
+            bos_id = _meta_id(metadata, "tokenizer.ggml.cls_token_id", n) if bos_id is None else bos_id
+            bos_id = built.backend.token_to_id("[CLS]") if bos_id is None else bos_id
+            sep_id = _meta_id(metadata, "tokenizer.ggml.seperator_token_id", n)
+            sep_id = eos_id if sep_id is None else sep_id
+            sep_id = built.backend.token_to_id("[SEP]") if sep_id is None else sep_id
         add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", built.add_bos_default)) and bos_id is not None
         eot = {i for key in _EOG_ID_KEYS if (i := _meta_id(metadata, key, n)) is not None}
         eot.update(i for name in _EOG_NAMES if (i := built.backend.token_to_id(name)) is not None and i < n)
@@ -379,7 +392,8 @@ class Tokenizer:
             model=model, pre=built.pre, vocab_size=n, n_merges=built.n_merges, add_bos=add_bos,
             add_space_prefix=built.add_space_prefix, build_seconds=time.perf_counter() - t0,
         )
-        return cls(built.backend, tokens=tokens, token_types=types, bos_id=bos_id, eos_id=eos_id, eot_ids=eot, info=info)
+        return cls(built.backend, tokens=tokens, token_types=types, bos_id=bos_id, eos_id=eos_id, eot_ids=eot, info=info,
+                   sep_id=sep_id)
 
     # -- encoding ---------------------------------------------------------------------------
     def encode(self, text: str, *, add_bos: bool | None = None, parse_special: bool = True) -> list[int]:
@@ -401,7 +415,9 @@ class Tokenizer:
                 finally:
                     self._backend.encode_special_tokens = False
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
-            if not ids or ids[0] != self.bos_id:
+            if self.sep_id is not None:  # WordPiece wraps every input, as BERT's post-processor does
+                ids = [self.bos_id, *ids, self.sep_id]
+            elif not ids or ids[0] != self.bos_id:
                 ids.insert(0, self.bos_id)
         return ids
 
@@ -426,6 +442,8 @@ class Tokenizer:
             return tok.encode("utf-8")  # a normal token the converter left as raw text
         if typ == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(tok)):
             return bytes([int(m.group(1), 16)])
+        if self.info.model == "bert" and tok.startswith("[") and tok.endswith("]"):
+            return tok.encode("utf-8")
         return tok.replace(_SPM_SPACE, " ").encode("utf-8")
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
@@ -641,6 +659,34 @@ def _build_gemma4(metadata: Mapping[str, Any], tokens: list[str], types: np.ndar
         backend.add_tokens([AddedToken(t, special=False, normalized=False) for t in newline_runs])
     return _Built(backend, "gemma4", len(merges), add_bos_default=True,
                   add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", False)))
+
+
+def _build_wordpiece(metadata: Mapping[str, Any], tokens: list[str], types: np.ndarray) -> _Built:
+    # Back from llama.cpp's phantom-space spelling to WordPiece's: "▁word" starts a word, "ing" is "##ing".
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        if int(types[i]) in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_UNKNOWN) or \
+                (t.startswith("[") and t.endswith("]")):
+            piece = t
+        elif t.startswith(_SPM_SPACE):
+            piece = t[1:]
+        else:
+            piece = "##" + t
+        vocab.setdefault(piece, i)
+    unk_id = _meta_id(metadata, "tokenizer.ggml.unknown_token_id", len(tokens))
+    unk = tokens[unk_id] if unk_id is not None else "[UNK]"
+    if unk not in vocab:
+        raise TokenizerError(f"WordPiece vocabulary has no unknown token {unk!r}")
+    backend = _HFTokenizer(models.WordPiece(vocab=vocab, unk_token=unk, continuing_subword_prefix="##",
+                                            max_input_chars_per_word=100))
+    lowercase = bool(metadata.get("tokenizer.ggml.do_lower_case", True))
+    strip = metadata.get("tokenizer.ggml.strip_accents")
+    backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                    strip_accents=lowercase if strip is None else bool(strip),
+                                                    lowercase=lowercase)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return _Built(backend, str(metadata.get("tokenizer.ggml.pre") or "default"), 0, add_bos_default=True,
+                  add_space_prefix=True)
 
 
 def _add_added_tokens(backend: _HFTokenizer, tokens: list[str], types: np.ndarray) -> None:

@@ -189,8 +189,8 @@ def test_missing_pre_falls_back_to_default(gpt2_meta: dict):
 
 
 def test_unsupported_model_is_a_clear_error(gpt2_meta: dict):
-    with pytest.raises(TokenizerError, match="'bert'"):
-        Tokenizer.from_gguf_metadata({**gpt2_meta, "tokenizer.ggml.model": "bert"})
+    with pytest.raises(TokenizerError, match="'t5'"):  # (bert, once the example, is WordPiece now)
+        Tokenizer.from_gguf_metadata({**gpt2_meta, "tokenizer.ggml.model": "t5"})
 
 
 # -- SentencePiece-style (llama) vocabulary -------------------------------------------------
