@@ -7,6 +7,10 @@ says what it computes. ``load_qdot()`` and ``load_block_ops()`` hand them out. T
 ``~/.cache/torch_extensions``), keyed by the sources and this machine's CPU features because it is
 compiled with ``-march=native``.
 
+Concurrent engine processes build under one ``fcntl`` lock on the build directory. Torch's own lock
+file outlives a builder that was killed (every later build then waits on it forever); under our lock no
+live tandem build holds it, so a leftover one is removed.
+
 No compiler, no ninja, or a failing build is not an error for the engine: ``load_qdot()`` returns
 ``None``, :func:`qdot_status` says why, and the engine keeps to torch's own kernels.
 Set ``TANDEM_NATIVE_KERNELS=0`` to never build or load them.
@@ -14,10 +18,12 @@ Set ``TANDEM_NATIVE_KERNELS=0`` to never build or load them.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import os
 import platform
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +55,25 @@ def _cpu_key() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
 
 
+def build_directory(name: str) -> Path:
+    """Where torch builds extension ``name`` by default (the same rule as torch's private
+    ``_get_build_directory``, so builds made before are reused), given to ``load`` explicitly so that
+    the lock below guards the directory the build uses."""
+    from torch.utils import cpp_extension
+
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root is not None:
+        return Path(root) / name
+    if torch.version.hip is not None:
+        accelerator = "rocm" + torch.version.hip.replace(".", "")
+    elif torch.version.cuda is not None:
+        accelerator = "cu" + torch.version.cuda.replace(".", "")
+    else:
+        accelerator = "cpu"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(cpp_extension.get_default_build_root()) / f"{python}_{accelerator}" / name
+
+
 @functools.lru_cache(maxsize=None)
 def qdot_status(portable: bool = False) -> KernelStatus:
     """Build (once per process) and load the qdot kernel; never raises.
@@ -66,14 +91,20 @@ def qdot_status(portable: bool = False) -> KernelStatus:
     try:
         from torch.utils import cpp_extension
 
-        cpp_extension.load(
-            name=name,
-            sources=[str(p) for p in _SOURCES],
-            extra_cflags=["-O3", arch, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}"],
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-            verbose=False,
-        )
+        build_dir = build_directory(name)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        with open(build_dir / "tandem.flock", "a") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)  # released by the kernel if this process dies
+            (build_dir / "lock").unlink(missing_ok=True)  # torch's baton, left by a killed builder
+            cpp_extension.load(
+                name=name,
+                sources=[str(p) for p in _SOURCES],
+                extra_cflags=["-O3", arch, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=False,
+            )
         isa = str(getattr(torch.ops, namespace).qdot_isa())
     except Exception as e:  # no compiler / ninja / headers: the engine runs without the kernel
         lines = str(e).strip().splitlines()

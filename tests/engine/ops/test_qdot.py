@@ -291,3 +291,23 @@ def test_k_not_multiple_of_32_falls_back(f):
     assert L.load_linear(f, "f16_odd.weight", "auto-int4").format == "bf16"
     x = torch.randn(2, 40)
     assert lin(x).dtype == torch.float32
+
+
+def test_a_killed_builders_lock_does_not_block_the_next_load():
+    """torch's build lock file survives a builder killed mid-build, and torch waits on it forever; the
+    next engine must still load the kernel (here: within 120 s, in a fresh process)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from engine.ops.kernels import build_directory
+
+    lock = build_directory(qdot_status().detail) / "lock"
+    lock.touch()
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "from engine.ops.kernels import qdot_status; print(qdot_status().available)"],
+            capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[3])
+    finally:
+        lock.unlink(missing_ok=True)
+    assert out.stdout.strip() == "True", out.stderr[-2000:]
