@@ -394,21 +394,35 @@ class Object:
     ``extra`` decodes it as an additional key (a free string not among the listed names), when the
     schema allows those here. ``value``: the schema of the value after ':'."""
 
-    __slots__ = ("extra", "hits", "key_text", "node", "nxt", "seen", "state", "value", "xdone")
+    __slots__ = ("count", "extra", "hits", "key_text", "node", "nxt", "seen", "state", "value", "xdone")
 
     def __init__(self, node: Node, state: int = 0, nxt: int = 0, key_text: str = "", hits: tuple = (),
                  extra: String | None = None, seen: frozenset = frozenset(), value: Node | None = None,
-                 xdone: bool = False):
+                 xdone: bool = False, count: int = 0):
         self.node, self.state, self.nxt, self.key_text, self.hits = node, state, nxt, key_text, hits
-        self.extra, self.seen, self.value, self.xdone = extra, seen, value, xdone
+        self.extra, self.seen, self.value, self.xdone, self.count = extra, seen, value, xdone, count
 
     def copy(self):
         return Object(self.node, self.state, self.nxt, self.key_text, self.hits,
-                      self.extra.copy() if self.extra is not None else None, self.seen, self.value, self.xdone)
+                      self.extra.copy() if self.extra is not None else None, self.seen, self.value, self.xdone,
+                      self.count)
 
     def key(self):
         return (5, id(self.node), self.state, self.nxt, self.key_text, self.hits,
-                self.extra.key() if self.extra is not None else None, self.seen, id(self.value), self.xdone)
+                self.extra.key() if self.extra is not None else None, self.seen, id(self.value), self.xdone,
+                self.count)
+
+    def _spare(self) -> bool:
+        """Room for a key that is not required (maxProperties minus the required keys still due)."""
+        mx = self.node.max_props
+        return mx is None or self.count + 1 + len(self.node.required - self.seen) <= mx
+
+    def _next_keys(self) -> tuple[tuple[int, ...], bool]:
+        """(listed properties that may come next, whether an additional key may)."""
+        hits = () if self.xdone else self.node.candidates(self.nxt)
+        if self._spare():
+            return hits, self._extra_ok()
+        return tuple(i for i in hits if self.node.props[i][0] in self.node.required), False
 
     def can_end(self) -> bool:
         return False
@@ -418,7 +432,7 @@ class Object:
         return self.node.additional is not None and self.node.required <= self.seen
 
     def _may_close(self) -> bool:
-        return self.node.required <= self.seen
+        return self.node.required <= self.seen and self.count >= self.node.min_props
 
     def feed(self, c: str, m) -> int:
         s = self.state
@@ -432,8 +446,8 @@ class Object:
                 return OK
             if c != '"':
                 return BAD
-            hits = () if self.xdone else self.node.candidates(self.nxt)
-            extra = String(text="") if self._extra_ok() else None
+            hits, xok = self._next_keys()
+            extra = String(text="") if xok else None
             if not hits and extra is None:
                 return BAD
             self.state, self.key_text, self.hits, self.extra = 1, '"', hits, extra
@@ -446,7 +460,8 @@ class Object:
             return OK
         # s == 3: after a value
         if c == ",":
-            if (self.xdone or not self.node.candidates(self.nxt)) and not self._extra_ok():
+            hits, xok = self._next_keys()
+            if not hits and not xok:
                 return BAD
             self.state = 4
             return OK
@@ -465,6 +480,7 @@ class Object:
             for i in hits:
                 if props[i][1] == t:  # a listed key, complete
                     self.nxt, self.seen, self.state, self.value = i + 1, self.seen | {props[i][0]}, 2, props[i][2]
+                    self.count += 1
                     self.hits, self.extra, self.key_text = (), None, ""
                     return OK
         x = self.extra
@@ -472,6 +488,7 @@ class Object:
             r = x.step(c)
             if r == CLOSE and x.text not in self.node.names:
                 self.state, self.value, self.xdone = 2, self.node.additional, True
+                self.count += 1
                 self.hits, self.extra, self.key_text = (), None, ""
                 return OK
             if r != OK:

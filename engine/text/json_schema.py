@@ -10,7 +10,8 @@ semantics where JSON Schema leaves a choice to the generator:
   included; the recogniser's nesting cap bounds it), ``anyOf`` / ``oneOf`` as alternatives (``oneOf``
   as ``anyOf``, as llama.cpp does: pydantic's ``oneOf`` unions are disjoint by their tag), ``allOf``
   with one entry, or several object entries merged (properties and required joined);
-* objects: keys in ``properties`` order, any subset that holds the ``required`` ones;
+* objects: keys in ``properties`` order, any subset that holds the ``required`` ones (and as many
+  keys as ``minProperties`` / ``maxProperties`` allow);
   ``additionalProperties`` as a schema (or ``true`` on an object without ``properties``) allows
   extra keys, other than the listed ones, after them (llama.cpp's rule); an object without
   ``properties`` and without ``additionalProperties: false`` is any object;
@@ -40,7 +41,7 @@ TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 ANNOTATIONS = frozenset({"title", "description", "$schema", "$id", "$comment", "default", "examples",
                          "deprecated", "readOnly", "writeOnly", "discriminator", "contentEncoding",
                          "contentMediaType", "$defs", "definitions"})
-OBJECT_KW = frozenset({"properties", "required", "additionalProperties"})
+OBJECT_KW = frozenset({"properties", "required", "additionalProperties", "minProperties", "maxProperties"})
 ARRAY_KW = frozenset({"items", "prefixItems", "minItems", "maxItems", "uniqueItems"})
 STRING_KW = frozenset({"minLength", "maxLength", "pattern", "format"})
 NUMBER_KW = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
@@ -93,8 +94,8 @@ class Bounds:
 class Node:
     """A compiled schema. ``types`` None = any type; ``alts``: alternatives (anyOf) instead of the rest."""
 
-    __slots__ = ("additional", "alts", "bounds", "cands", "items", "literals", "max_items", "min_items",
-                 "names", "prefix", "props", "required", "string", "types")
+    __slots__ = ("additional", "alts", "bounds", "cands", "items", "literals", "max_items", "max_props", "min_items",
+                 "min_props", "names", "prefix", "props", "required", "string", "types")
 
     def __init__(self, types: frozenset[str] | None = None):
         self.types = types
@@ -104,6 +105,7 @@ class Node:
         self.names: frozenset[str] = frozenset()
         self.required: frozenset[str] = frozenset()
         self.additional: Node | None = None  # extra keys' values; None: only the listed keys
+        self.min_props, self.max_props = 0, None
         self.prefix: tuple[Node, ...] = ()
         self.items: Node | None = None  # None: no items after the prefix
         self.min_items, self.max_items = 0, None
@@ -335,6 +337,12 @@ class _Compiler:
             node.additional = None if (props or "required" in s) else ANY
         elif ap is not False:
             raise SchemaError(f"{path}.additionalProperties must be a boolean or a schema")
+        node.min_props = self._count(s, "minProperties", path) or 0
+        node.max_props = self._count(s, "maxProperties", path)
+        if node.types == frozenset({"object"}) and (
+                (node.max_props is not None and len(node.required) > node.max_props)
+                or (node.additional is None and len(props) < node.min_props)):
+            raise SchemaError(f"{path}: minProperties/maxProperties leave no object that can conform")
 
     def _array(self, node: Node, s: dict, path: str) -> None:
         if s.get("uniqueItems") is True:
