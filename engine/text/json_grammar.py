@@ -49,6 +49,19 @@ def compile_format(fmt: Any) -> Node | None:
     raise SchemaError(f'invalid format: {compact(fmt)}; expected "json" or a JSON schema')
 
 
+def fits(node: Node, depth: int, seen: frozenset = frozenset()) -> bool:
+    """Whether a value for ``node`` can be written at stack depth ``depth``: beyond ``MAX_DEPTH`` only
+    scalars and literals can, so a key or an item whose schema needs a container is not started there
+    (it would be a dead end: nothing could follow it)."""
+    if depth <= MAX_DEPTH or node.literals is not None or node.types is None and node.alts is None:
+        return True
+    if node.alts is not None:
+        if id(node) in seen:
+            return False
+        return any(fits(a, depth, seen | {id(node)}) for a in node.alts)
+    return not node.types <= {"object", "array"}
+
+
 # ----------------------------------------------------------------------------------------------
 # frames
 # ----------------------------------------------------------------------------------------------
@@ -359,15 +372,16 @@ class Array:
     def can_end(self) -> bool:
         return False
 
-    def _more(self) -> bool:
+    def _more(self, depth: int) -> bool:
         n = self.node
-        return (n.max_items is None or self.count < n.max_items) and n.item(self.count) is not None
+        item = n.item(self.count)
+        return (n.max_items is None or self.count < n.max_items) and item is not None and fits(item, depth + 1)
 
     def feed(self, c: str, m) -> int:
         if c in WS:
             return m.ws(c)
         if self.state == 1:
-            if c == "," and self._more():
+            if c == "," and self._more(len(m.stack)):
                 self.state = 2
                 return OK
             if c == "]" and self.count >= self.node.min_items:
@@ -379,7 +393,7 @@ class Array:
                 return BAD
             m.stack.pop()
             return OK
-        if not self._more():
+        if not self._more(len(m.stack)):
             return BAD
         item = self.node.item(self.count)
         self.state, self.count = 1, self.count + 1
@@ -417,12 +431,17 @@ class Object:
         mx = self.node.max_props
         return mx is None or self.count + 1 + len(self.node.required - self.seen) <= mx
 
-    def _next_keys(self) -> tuple[tuple[int, ...], bool]:
-        """(listed properties that may come next, whether an additional key may)."""
-        hits = () if self.xdone else self.node.candidates(self.nxt)
+    def _next_keys(self, depth: int) -> tuple[tuple[int, ...], bool]:
+        """(listed properties that may come next, whether an additional key may), for an object at
+        stack depth ``depth`` (its values go one deeper)."""
+        node = self.node
+        hits = () if self.xdone else node.candidates(self.nxt)
+        xok = self._extra_ok() and fits(node.additional, depth + 1)
+        if depth >= MAX_DEPTH:
+            hits = tuple(i for i in hits if fits(node.props[i][2], depth + 1))
         if self._spare():
-            return hits, self._extra_ok()
-        return tuple(i for i in hits if self.node.props[i][0] in self.node.required), False
+            return hits, xok
+        return tuple(i for i in hits if node.props[i][0] in node.required), False
 
     def can_end(self) -> bool:
         return False
@@ -446,7 +465,7 @@ class Object:
                 return OK
             if c != '"':
                 return BAD
-            hits, xok = self._next_keys()
+            hits, xok = self._next_keys(len(m.stack))
             extra = String(text="") if xok else None
             if not hits and extra is None:
                 return BAD
@@ -460,7 +479,7 @@ class Object:
             return OK
         # s == 3: after a value
         if c == ",":
-            hits, xok = self._next_keys()
+            hits, xok = self._next_keys(len(m.stack))
             if not hits and not xok:
                 return BAD
             self.state = 4

@@ -282,3 +282,23 @@ def test_type_adapter_schemas():
                      (Union[int, list[int]], "[1]")]:
         schema = TypeAdapter(tp).json_schema()
         assert accepted(schema, good)
+
+
+def test_no_dead_end_at_the_nesting_cap():
+    """At the cap a key or item whose schema needs a container is not started (nothing could follow it)."""
+    from engine.text.json_grammar import MAX_DEPTH
+
+    node = {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#"}}, "n": {"type": "null"}}}
+    r = JsonRecognizer(compile_format(node))
+    assert r.advance('{"c": [' * (MAX_DEPTH // 2))  # 32 open containers
+    assert not r.clone().advance("{")  # no room for another object
+    assert r.advance("]}")
+    nested = {"type": "object", "properties": {"o": {"$ref": "#"}, "n": {"type": "null"}}}
+    r = JsonRecognizer(compile_format(nested))
+    assert r.advance('{"o": ' * (MAX_DEPTH - 1) + "{")  # the innermost object sits at the cap
+    assert not r.clone().advance('"o"') and r.clone().advance('"n": null}')
+    rng = random.Random(5)
+    for _ in range(10):
+        doc = walk(Tree.model_json_schema(), rng, limit=20000)
+        if doc is not None:
+            Tree.model_validate_json(doc)
