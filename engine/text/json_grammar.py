@@ -49,17 +49,30 @@ def compile_format(fmt: Any) -> Node | None:
     raise SchemaError(f'invalid format: {compact(fmt)}; expected "json" or a JSON schema')
 
 
+LOOKAHEAD = 8  # levels below the cap within which fits() checks the containers a value cannot do without
+
+
 def fits(node: Node, depth: int, seen: frozenset = frozenset()) -> bool:
-    """Whether a value for ``node`` can be written at stack depth ``depth``: beyond ``MAX_DEPTH`` only
-    scalars and literals can, so a key or an item whose schema needs a container is not started there
-    (it would be a dead end: nothing could follow it)."""
-    if depth <= MAX_DEPTH or node.literals is not None or node.types is None and node.alts is None:
+    """Whether a value for ``node`` can be written whole at stack depth ``depth``: beyond ``MAX_DEPTH``
+    only scalars and literals can, and near it a container only if the values it cannot do without
+    (required properties, the first of ``minItems``) fit one level deeper. A key or an item whose value
+    cannot fit is not started: it would be a dead end (nothing could follow it). Far from the cap
+    everything fits; the check looks ``LOOKAHEAD`` levels ahead, enough for real schemas' chains of
+    required containers."""
+    if depth < MAX_DEPTH - LOOKAHEAD or node.literals is not None:
         return True
     if node.alts is not None:
         if id(node) in seen:
             return False
         return any(fits(a, depth, seen | {id(node)}) for a in node.alts)
-    return not node.types <= {"object", "array"}
+    t = node.types
+    if t is None or not t <= {"object", "array"}:
+        return True  # a scalar will do
+    if depth > MAX_DEPTH:
+        return False
+    if "object" in t and all(fits(n, depth + 1) for k, _, n in node.props if k in node.required):
+        return True
+    return "array" in t and (not node.min_items or fits(node.item(0) or ANY, depth + 1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,12 +114,14 @@ class Value:
             m.stack[-1] = Literal(node.literals)
             return m.stack[-1].feed(c, m)
         t = node.types
+        depth = len(m.stack)
         if c == "{" and (t is None or "object" in t):
-            if len(m.stack) > MAX_DEPTH:
+            # Room for the object and for the values it cannot do without.
+            if depth > MAX_DEPTH or not all(fits(n, depth + 1) for k, _, n in node.props if k in node.required):
                 return BAD
             m.stack[-1] = Object(node)
         elif c == "[" and (t is None or "array" in t):
-            if len(m.stack) > MAX_DEPTH:
+            if depth > MAX_DEPTH or (node.min_items and not fits(node.item(0) or ANY, depth + 1)):
                 return BAD
             m.stack[-1] = Array(node)
         elif c == '"' and (t is None or "string" in t):
@@ -437,7 +452,7 @@ class Object:
         node = self.node
         hits = () if self.xdone else node.candidates(self.nxt)
         xok = self._extra_ok() and fits(node.additional, depth + 1)
-        if depth >= MAX_DEPTH:
+        if depth >= MAX_DEPTH - LOOKAHEAD:
             hits = tuple(i for i in hits if fits(node.props[i][2], depth + 1))
         if self._spare():
             return hits, xok

@@ -297,6 +297,15 @@ def test_no_dead_end_at_the_nesting_cap():
     r = JsonRecognizer(compile_format(nested))
     assert r.advance('{"o": ' * (MAX_DEPTH - 1) + "{")  # the innermost object sits at the cap
     assert not r.clone().advance('"o"') and r.clone().advance('"n": null}')
+    # Near the cap a key is not started when its value needs more levels than are left.
+    chain = {"$defs": {"W": {"type": "object", "properties": {"a": {"type": "array", "minItems": 1,
+                                                                    "items": {"type": "array"}}}, "required": ["a"]}},
+             "type": "object", "properties": {"o": {"$ref": "#"}, "w": {"$ref": "#/$defs/W"}}}
+    r = JsonRecognizer(compile_format(chain))
+    assert r.advance('{"o": ' * (MAX_DEPTH - 3) + "{")  # object at 30: w at 31, a at 32, its item at 33
+    assert not r.clone().advance('"w"') and r.clone().advance("}")
+    r = JsonRecognizer(compile_format(chain))
+    assert r.advance('{"o": ' * (MAX_DEPTH - 4) + '{"w": {"a": [[]]}}')  # one level more: fine
     rng = random.Random(5)
     for _ in range(10):
         doc = walk(Tree.model_json_schema(), rng, limit=20000)
