@@ -4,8 +4,8 @@ Covers what pydantic v2 emits for ordinary models, with llama.cpp's ``json-schem
 semantics where JSON Schema leaves a choice to the generator:
 
 * ``type`` (one or a list, ``"null"`` for nullable), ``enum`` / ``const`` of any JSON value (written
-  compactly), annotations (``title``, ``description``, ``default``, ``examples``, ``discriminator``, ...)
-  ignored;
+  compactly), annotations (``title``, ``description``, ``default``, ``examples``, ``discriminator``,
+  ``x-*`` vendor keys, ...) ignored;
 * ``$defs`` / ``definitions`` with local ``$ref`` (JSON pointers into the document, recursion
   included; the recogniser's nesting cap bounds it), ``anyOf`` / ``oneOf`` as alternatives (``oneOf``
   as ``anyOf``, as llama.cpp does: pydantic's ``oneOf`` unions are disjoint by their tag), ``allOf``
@@ -161,7 +161,7 @@ class _Compiler:
         if not isinstance(s, dict):
             raise SchemaError(f"{path}: a schema must be an object, got {compact(s)}")
         for k in s:
-            if k not in KEYWORDS and k not in ANNOTATIONS:
+            if k not in KEYWORDS and k not in ANNOTATIONS and not k.startswith("x-"):  # x-*: vendor annotations
                 raise SchemaError(f'unsupported JSON schema keyword "{k}" at {path}')
         for kw in ("$ref", "anyOf", "oneOf", "allOf"):
             if kw in s:
@@ -181,7 +181,7 @@ class _Compiler:
 
     # -- composition -------------------------------------------------------------------------
     def _composite(self, kw: str, s: dict, path: str) -> Node:
-        extra = [k for k in s if k != kw and k not in ANNOTATIONS]
+        extra = [k for k in s if k != kw and k not in ANNOTATIONS and not k.startswith("x-")]
         if kw == "allOf":
             return self._all_of(s, path)
         if kw == "$ref":
@@ -204,7 +204,7 @@ class _Compiler:
         entries = s["allOf"]
         if not isinstance(entries, list) or not entries:
             raise SchemaError(f"{path}.allOf must be a non-empty array")
-        rest = {k: v for k, v in s.items() if k != "allOf" and k not in ANNOTATIONS}
+        rest = {k: v for k, v in s.items() if k != "allOf" and k not in ANNOTATIONS and not k.startswith("x-")}
         if len(entries) == 1 and not rest:  # pydantic's wrapper around a $ref with a default
             return self.compile(entries[0], f"{path}.allOf[0]")
         # Several entries: llama.cpp merges object entries (properties and required joined).
@@ -212,7 +212,8 @@ class _Compiler:
         required: list[str] = []
         for i, e in enumerate(entries + ([rest] if rest else [])):
             e = self._deref(e, f"{path}.allOf[{i}]")
-            bad = [k for k in e if k not in ANNOTATIONS and k not in ("type", "properties", "required")]
+            bad = [k for k in e if k not in ANNOTATIONS and not k.startswith("x-")
+                   and k not in ("type", "properties", "required")]
             if bad or e.get("type", "object") != "object":
                 raise SchemaError(f'unsupported JSON schema keyword "allOf" at {path} '
                                   "(only a single entry, or object schemas to merge)")
@@ -222,7 +223,7 @@ class _Compiler:
 
     def _intersect(self, target: Any, s: dict, kw: str, path: str) -> Any:
         """``target`` with the keywords next to ``kw`` in ``s`` added (they must not overlap)."""
-        siblings = {k: v for k, v in s.items() if k != kw and k not in ANNOTATIONS}
+        siblings = {k: v for k, v in s.items() if k != kw and k not in ANNOTATIONS and not k.startswith("x-")}
         if target is True or target == {}:
             return siblings
         if not isinstance(target, dict):

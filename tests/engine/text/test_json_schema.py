@@ -167,6 +167,7 @@ def test_optional_properties_any_subset_in_order():
      ['"2024-01-05"', '"2024-02-30T12:00:00Z"']),
     ({"type": "string", "format": "uuid"}, ['"123e4567-e89b-12d3-a456-426614174000"'], ['"123e4567"']),
     ({"type": "string", "format": "email"}, ['"anything"'], []),  # an annotation, as in llama.cpp
+    ({"type": "integer", "x-order": 3, "anyOf": [{"maximum": 2}], "x-ui": {}}, ["2"], ["3"]),  # x-*: annotations
     ({"type": ["string", "null"], "maxLength": 1}, ['"a"', "null"], ['"ab"', "1"]),
     ({"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
                 {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "null"}}, "required": ["b"]}]},
