@@ -250,10 +250,6 @@ class ModelRuntime:
             raise EngineError(str(e), 400) from None
         plan = self.plan(req)
         drafter, cap = self.resolve_drafter(plan)
-        if node is not None:
-            # Drafts are not constrained: verifying them would be correct but mostly wasted (any
-            # draft that breaks the JSON is rejected), and only the plain step carries the filter.
-            drafter, cap = NullDrafter(), 0
         s = self.settings(req, plan, cap, num_ctx, num_keep if num_keep >= 0 else len(prompt))
         constraint = None
         if node is not None:

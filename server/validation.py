@@ -48,8 +48,9 @@ def check_think(name: str, think: Any) -> None:
 
 
 def check_format(fmt: Any) -> Any:
-    """Validate ``format`` (None/"", "json", or a JSON schema in engine.text.json_grammar's subset) before
-    anything is loaded; returns what the engine request carries (None: free text)."""
+    """Validate ``format`` (None/"", "json", or a JSON schema; engine.text.json_schema says what is enforced)
+    before anything is loaded: a keyword that cannot be enforced is a 400 naming it. Returns what the
+    engine request carries (None: free text)."""
     try:
         node = compile_format(fmt)
     except SchemaError as e:

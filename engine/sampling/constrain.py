@@ -1,7 +1,16 @@
 """Constrained decoding for Ollama's ``format``, the token layer: keep only the next tokens whose text
-keeps ``engine.text.json_grammar``'s recogniser valid (JSON mode and a JSON-schema subset)."""
+keeps ``engine.text.json_grammar``'s recogniser valid (JSON mode and JSON schemas).
+
+With speculation the decode loop asks two things of it: :meth:`TokenConstraint.walk` cuts a draft
+chain at its first token the constraint does not allow (cloning the recogniser along the chain, so
+row ``i`` of the verification has its own state), and :meth:`TokenConstraint.mask` filters each row
+of the target's distributions with that row's state. Acceptance then runs on the masked rows, so the
+committed tokens are distributed exactly as constrained sampling without speculation (and greedy stays
+the constrained argmax); the constraint itself advances only over committed tokens."""
 
 from __future__ import annotations
+
+from typing import Sequence
 
 import torch
 
@@ -40,11 +49,12 @@ class TokenConstraint:
         self.pieces = pieces
         self.eog_ids = frozenset(eog_ids)
 
-    def allows(self, tid: int) -> bool:
+    def allows(self, tid: int, state: JsonRecognizer | None = None) -> bool:
+        state = self.state if state is None else state
         if tid in self.eog_ids:
-            return self.state.is_complete()
+            return state.is_complete()
         text = self.pieces.text(tid)
-        return text is not None and self.state.clone().advance(text)
+        return text is not None and state.clone().advance(text)
 
     def advance_token(self, tid: int) -> None:
         if tid in self.eog_ids:
@@ -56,33 +66,71 @@ class TokenConstraint:
     def done(self) -> bool:
         return self.state.done()
 
-    def filter(self, dist):
-        """Row 0 of ``dist`` restricted to allowed tokens, renormalised (a new Distribution).
+    def walk(self, drafts: Sequence[int]) -> list[JsonRecognizer]:
+        """The recogniser states along the longest allowed prefix of ``drafts``: ``states[0]`` is the
+        current state and ``states[i]`` the state after ``drafts[:i]``; ``len(states) - 1`` drafts are
+        kept. The chain also ends after an end-of-generation token or the token that closes the value
+        (nothing useful can follow either)."""
+        states = [self.state]
+        cur = self.state
+        for d in drafts:
+            if cur.done():
+                break
+            if d in self.eog_ids:
+                if cur.is_complete():
+                    states.append(cur)
+                break
+            text = self.pieces.text(d)
+            if text is None:
+                break
+            nxt = cur.clone()
+            if not nxt.advance(text):
+                break
+            states.append(nxt)
+            cur = nxt
+        return states
 
-        The pool's candidates are checked in descending probability; if none is allowed, the
-        vocabulary is scanned by descending raw logit (at most ``FALLBACK_SCAN`` entries) and the
-        first allowed token gets all the mass (for greedy decoding that is the constrained argmax).
-        The scan looks at the best ``FALLBACK_SCAN`` tokens first and only then at the rest.
-        """
-        ids, probs = dist.cand_ids[0], dist.cand_probs[0]
-        order = torch.argsort(probs, descending=True, stable=True).tolist()
+    def mask(self, dist: Distribution, states: Sequence[JsonRecognizer] | None = None) -> Distribution:
+        """``dist`` with row ``i`` restricted to what ``states[i]`` allows (default: the current state
+        for row 0), renormalised; rows keep their width (disallowed candidates get probability 0).
+
+        A row's candidates are checked in order; if none is allowed, the vocabulary is scanned by
+        descending raw logit (the best ``FALLBACK_SCAN`` first, then the rest) and the first allowed
+        token gets all the mass (for greedy decoding that is the constrained argmax)."""
+        states = [self.state] if states is None else list(states)
+        if len(states) != dist.n:
+            raise ValueError(f"{dist.n} rows need {dist.n} constraint states, got {len(states)}")
+        ids_rows, prob_rows = [], []
+        for i, st in enumerate(states):
+            ids, probs = self._row(dist, i, st)
+            ids_rows.append(ids)
+            prob_rows.append(probs)
+        return Distribution(torch.stack(ids_rows), torch.stack(prob_rows), dist.raw_logits, dist.vocab_size,
+                            greedy=dist.greedy)
+
+    def filter(self, dist: Distribution) -> Distribution:
+        """Row 0 only, with the current state (a plain step)."""
+        return self.mask(Distribution(dist.cand_ids[:1], dist.cand_probs[:1], dist.raw_logits[:1],
+                                      dist.vocab_size, greedy=dist.greedy))
+
+    def _row(self, dist: Distribution, i: int, st: JsonRecognizer) -> tuple[torch.Tensor, torch.Tensor]:
+        ids, probs = dist.cand_ids[i], dist.cand_probs[i]
         id_list, p_list = ids.tolist(), probs.tolist()
-        keep = [j for j in order if p_list[j] > 0 and self.allows(id_list[j])]
-        if keep:
-            keep.sort()  # back to ascending token id
-            new_ids = ids[keep].unsqueeze(0)
-            new_p = probs[keep]
-            new_p = (new_p / new_p.sum()).unsqueeze(0)
-        else:
-            raw = dist.raw_logits[0]
-            n = min(FALLBACK_SCAN, raw.shape[-1])
-            top = torch.topk(raw, n).indices.tolist()
-            pick = next((t for t in top if self.allows(t)), None)
-            if pick is None and n < raw.shape[-1]:  # rare: the rest of the vocabulary, once
-                rest = torch.argsort(raw, descending=True)[n:].tolist()
-                pick = next((t for t in rest if self.allows(t)), None)
-            if pick is None:
-                raise RuntimeError("format: no token can continue the JSON output")
-            new_ids = torch.tensor([[pick]], dtype=ids.dtype, device=ids.device)
-            new_p = torch.ones(1, 1, dtype=probs.dtype, device=probs.device)
-        return Distribution(new_ids, new_p, dist.raw_logits[:1], dist.vocab_size, greedy=dist.greedy)
+        keep = [p if p > 0 and self.allows(t, st) else 0.0 for t, p in zip(id_list, p_list)]
+        total = sum(keep)
+        if total > 0:
+            return ids, torch.tensor(keep, dtype=probs.dtype, device=probs.device) / total
+        raw = dist.raw_logits[i]
+        n = min(FALLBACK_SCAN, raw.shape[-1])
+        top = torch.topk(raw, n).indices.tolist()
+        pick = next((t for t in top if self.allows(t, st)), None)
+        if pick is None and n < raw.shape[-1]:  # rare: the rest of the vocabulary, once
+            rest = torch.argsort(raw, descending=True)[n:].tolist()
+            pick = next((t for t in rest if self.allows(t, st)), None)
+        if pick is None:
+            raise RuntimeError("format: no token can continue the JSON output")
+        if pick not in id_list:  # swap it in for a (zero-probability) candidate: ids stay distinct, ascending
+            id_list = sorted(id_list[1:] + [pick])
+        new_p = [1.0 if t == pick else 0.0 for t in id_list]
+        return (torch.tensor(id_list, dtype=ids.dtype, device=ids.device),
+                torch.tensor(new_p, dtype=probs.dtype, device=probs.device))

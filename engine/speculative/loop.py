@@ -122,12 +122,10 @@ class DecodeLoop:
         self.gen = target_gen
         self.draft_ctx = DraftContext(settings.sampling, draft_gen, settings.p_min)
         self.clock = clock
-        # ``format`` (engine.sampling.constrain): filters each distribution, follows the committed tokens and
-        # ends the output when the JSON value closes. Only plain steps (k = 0) are constrained, so the
-        # runtime turns speculation off for such requests.
+        # ``format`` (engine.sampling.constrain): cuts each draft chain at its first disallowed token,
+        # masks every verified row, follows the committed tokens and ends the output when the JSON
+        # value closes. Acceptance sees only masked rows, so speculation stays lossless under it.
         self.constraint = constraint
-        if constraint is not None and settings.cap > 0:
-            raise ValueError("constrained decoding needs cap 0 (drafts are not constrained)")
         self.log: list[int] = []
         self.generated: list[int] = []
         self.stats = SpeculationStats(drafter=drafter.kind if settings.cap > 0 else "none")
@@ -237,7 +235,9 @@ class DecodeLoop:
                 out = out.logits
             if last:
                 logits = out
-        dist = self._constrain(process(logits, self.log, (), self.s.sampling))
+        dist = process(logits, self.log, (), self.s.sampling)
+        if self.constraint is not None:
+            dist = self.constraint.mask(dist)
         res = self._accept(dist, None, [])
         target_out = TargetOutput(n, torch.cat(hidden)) if need_hidden else None
         committed = self._commit(res, dist, [], len(log) - 1, target_out)
@@ -264,8 +264,15 @@ class DecodeLoop:
         prop = self.drafter.propose(k, self.draft_ctx) if k > 0 else EMPTY
         drafts = [int(t) for t in prop.tokens[:k]]
         q = prop.q[: len(drafts)] if (prop.q is not None and drafts) else None
+        states = None
+        if self.constraint is not None and drafts:
+            # Cut the chain where the constraint stops it (whatever the drafter): a draft that breaks
+            # the JSON could never be accepted from a masked row, so verifying it is wasted width.
+            states = self.constraint.walk(drafts)
+            drafts = drafts[: len(states) - 1]
+            q = q[: len(drafts)] if (q is not None and drafts) else None
         if s.schedule == "fixed" and len(drafts) < s.n_min:
-            drafts, q = [], None  # too short to be worth a wider verification
+            drafts, q, states = [], None, None  # too short to be worth a wider verification
         t1 = self.clock()
         out = self.target.forward([self.log[-1]] + drafts, self.cache, logits_for="all",
                                   return_hidden=self.drafter.needs_hidden)
@@ -274,7 +281,9 @@ class DecodeLoop:
         else:
             logits, target_out = out, None
         t2 = self.clock()
-        dist = self._constrain(process(logits, self.log, drafts, s.sampling))
+        dist = process(logits, self.log, drafts, s.sampling)
+        if self.constraint is not None:
+            dist = self.constraint.mask(dist, states[: len(drafts) + 1] if states else None)
         res = self._accept(dist, q, drafts)
         t3 = self.clock()
         committed = self._commit(res, dist, drafts, P, target_out)
@@ -288,9 +297,6 @@ class DecodeLoop:
         self.times.other += (t4 - t3) - self._last_commit_drafting
         self._record(k, drafts, res, P)
         return committed
-
-    def _constrain(self, dist: Distribution) -> Distribution:
-        return dist if self.constraint is None else self.constraint.filter(dist)
 
     def _accept(self, dist: Distribution, q, drafts: list[int]) -> AcceptResult:
         p = dist.probs
@@ -315,10 +321,14 @@ class DecodeLoop:
         """Cut the run, truncate the cache, record the run, tell the drafter. Nothing streamed yet."""
         run, end = self._cut(res.tokens)
         if self.constraint is not None:
-            for t in run:  # k = 0: one token
+            for j, t in enumerate(run):
                 self.constraint.advance_token(t)
-            if end is None and self.constraint.done():
-                end = "stop"  # the JSON value is closed (llama.cpp's grammar ends there too)
+                if self.constraint.done():  # the JSON value is closed (llama.cpp's grammar ends there too)
+                    if j + 1 < len(run):
+                        run, end = run[: j + 1], "stop"
+                    else:
+                        end = end or "stop"
+                    break
         new_len = len(self.log) + len(run)
         # The cache holds positions up to P + k; keep t_last and the accepted drafts (never more
         # than the log, when the run was cut before them).

@@ -87,7 +87,9 @@ def test_chat_errors_and_format(http: httpx.Client) -> None:
     assert list(out) == ["name", "age"] and isinstance(out["name"], str) and isinstance(out["age"], int)
     assert r.json()["done_reason"] == "stop"
     for fmt, error in [("xml", 'invalid format: "xml"; expected "json" or a JSON schema'),
-                       ({"type": "string", "pattern": "a+"}, 'unsupported JSON schema keyword "pattern" at schema')]:
+                       ({"type": "string", "pattern": "(a)\\1"},
+                        'unsupported JSON schema keyword "pattern" at schema: backreferences are not supported '
+                        "(at offset 5 of /(a)\\1/)")]:
         r = http.post("/api/generate", json={"model": "tiny", "prompt": "hi", "format": fmt})
         assert (r.status_code, r.json()) == (400, {"error": error})
 

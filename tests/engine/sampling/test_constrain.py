@@ -118,9 +118,10 @@ def test_schema_enum_const_items_and_type_lists():
 
 
 @pytest.mark.parametrize("fmt,message", [
-    ({"type": "string", "pattern": "a+"}, 'unsupported JSON schema keyword "pattern" at schema'),
-    ({"type": "object", "properties": {"a": {"anyOf": []}}}, 'unsupported JSON schema keyword "anyOf" at schema.properties.a'),
-    ({"type": "object", "additionalProperties": {"type": "string"}}, 'unsupported JSON schema keyword "additionalProperties"'),
+    ({"type": "string", "pattern": "(a)\\1"}, 'unsupported JSON schema keyword "pattern" at schema'),
+    ({"type": "object", "properties": {"a": {"anyOf": []}}}, "schema.properties.a.anyOf must be a non-empty array"),
+    ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
+     'unsupported JSON schema keyword "uniqueItems" at schema.properties.a'),
     ({"type": "date"}, "unknown type"),
     ("xml", 'invalid format: "xml"'),
     (5, "invalid format: 5"),
@@ -165,10 +166,13 @@ def dist(ids: list[int], probs: list[float], logits: list[float] | None = None, 
 def test_filter_keeps_valid_candidates_renormalised():
     c = TokenConstraint(compile_format("json"), TokenPieces(FakeTokenizer(PIECES, {EOS})), {EOS})
     d = c.filter(dist([0, 3, 4, 5, 6, 7, 8], [0.1, 0.2, 0.2, 0.1, 0.1, 0.1, 0.2]))
-    assert d.cand_ids[0].tolist() == [0, 8]  # '{' and '1'; not text, partial UTF-8, empty, or EOS
-    assert torch.allclose(d.cand_probs[0], torch.tensor([1 / 3, 2 / 3]))
+    kept = d.cand_probs[0] > 0  # rows keep their width; disallowed candidates get probability 0
+    assert d.cand_ids[0][kept].tolist() == [0, 8]  # '{' and '1'; not text, partial UTF-8, empty, or EOS
+    assert torch.allclose(d.cand_probs[0][kept], torch.tensor([1 / 3, 2 / 3]))
+    assert torch.allclose(d.probs[0, [0, 8]], torch.tensor([1 / 3, 2 / 3])) and abs(float(d.probs[0].sum()) - 1) < 1e-6
     c.advance_token(8)  # "1": complete, so EOS is allowed now
-    assert c.filter(dist([7, 3], [0.5, 0.5])).cand_ids[0].tolist() == [7]
+    d = c.filter(dist([7, 3], [0.5, 0.5]))
+    assert d.cand_ids[0][d.cand_probs[0] > 0].tolist() == [7]
 
 
 def test_filter_falls_back_to_the_best_valid_token_by_raw_logit():
@@ -243,8 +247,8 @@ def test_same_seed_same_constrained_output(engine):
 
 def test_engine_refuses_a_bad_schema(engine):
     with pytest.raises(EngineError) as e:
-        run(engine, {"type": "string", "maxLength": 3}, OPTIONS[0])
-    assert e.value.status == 400 and "maxLength" in str(e.value)
+        run(engine, {"type": "array", "uniqueItems": True}, OPTIONS[0])
+    assert e.value.status == 400 and "uniqueItems" in str(e.value)
 
 
 def test_nesting_is_capped():
