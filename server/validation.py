@@ -43,14 +43,16 @@ def parse_keep_alive(ctx: ServerContext, value: Any) -> float:
 THINK_LEVELS = ("low", "medium", "high", "max")
 
 
-def check_think(name: str, think: Any, supported: bool) -> Think:
+def check_think(name: str, think: Any, supported: bool, constrained: bool = False) -> Think:
     """The request's ``think`` as Ollama applies it: a thinking model thinks unless told not to (unset
-    means true); asking a model without the capability to think is 400."""
+    means true); asking a model without the capability to think is 400. A ``format`` (``constrained``)
+    holds the whole answer to it from the first token, leaving no room to reason first, so there unset
+    means false (Ollama instead reasons unconstrained, then restarts under the format)."""
     if not (think is None or isinstance(think, bool) or think in THINK_LEVELS):
         raise ApiError(400, f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", true, '
                             'or false)')
     if supported:
-        return True if think is None else think
+        return (not constrained) if think is None else think
     if think is True or think in THINK_LEVELS:
         raise ApiError(400, f'"{name}" does not support thinking')
     return think

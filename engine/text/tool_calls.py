@@ -57,13 +57,16 @@ class ToolCallFormat:
     syntax: str = "json"
     string_quote: str = ""
     prefixes: tuple[str, ...] = ()
+    bare_start: bool = False  # a tagged format whose calls may also come as bare JSON opening the answer
 
     @property
     def bare(self) -> bool:
         return self.open in ("{", "[")
 
 
-QWEN = ToolCallFormat("<tool_call>", "</tool_call>")
+# Qwen models (Qwen2.5-Coder above all) often answer a call as a bare or fenced JSON object instead of in
+# <tool_call> tags; llama.cpp's Hermes parser, which Ollama runs for such GGUF templates, reads those too.
+QWEN = ToolCallFormat("<tool_call>", "</tool_call>", prefixes=("```json", "```"), bare_start=True)
 JSON_OBJECT = ToolCallFormat("{")
 LLAMA3 = ToolCallFormat("{", prefixes=("<|python_tag|>",))
 FUNCTIONGEMMA = ToolCallFormat("<start_function_call>", "<end_function_call>", "gemma", "<escape>")
@@ -291,10 +294,12 @@ class ToolCallParser:
     def __init__(self, fmt: ToolCallFormat, tool_names: Iterable[str]):
         self.format = fmt
         self.names = frozenset(tool_names)
-        self._buf = ""  # held text: a partial tag, or a call being read (from its tag on)
+        self._buf = ""  # held text: a partial tag or prefix, or a call being read (from its tag on)
+        self._skip = 0  # in a bare call: how much of the held text is the prefix before the JSON
         self._in_call = False
+        self._bare_run = False  # the call being read is bare JSON at the start of the answer
+        self._started = False  # the answer has begun (content was sent): no bare call any more
         self._done = False  # bare format: the answer did not start with a call, so it is all content
-        self._seen_content = False
         self._n = 0
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
@@ -305,6 +310,8 @@ class ToolCallParser:
         calls: list[ParsedCall] = []
         while self._step(content, calls, final=False):
             pass
+        if content:
+            self._started = True
         return "".join(content), calls
 
     def finish(self) -> tuple[str, list[ParsedCall]]:
@@ -329,32 +336,38 @@ class ToolCallParser:
         """One transition; True if another may follow with the text already held."""
         fmt = self.format
         if not self._in_call:
-            if fmt.bare:
+            if fmt.bare or (fmt.bare_start and not self._started and not self._n):
                 return self._step_bare_start(content, final)
             return self._step_scan(content, final)
-        if fmt.syntax == "gemma" or fmt.close:
-            return self._step_block(content, calls, final)
-        return self._step_json_run(content, calls, final)
+        if self._bare_run or (fmt.syntax == "json" and not fmt.close):
+            return self._step_json_run(content, calls, final)
+        return self._step_block(content, calls, final)
 
     def _step_bare_start(self, content: list[str], final: bool) -> bool:
-        """Bare JSON: the first non-blank text decides (Ollama: a "{" tag only counts at the start)."""
+        """A call as bare JSON opening the answer, maybe after a prefix (Llama's <|python_tag|>, a code
+        fence); for a bare format (Ollama's "{" tag) the first non-blank text decides everything."""
         stripped = self._buf.lstrip()
         if not stripped:
             return False
+        lead = len(self._buf) - len(stripped)
         for p in self.format.prefixes:
             if stripped.startswith(p):
-                self._buf = stripped[len(p):]
-                self._in_call = True
+                self._skip = lead + len(p)
+                self._in_call = self._bare_run = True
                 return True
             if p.startswith(stripped) and not final:
                 return False  # maybe the prefix: wait
         if stripped[0] in "{[":
-            self._in_call = True
+            self._skip = lead
+            self._in_call = self._bare_run = True
             return True
-        self._done = True
-        content.append(self._buf)
-        self._buf = ""
-        return False
+        if self.format.bare:
+            self._done = True
+            content.append(self._buf)
+            self._buf = ""
+            return False
+        self._started = True  # not a bare call: look for the tag from here on
+        return True
 
     def _step_scan(self, content: list[str], final: bool) -> bool:
         tag = self.format.open
@@ -403,48 +416,49 @@ class ToolCallParser:
         return bool(rest)
 
     def _step_json_run(self, content: list[str], calls: list[ParsedCall], final: bool) -> bool:
-        """JSON values after a tag without a closing one (or a bare answer): each complete value is read;
-        once there are calls, other text is dropped, as Ollama's parser leaves it."""
+        """JSON values after a tag without a closing one, or bare at the start: each complete value is
+        read; once there are calls, other text is dropped, as Ollama's parser leaves it."""
         fmt = self.format
-        text = self._buf
-        if not fmt.bare and text.startswith(fmt.open):
+        text = self._buf[self._skip:]
+        if not self._bare_run and text.startswith(fmt.open):
             text = text[len(fmt.open):]
         if self._n:
             starts = [i for i in (text.find("{"), text.find("[")) if i >= 0]
             if not starts:
-                self._buf = ""
+                self._buf, self._skip = "", 0
                 return False
-            text = self._buf = text[min(starts):]
+            text = text[min(starts):]
+            self._buf, self._skip = text, 0
         head = text.lstrip()
         if not head:
             return False
-        if head[0] not in "{[":  # a tag followed by no JSON: plain text
-            content.append(self._buf)
-            self._buf = ""
-            self._in_call = False
-            return False
-        end = _json_end(head, 0)
-        if end < 0:
+        end = _json_end(head, 0) if head[0] in "{[" else -2
+        if end == -1:  # not complete yet
             if final and self._n:
-                self._buf = ""
+                self._buf, self._skip = "", 0
             return False
-        try:
-            found = _calls_from_json(json.loads(head[:end]), self.names)
-        except ValueError:
-            found = None
+        found = None
+        if end > 0:
+            try:
+                found = _calls_from_json(json.loads(head[:end]), self.names)
+            except ValueError:
+                found = None
         if not found:
             if self._n:
-                self._buf = head[end:]
+                self._buf, self._skip = head[max(end, 0):] if end > 0 else "", 0
                 return bool(self._buf)
-            content.append(self._buf)  # not a call: the answer is text (bare), or this run is (tagged)
-            self._buf = ""
+            # not a call: the held text is content (all of the answer for a bare format)
+            content.append(self._buf)
+            self._buf, self._skip = "", 0
+            self._in_call = False
             if fmt.bare:
                 self._done = True
-            else:
-                self._in_call = False
+            elif self._bare_run:
+                self._started = True
+            self._bare_run = False
             return False
         self._emit(found, calls)
-        self._buf = head[end:]
+        self._buf, self._skip = head[end:], 0
         return bool(self._buf)
 
 

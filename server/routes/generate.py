@@ -58,8 +58,8 @@ async def generate(request: Request) -> Response:
         raise ApiError(400, "raw mode does not support template, system, or context")
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    think = check_think(req.model, req.think, prompting.supports_thinking)
     fmt = check_format(req.format)
+    think = check_think(req.model, req.think, prompting.supports_thinking, constrained=fmt is not None)
     decode_images(req.model, req.images)
 
     if not req.prompt and req.keep_alive is not None and keep_alive == 0:
@@ -193,9 +193,9 @@ async def chat(request: Request) -> Response:
     messages = decode_messages(req.messages)
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    think = check_think(req.model, req.think, prompting.supports_thinking)
-    tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     fmt = check_format(req.format)
+    think = check_think(req.model, req.think, prompting.supports_thinking, constrained=fmt is not None)
+    tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     for m in req.messages:
         decode_images(req.model, m.get("images") or [])
 

@@ -269,11 +269,11 @@ async def chat_completions(request: Request) -> Response:
     think = think_from_effort(effort)
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    think = check_think(req.model, think, prompting.supports_thinking)
+    fmt = check_format(_format_of(req.response_format))
+    think = check_think(req.model, think, prompting.supports_thinking, constrained=fmt is not None)
     tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     if any(images for _, images in decoded):
         raise ApiError(400, f'"{req.model}" does not support vision', "messages")
-    fmt = check_format(_format_of(req.response_format))
     if not 0 <= req.top_logprobs <= 20:
         raise ApiError(400, "top_logprobs must be between 0 and 20", "top_logprobs")
     keep_alive = parse_keep_alive(ctx, req.keep_alive)

@@ -96,7 +96,7 @@ def srv(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def http(srv: ServerThread):
-    with httpx.Client(base_url=srv.url, timeout=120) as c:
+    with httpx.Client(base_url=srv.url, timeout=600) as c:
         yield c
 
 
@@ -119,7 +119,7 @@ def get_weather(city: str) -> str:
 
 
 def test_ollama_client_tool_call_streamed_and_not(srv: ServerThread) -> None:
-    client = ollama.Client(host=srv.url, timeout=120)
+    client = ollama.Client(host=srv.url, timeout=600)
     r = client.chat(model="calls", messages=USER, tools=[get_weather], format=CALL)
     [call] = r.message.tool_calls
     assert (call.function.name, dict(call.function.arguments)) == ("get_weather", {"city": "Paris"})
@@ -174,7 +174,7 @@ def test_tool_results_rendered_back(http: httpx.Client) -> None:
 
 
 def test_openai_tool_call_streamed_and_not(srv: ServerThread) -> None:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=600)
     fmt = {"type": "json_schema", "json_schema": {"name": "call", "schema": CALL}}
     c = client.chat.completions.create(model="calls", messages=USER, tools=[WEATHER], response_format=fmt,
                                        temperature=0)
@@ -260,6 +260,9 @@ def test_thinking_on_chat_streamed_and_not(http: httpx.Client) -> None:
     assert out["message"] == {"role": "assistant", "content": raw_output(http, prompt)}
 
     assert "Reasoning: high" in rendered(http, {**body, "think": "high"})
+    # a format holds the answer from its first token: unset think means no reasoning then
+    assert rendered(http, {**body, "format": "json"}).endswith("<|im_start|>assistant\n")
+    assert rendered(http, {**body, "format": "json", "think": True}).endswith("<|im_start|>assistant\n<think>")
 
 
 def test_thinking_on_generate(http: httpx.Client) -> None:
@@ -273,7 +276,7 @@ def test_thinking_on_generate(http: httpx.Client) -> None:
 
 
 def test_openai_reasoning(srv: ServerThread) -> None:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=600)
     c = client.chat.completions.create(model="thinker", messages=USER, reasoning_effort="low", temperature=0)
     msg = c.choices[0].message
     assert msg.content == "" and msg.model_extra["reasoning"]
@@ -301,7 +304,7 @@ def test_refusals_native(http: httpx.Client, path: str, body: dict, status: int,
 
 
 def test_refusals_openai(srv: ServerThread, http: httpx.Client) -> None:
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", timeout=600)
     for kwargs, message in [({"reasoning_effort": "high"}, '"tiny" does not support thinking'),
                             ({"tools": [WEATHER]}, '"tiny" does not support tools'),
                             ({"reasoning_effort": "bogus"}, 'invalid reasoning value: "bogus"')]:

@@ -54,6 +54,13 @@ CASES = [
                                                                        '"arguments": {}}</tool_call>', []),
     (QWEN, 'a "}" {brace} <tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}</tool_call>',
      'a "}" {brace} ', [PARIS]),
+    # Qwen2.5-Coder answers calls as (fenced) bare JSON too, which counts only at the start of the answer
+    (QWEN, '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```', "", [PARIS]),
+    (QWEN, '{"name": "get_weather", "arguments": {"city": "Paris"}}', "", [PARIS]),
+    (QWEN, '```json\n{"city": "Paris"}\n```', '```json\n{"city": "Paris"}\n```', []),
+    (QWEN, '```python\nprint(1)\n```', '```python\nprint(1)\n```', []),
+    (QWEN, 'See: {"name": "get_weather", "arguments": {"city": "Paris"}}',
+     'See: {"name": "get_weather", "arguments": {"city": "Paris"}}', []),
     (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
     (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
     (LLAMA3, '\n[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time"}]', "",
