@@ -294,7 +294,9 @@ def test_openai_reasoning(srv: ServerThread) -> None:
     ("/api/chat", {"model": "tiny", "messages": USER, "think": "high"}, 400, '"tiny" does not support thinking'),
     ("/api/generate", {"model": "tiny", "prompt": "x", "think": "low"}, 400, '"tiny" does not support thinking'),
     ("/api/chat", {"model": "thinker", "messages": USER, "think": "deep"}, 400,
-     'invalid think value: "deep" (must be "high", "medium", "low", true, or false)'),
+     'invalid think value: "deep" (must be "high", "medium", "low", "max", true, or false)'),
+    ("/api/generate", {"model": "thinker", "prompt": "x", "think": 1}, 400,
+     'think must be a boolean or string ("high", "medium", "low", "max", true, or false)'),
     ("/api/chat", {"model": "calls", "messages": USER, "tools": [{"type": "function"}]}, 400,
      "invalid tool: a function with a name is required"),
 ])

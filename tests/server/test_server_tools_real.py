@@ -37,7 +37,9 @@ def test_qwen_coder_calls_a_tool_and_uses_its_result(tmp_path) -> None:
         client = ollama.Client(host=srv.url, timeout=600)
         assert "tools" in client.show("coder").capabilities
 
-        messages = [{"role": "user", "content": "What is the weather like in Paris right now?"}]
+        messages = [{"role": "system", "content": "You are a helpful assistant. When a tool result is given, answer "
+                                                  "the user's question with it in one sentence."},
+                    {"role": "user", "content": "What is the weather like in Paris right now?"}]
         r = http.post("/api/chat", json={"model": "coder", "messages": messages, "tools": [WEATHER],
                                          "stream": False, "options": {"num_predict": 64}})
         assert r.status_code == 200, r.text
