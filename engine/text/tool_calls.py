@@ -38,6 +38,7 @@ __all__ = [
     "format_for_go_template",
     "format_for_jinja_template",
     "format_for_tag",
+    "gemma_arguments",
     "go_tool_call_tag",
 ]
 

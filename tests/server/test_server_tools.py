@@ -16,7 +16,6 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from blobs import BlobStore
 from engine.text.prompt import FALLBACK_TEMPLATES
 from importer import CreateRequest, create_model
 from server.routes.openai import _message_from_openai
