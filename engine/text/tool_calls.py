@@ -166,28 +166,44 @@ def _first_text(nodes: Sequence[Node]) -> str | None:
 # Reading calls
 
 
+class _JsonEnd:
+    """Finds where a JSON object/array closes, resumable: a value streamed in chunks is scanned once,
+    not again from its start at every chunk."""
+
+    __slots__ = ("depth", "escaped", "in_string", "pos")
+
+    def __init__(self) -> None:
+        self.pos = self.depth = 0
+        self.in_string = self.escaped = False
+
+    def scan(self, text: str) -> int:
+        """The end (exclusive) of the value opening ``text``, whose start was scanned before; -1 if open."""
+        depth, in_string, escaped = self.depth, self.in_string, self.escaped
+        for i in range(self.pos, len(text)):
+            c = text[i]
+            if in_string:
+                if escaped:
+                    escaped = False
+                elif c == "\\":
+                    escaped = True
+                elif c == '"':
+                    in_string = False
+            elif c == '"':
+                in_string = True
+            elif c in "{[":
+                depth += 1
+            elif c in "}]":
+                depth -= 1
+                if depth == 0:
+                    return i + 1
+        self.pos, self.depth, self.in_string, self.escaped = len(text), depth, in_string, escaped
+        return -1
+
+
 def _json_end(text: str, start: int) -> int:
     """The end (exclusive) of the balanced JSON object/array opening at ``start``; -1 if not yet closed."""
-    depth = 0
-    in_string = escaped = False
-    for i in range(start, len(text)):
-        c = text[i]
-        if in_string:
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return -1
+    end = _JsonEnd().scan(text[start:])
+    return end if end < 0 else start + end
 
 
 def _arguments(value: Any) -> dict[str, Any] | None:
@@ -302,6 +318,7 @@ class ToolCallParser:
         self._started = False  # the answer has begun (content was sent): no bare call any more
         self._done = False  # bare format: the answer did not start with a call, so it is all content
         self._n = 0
+        self._scan: tuple[int, _JsonEnd] | None = None  # the open JSON value: its offset in the held text
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         if self._done:
@@ -428,12 +445,21 @@ class ToolCallParser:
             if not starts:
                 self._buf, self._skip = "", 0
                 return False
+            if min(starts):
+                self._scan = None
             text = text[min(starts):]
             self._buf, self._skip = text, 0
         head = text.lstrip()
         if not head:
             return False
-        end = _json_end(head, 0) if head[0] in "{[" else -2
+        end = -2
+        if head[0] in "{[":
+            offset = len(self._buf) - len(head)  # stable while the value grows: the buffer is only appended to
+            if self._scan is None or self._scan[0] != offset:
+                self._scan = (offset, _JsonEnd())
+            end = self._scan[1].scan(head)
+            if end != -1:
+                self._scan = None
         if end == -1:  # not complete yet
             if final and self._n:
                 self._buf, self._skip = "", 0
