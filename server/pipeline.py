@@ -26,7 +26,7 @@ from engine.process.protocol import GenerateRequest as EngineRequest
 
 from .context import ServerContext
 from .gojson import ApiError
-from .prompting import Message, ModelPrompting, PromptError, Tool
+from .prompting import Message, ModelPrompting, PromptError, Think, Tool
 from .scheduler import GenerationStream, Lease, QueueFullError
 
 log = logging.getLogger("tandem.server")
@@ -72,6 +72,7 @@ class Generation:
         self.lease: Lease | None = None
         self.stream: GenerationStream | None = None
         self.result: GenerateResult | None = None
+        self.prompt = ""  # the rendered prompt, once open (the reply's parsers read how it ends)
         self._watch: asyncio.Task | None = None
         self._gone = asyncio.Event()
         self.client_gone = False
@@ -99,6 +100,7 @@ class Generation:
             except BaseException:
                 self.lease.release()
                 raise
+            self.prompt = engine_req.prompt
             self.stream = GenerationStream(self.lease, engine_req)
             if self.client_gone:
                 self.stream.cancel()
@@ -211,7 +213,7 @@ def speculation_fields(result: GenerateResult) -> dict[str, Any]:
 async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messages: list[Message],
                               tools: list[Tool], options: Options, *, truncate: bool, shift: bool,
                               logprobs: bool, top_logprobs: int,
-                              format: Any = None) -> Callable[[Lease], Awaitable[EngineRequest]]:
+                              format: Any = None, think: Think = None) -> Callable[[Lease], Awaitable[EngineRequest]]:
     """The `build` step of a chat: render with Ollama's truncation (oldest messages dropped until the
     prompt fits num_ctx), which needs the loaded engine's tokenizer."""
 
@@ -223,7 +225,7 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
 
         def render() -> str:
             try:
-                return prompting.chat_prompt(messages, tools, fits if truncate else None)
+                return prompting.chat_prompt(messages, tools, fits if truncate else None, think)
             except PromptError as e:
                 raise ApiError(e.status, str(e)) from None
 

@@ -24,6 +24,7 @@ from engine.text.prompt import (
     InsertNotSupported,
     JinjaChatTemplate,
     Message,
+    Think,
     Tool,
     fallback_template_for,
     render_chat,
@@ -31,8 +32,10 @@ from engine.text.prompt import (
     supports_insert,
 )
 from engine.text.special_tokens import FimTokens, find_fim_tokens
+from engine.text.thinking import infer_thinking_tags, jinja_thinking_tags
+from engine.text.tool_calls import ToolCallFormat, format_for_go_template, format_for_jinja_template
 
-__all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "Tool", "InsertNotSupported"]
+__all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "Think", "Tool", "InsertNotSupported"]
 
 
 class PromptError(Exception):
@@ -119,6 +122,19 @@ class ModelPrompting:
             self.kind = "fallback"
             self.template_text = fallback_template_for(self.facts.architecture, self.facts.token_strings)
             self.go = _parse(self.template_text)
+        # What the template teaches the model, read once: how it writes tool calls (None: the template
+        # has no tools) and the tags around its reasoning ("" when it has none).
+        self.tool_format: ToolCallFormat | None = None
+        if self.go is not None:
+            if self.go.has_field("tools"):
+                self.tool_format = format_for_go_template(self.go)
+            self.thinking_tags = infer_thinking_tags(self.go)
+        else:
+            assert self.jinja is not None
+            source = self.jinja.source
+            if "tools" in source or "tool_call" in source:  # Ollama's chat-template check
+                self.tool_format = format_for_jinja_template(source)
+            self.thinking_tags = jinja_thinking_tags(source)
 
     # -- capabilities ---------------------------------------------------------------------------
     @property
@@ -137,19 +153,32 @@ class ModelPrompting:
         """Ollama's rule: a GGUF with a pooling type embeds and does not complete."""
         return self.facts.pooling is not None
 
+    @property
+    def supports_tools(self) -> bool:
+        return self.tool_format is not None
+
+    @property
+    def supports_thinking(self) -> bool:
+        return all(self.thinking_tags)
+
     def capabilities(self) -> list[str]:
-        """Ollama's capability names this model has (tandem runs text models only): ``embedding`` for a
-        model whose GGUF has a pooling type, ``completion`` for any other."""
+        """Ollama's capability names this model has, in Ollama's order: ``embedding`` alone for a model
+        whose GGUF has a pooling type (it does not complete), else ``completion`` and what the template
+        and vocabulary support."""
         if self.is_embedding:
             return ["embedding"]
         caps = ["completion"]
+        if self.supports_tools:
+            caps.append("tools")
         if self.supports_insert:
             caps.append("insert")
+        if self.supports_thinking:
+            caps.append("thinking")
         return caps
 
     # -- rendering ------------------------------------------------------------------------------
     def generate_prompt(self, *, prompt: str, system: str | None, suffix: str | None, template: str | None,
-                        history: Sequence[Message] = ()) -> str:
+                        history: Sequence[Message] = (), think: Think = None) -> str:
         """/api/generate (not raw): the request's template overrides the model's."""
         go = _parse(template) if template else self.go
         try:
@@ -160,32 +189,33 @@ class ModelPrompting:
                     raise InsertNotSupported("template does not support insert")
                 return self.facts.fim.render(prompt, suffix)
             if go is not None:
-                return render_generate(go, prompt=prompt, system=system, suffix=suffix or None, history=history)
+                return render_generate(go, prompt=prompt, system=system, suffix=suffix or None, history=history,
+                                       think=think)
             messages = ([Message("system", system)] if system else []) + list(history) + [Message("user", prompt)]
-            return self._jinja(messages, ())
+            return self._jinja(messages, (), think)
         except InsertNotSupported:
             raise
         except TemplateError as e:
             raise PromptError(str(e), 500) from None
 
     def chat_prompt(self, messages: Sequence[Message], tools: Sequence[Tool] = (),
-                    fits: Callable[[str], bool] | None = None) -> str:
+                    fits: Callable[[str], bool] | None = None, think: Think = None) -> str:
         """/api/chat: ``messages`` already include the model's SYSTEM and MESSAGE layers. With ``fits``
         the oldest messages are dropped until the prompt fits (system messages and the last kept)."""
         try:
             if self.go is not None:
-                full = render_chat(self.go, messages, tools)
+                full = render_chat(self.go, messages, tools, think)
                 if fits is None or fits(full):
                     return full
-                return render_chat(self.go, messages, tools, fits=fits)
-            full = self._jinja(messages, tools)
+                return render_chat(self.go, messages, tools, think, fits=fits)
+            full = self._jinja(messages, tools, think)
             if fits is None or fits(full) or len(messages) <= 1:
                 return full
             # Same rule as Ollama's chatPrompt: drop from the oldest; keep system messages and the last.
-            best = self._jinja([m for m in messages[:-1] if m.role == "system"] + [messages[-1]], tools)
+            best = self._jinja([m for m in messages[:-1] if m.role == "system"] + [messages[-1]], tools, think)
             for i in range(len(messages) - 2, 0, -1):
                 candidate = [m for m in messages[:i] if m.role == "system"] + list(messages[i:])
-                text = self._jinja(candidate, tools)
+                text = self._jinja(candidate, tools, think)
                 if not fits(text):
                     break
                 best = text
@@ -193,10 +223,10 @@ class ModelPrompting:
         except TemplateError as e:
             raise PromptError(str(e), 500) from None
 
-    def _jinja(self, messages: Sequence[Message], tools: Sequence[Tool]) -> str:
+    def _jinja(self, messages: Sequence[Message], tools: Sequence[Tool], think: Think = None) -> str:
         assert self.jinja is not None
         return self.jinja.render(messages, add_generation_prompt=True, bos_token=self.facts.bos_token,
-                                 eos_token=self.facts.eos_token, tools=list(tools) or None)
+                                 eos_token=self.facts.eos_token, tools=list(tools) or None, **_jinja_think(think))
 
     def add_bos_for(self, prompt: str) -> bool | None:
         """Whether the engine should add BOS: not when the template already wrote it (Jinja templates
@@ -205,6 +235,16 @@ class ModelPrompting:
         if bos and prompt.startswith(bos):
             return False
         return None
+
+
+def _jinja_think(think: Think) -> dict[str, object]:
+    """The variables chat templates read for thinking, as llama.cpp sets them: `enable_thinking`, and
+    `reasoning_effort` for a level (gpt-oss-style templates read it). Unset: the template's default."""
+    if think is None:
+        return {}
+    if isinstance(think, bool):
+        return {"enable_thinking": think}
+    return {"enable_thinking": True, "reasoning_effort": "high" if think == "max" else think}
 
 
 def _parse(text: str) -> GoTemplate:

@@ -10,6 +10,7 @@ from typing import Any
 from blobs import InvalidNameError, ModelNotFoundError
 from blobs.model import StoredModel, load_stored_model
 from engine.text.json_grammar import SchemaError, compile_format
+from engine.text.prompt import Think, Tool
 
 from .context import ServerContext
 from .gojson import ApiError
@@ -39,12 +40,53 @@ def parse_keep_alive(ctx: ServerContext, value: Any) -> float:
         raise ApiError(400, str(e)) from None
 
 
-def check_think(name: str, think: Any) -> None:
-    if think is None or think is False:
-        return
-    if think is True or think in ("low", "medium", "high", "max"):
+THINK_LEVELS = ("low", "medium", "high", "max")
+
+
+def check_think(name: str, think: Any, supported: bool, constrained: bool = False) -> Think:
+    """The request's ``think`` as Ollama applies it: a thinking model thinks unless told not to (unset
+    means true); asking a model without the capability to think is 400. A ``format`` (``constrained``)
+    holds the whole answer to it from the first token, leaving no room to reason first, so there unset
+    means false (Ollama instead reasons unconstrained, then restarts under the format)."""
+    if not (think is None or isinstance(think, bool) or isinstance(think, str)):
+        raise ApiError(400, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
+    if isinstance(think, str) and think not in THINK_LEVELS:
+        raise ApiError(400, f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", "max", '
+                            'true, or false)')
+    if supported:
+        return (not constrained) if think is None else think
+    if think is True or think in THINK_LEVELS:
         raise ApiError(400, f'"{name}" does not support thinking')
-    raise ApiError(400, f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", true, or false)')
+    return think
+
+
+# OpenAI's reasoning efforts as Ollama's openai layer maps them onto think ("" leaves the model's default).
+_EFFORTS: dict[str, Think] = {"none": False, "minimal": "low", "low": "low", "medium": "medium", "high": "high",
+                              "max": "max", "xhigh": "max", "ultra": "max"}
+
+
+def think_from_effort(effort: Any) -> Think:
+    if effort is None or effort == "":
+        return None
+    if not isinstance(effort, str) or effort not in _EFFORTS:
+        raise ApiError(400, f'invalid reasoning value: {json.dumps(effort)} (must be "minimal", "low", "medium", '
+                            '"high", "xhigh", "ultra", "max", or "none")')
+    return _EFFORTS[effort]
+
+
+def decode_tools(name: str, raw: list[Any], supported: bool) -> list[Tool]:
+    """The request's tools; 400 when the model's template has no tools (Ollama's capability check)."""
+    tools = []
+    for t in raw:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise ApiError(400, "invalid tool: a function with a name is required")
+        if not isinstance(fn.get("parameters") or {}, dict):
+            raise ApiError(400, "invalid tool: parameters must be an object")
+        tools.append(Tool.from_dict(t))
+    if tools and not supported:
+        raise ApiError(400, f'"{name}" does not support tools')
+    return tools
 
 
 def check_format(fmt: Any) -> Any:

@@ -28,6 +28,7 @@ from ..pipeline import (
     speculation_fields,
 )
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
+from ..reply import ReplyPiece, ReplySplitter
 from ..scheduler import Lease
 from ..types import ChatBody, GenerateBody, MessageBody
 from ..validation import (
@@ -35,6 +36,7 @@ from ..validation import (
     check_logprobs,
     check_think,
     decode_images,
+    decode_tools,
     parse_keep_alive,
     stored_model,
 )
@@ -55,15 +57,15 @@ async def generate(request: Request) -> Response:
     if req.raw and (req.template or req.system or req.context):
         raise ApiError(400, "raw mode does not support template, system, or context")
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    check_think(req.model, req.think)
+    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     fmt = check_format(req.format)
+    think = check_think(req.model, req.think, prompting.supports_thinking, constrained=fmt is not None)
     decode_images(req.model, req.images)
 
     if not req.prompt and req.keep_alive is not None and keep_alive == 0:
         await ctx.scheduler.unload(model)
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
                               "done_reason": "unload"})
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     options = merged_options(model, req.options)
     if not req.raw and req.suffix and not (req.template or prompting.supports_insert):
         raise ApiError(400, f'"{req.model}" does not support insert')
@@ -75,7 +77,7 @@ async def generate(request: Request) -> Response:
             return prompting.generate_prompt(
                 prompt=req.prompt, system=req.system or model.system, suffix=req.suffix or None,
                 template=req.template or None,
-                history=[] if req.context else [Message.from_dict(m) for m in model.messages])
+                history=[] if req.context else [Message.from_dict(m) for m in model.messages], think=think)
         except InsertNotSupported:
             raise ApiError(400, f'"{req.model}" does not support insert') from None
         except PromptError as e:
@@ -101,12 +103,20 @@ async def generate(request: Request) -> Response:
                              format=fmt)
 
     await gen.open(build)
+    splitter = ReplySplitter.for_request(prompting, gen.prompt, (), think)
+
+    def payload(piece: ReplyPiece) -> dict[str, Any]:
+        return {"response": piece.content, **({"thinking": piece.thinking} if piece.thinking else {})}
 
     def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
-        return merge_native(items, "response", "".join(i.get("response", "") for i in items))
+        final = merge_native(items, "response", "".join(i.get("response", "") for i in items))
+        thinking = "".join(i.get("thinking", "") for i in items)
+        if thinking:
+            final = _reorder({**final, "thinking": thinking}, ["model", "created_at", "response", "thinking"])
+        return final
 
-    return await stream_or_collect(native_events(gen, req.model, lambda text: {"response": text},
-                                                 with_context=not req.raw), req.stream, merge)
+    return await stream_or_collect(native_events(gen, req.model, splitter, payload, with_context=not req.raw),
+                                   req.stream, merge)
 
 
 def debug_info(rendered: str, images: int = 0) -> dict[str, Any]:
@@ -118,21 +128,24 @@ def debug_info(rendered: str, images: int = 0) -> dict[str, Any]:
     return out
 
 
-async def native_events(gen: Generation, model: str, payload: Callable[[str], dict[str, Any]],
+async def native_events(gen: Generation, model: str, splitter: ReplySplitter,
+                        payload: Callable[[ReplyPiece], dict[str, Any]],
                         with_context: bool) -> AsyncIterator[dict[str, Any]]:
-    """The NDJSON objects of /api/generate and /api/chat, which differ only in how text is carried
-    (``payload``: `response` or `message`) and whether the final one has `context`."""
+    """The NDJSON objects of /api/generate and /api/chat, which differ only in how the reply is carried
+    (``payload``: `response`/`thinking` or `message`) and whether the final one has `context`. The text
+    goes through the request's splitter (thinking, tool calls, content) as it arrives."""
     async for item in gen.events():
         if isinstance(item, TokenChunk):
-            if not item.text and not item.logprobs:
-                continue
-            out: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(item.text), "done": False}
+            piece = splitter.feed(item.text) if item.text else ReplyPiece()
+            if not piece and not item.logprobs:
+                continue  # nothing decided yet (a partial tag or call is held back)
+            out: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(piece), "done": False}
             if item.logprobs:
                 out["logprobs"] = logprobs_json(item.logprobs)
             yield out
         else:
-            final: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(""), "done": True,
-                                     "done_reason": item.done_reason}
+            final: dict[str, Any] = {"model": model, "created_at": rfc3339(), **payload(splitter.finish()),
+                                     "done": True, "done_reason": item.done_reason}
             if with_context:
                 final["context"] = item.context
             final.update(gen.stats(item))
@@ -160,8 +173,21 @@ def decode_messages(raw: list[dict[str, Any]]) -> list[Message]:
     out = []
     for m in raw:
         body: MessageBody = decode_struct(MessageBody, m, "Message")
-        out.append(Message.from_dict({**m, "role": body.role.lower(), "content": body.content}))
+        try:
+            out.append(Message.from_dict({**m, "role": body.role.lower(), "content": body.content}))
+        except (ValueError, TypeError, AttributeError):
+            raise ApiError(400, "invalid tool call in message") from None
     return out
+
+
+def chat_message(piece: ReplyPiece) -> dict[str, Any]:
+    """api.Message of an answer chunk: role and content always, thinking and tool calls when present."""
+    msg: dict[str, Any] = {"role": "assistant", "content": piece.content}
+    if piece.thinking:
+        msg["thinking"] = piece.thinking
+    if piece.tool_calls:
+        msg["tool_calls"] = [c.to_dict() for c in piece.tool_calls]
+    return msg
 
 
 @router.post("/api/chat")
@@ -175,10 +201,10 @@ async def chat(request: Request) -> Response:
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
     messages = decode_messages(req.messages)
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    if req.tools:  # no tool-call parser yet, so no model claims the capability
-        raise ApiError(400, f'"{req.model}" does not support tools')
-    check_think(req.model, req.think)
+    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     fmt = check_format(req.format)
+    think = check_think(req.model, req.think, prompting.supports_thinking, constrained=fmt is not None)
+    tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     for m in req.messages:
         decode_images(req.model, m.get("images") or [])
 
@@ -186,13 +212,12 @@ async def chat(request: Request) -> Response:
         await ctx.scheduler.unload(model)
         return json_response({"model": req.model, "created_at": rfc3339(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "unload"})
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     options = merged_options(model, req.options)
     full = chat_messages(model, messages)
 
     if req.debug_render_only:
         try:
-            text = await anyio.to_thread.run_sync(lambda: prompting.chat_prompt(full, []))
+            text = await anyio.to_thread.run_sync(lambda: prompting.chat_prompt(full, tools, None, think))
         except PromptError as e:
             raise ApiError(e.status, str(e)) from None
         return json_response({"model": req.model, "created_at": rfc3339(), "message": {"role": "", "content": ""},
@@ -204,14 +229,20 @@ async def chat(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(),
                               "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
 
-    build = await chat_engine_request(gen, prompting, full, [], options, truncate=req.truncate, shift=req.shift,
-                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
+    build = await chat_engine_request(gen, prompting, full, tools, options, truncate=req.truncate, shift=req.shift,
+                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt, think=think)
     await gen.open(build)
+    splitter = ReplySplitter.for_request(prompting, gen.prompt, tools, think)
 
     def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
-        text = "".join(i["message"]["content"] for i in items)
-        return merge_native(items, "message", {"role": "assistant", "content": text})
+        whole = ReplyPiece("".join(i["message"]["content"] for i in items),
+                           "".join(i["message"].get("thinking", "") for i in items))
+        message = chat_message(whole)
+        calls = [c for i in items for c in i["message"].get("tool_calls", [])]
+        if calls:
+            message["tool_calls"] = calls
+        return merge_native(items, "message", message)
 
     return await stream_or_collect(
-        native_events(gen, req.model, lambda text: {"message": {"role": "assistant", "content": text}},
-                      with_context=False), req.stream, merge)
+        native_events(gen, req.model, splitter, lambda piece: {"message": chat_message(piece)}, with_context=False),
+        req.stream, merge)

@@ -32,8 +32,16 @@ from ..gojson import ApiError, decode_struct, jfield, json_response, read_json
 from ..options import merged_options
 from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
+from ..reply import ReplyPiece, ReplySplitter
 from ..scheduler import Lease
-from ..validation import check_format, parse_keep_alive, stored_model
+from ..validation import (
+    check_format,
+    check_think,
+    decode_tools,
+    parse_keep_alive,
+    stored_model,
+    think_from_effort,
+)
 
 router = APIRouter()
 
@@ -71,6 +79,7 @@ class ChatCompletionRequest:
     logprobs: bool = jfield("bool", False)
     top_logprobs: int = jfield("int", 0)
     reasoning_effort: str | None = jfield("string")
+    reasoning: dict[str, Any] | None = jfield("map[string]interface {}")  # {"effort": ...}; wins over reasoning_effort
     keep_alive: Any = jfield("any")  # Ollama accepts it here too
     options: dict[str, Any] | None = jfield("map[string]interface {}")  # tandem extension
 
@@ -141,9 +150,18 @@ def _format_of(response_format: dict[str, Any] | None) -> Any:
     return None
 
 
-def _message_from_openai(m: dict[str, Any]) -> tuple[Message, list[bytes]]:
+def _tool_name_for(messages: list[dict[str, Any]], call_id: str) -> str:
+    """The function a tool result answers, from the assistant call with its id (the last one wins)."""
+    for m in reversed(messages):
+        for call in m.get("tool_calls") or []:
+            if isinstance(call, dict) and call.get("id") == call_id:
+                return str((call.get("function") or {}).get("name") or "")
+    return ""
+
+
+def _message_from_openai(m: dict[str, Any], history: list[dict[str, Any]] | None = None) -> tuple[Message, list[bytes]]:
     """An OpenAI message as Ollama's: content parts joined, data-URI images decoded, tool calls'
-    string arguments parsed."""
+    string arguments parsed, a tool result named after the call it answers."""
     role = m.get("role")
     if not isinstance(role, str):
         raise ApiError(400, "invalid message role", "messages")
@@ -180,14 +198,16 @@ def _message_from_openai(m: dict[str, Any]) -> tuple[Message, list[bytes]]:
         data["tool_calls"] = m["tool_calls"]
     if m.get("tool_call_id"):
         data["tool_call_id"] = m["tool_call_id"]
-    if m.get("name") and role == "tool":
-        data["tool_name"] = m["name"]
+    if role.lower() == "tool":
+        name = m.get("name") or (_tool_name_for(history or [], m["tool_call_id"]) if m.get("tool_call_id") else "")
+        if name:
+            data["tool_name"] = name
     if m.get("reasoning"):
         data["thinking"] = m["reasoning"]
     try:
         return Message.from_dict(data), images
-    except (ValueError, TypeError) as e:
-        raise ApiError(400, f"invalid message: {e}", "messages") from None
+    except (ValueError, TypeError, AttributeError):
+        raise ApiError(400, "invalid tool call arguments", "messages") from None
 
 
 def _usage(result: GenerateResult) -> dict[str, int]:
@@ -240,26 +260,32 @@ async def chat_completions(request: Request) -> Response:
         raise ApiError(400, "model is required", "model")
     if not req.messages:
         raise ApiError(400, "[] is too short - 'messages'", "messages")
-    decoded = [_message_from_openai(m) for m in req.messages]
+    if not all(isinstance(m, dict) for m in req.messages):
+        raise ApiError(400, "invalid message format", "messages")
+    decoded = [_message_from_openai(m, req.messages) for m in req.messages]
     messages = [m for m, _ in decoded]
+    effort = req.reasoning.get("effort") if isinstance(req.reasoning, dict) and req.reasoning.get("effort") \
+        else req.reasoning_effort
+    think = think_from_effort(effort)
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    if req.tools:
-        raise ApiError(400, f'"{req.model}" does not support tools', "tools")
+    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
+    fmt = check_format(_format_of(req.response_format))
+    think = check_think(req.model, think, prompting.supports_thinking, constrained=fmt is not None)
+    tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     if any(images for _, images in decoded):
         raise ApiError(400, f'"{req.model}" does not support vision', "messages")
-    fmt = check_format(_format_of(req.response_format))
     if not 0 <= req.top_logprobs <= 20:
         raise ApiError(400, "top_logprobs must be between 0 and 20", "top_logprobs")
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
     raw_options = _options(req, top_p_default_when_zero=False)
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     options = merged_options(model, raw_options)
     full = chat_messages(model, messages)
 
     gen = Generation(ctx, request, "/v1/chat/completions", req.model, model, options, keep_alive, t0)
-    build = await chat_engine_request(gen, prompting, full, [], options, truncate=True, shift=True,
-                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt)
+    build = await chat_engine_request(gen, prompting, full, tools, options, truncate=True, shift=True,
+                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt, think=think)
     await gen.open(build)
+    splitter = ReplySplitter.for_request(prompting, gen.prompt, tools, think)
     cid = _completion_id("chatcmpl")
     created = int(time.time())
     include_usage = bool((req.stream_options or {}).get("include_usage"))
@@ -268,18 +294,24 @@ async def chat_completions(request: Request) -> Response:
         return {"id": cid, "object": obj, "created": created, "model": req.model, "system_fingerprint": "fp_ollama"}
 
     if not req.stream:
-        parts: list[str] = []
+        whole = ReplyPiece()
         logprobs: list[dict[str, Any]] = []
         result: GenerateResult | None = None
         async for item in gen.events():
             if isinstance(item, TokenChunk):
-                parts.append(item.text)
+                _add(whole, splitter.feed(item.text))
                 logprobs += _openai_logprobs(item)
             else:
+                _add(whole, splitter.finish())
                 result = item
         assert result is not None
-        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": "".join(parts)},
-                                  "finish_reason": result.done_reason or None}
+        message: dict[str, Any] = {"role": "assistant", "content": whole.content}
+        if whole.thinking:
+            message["reasoning"] = whole.thinking
+        if whole.tool_calls:
+            message["tool_calls"] = _openai_tool_calls(whole)
+        choice: dict[str, Any] = {"index": 0, "message": message,
+                                  "finish_reason": _finish_reason(result.done_reason, bool(whole.tool_calls))}
         if req.logprobs:
             choice["logprobs"] = {"content": logprobs}
         return json_response({**base("chat.completion"), "choices": [choice], "usage": _usage(result),
@@ -287,27 +319,75 @@ async def chat_completions(request: Request) -> Response:
 
     async def events() -> AsyncIterator[dict[str, Any]]:
         first = True
+        called = False  # a tool call was sent: a finish for "stop" says "tool_calls"
         async for item in gen.events():
             if isinstance(item, TokenChunk):
-                if not item.text and not item.logprobs:
+                piece = splitter.feed(item.text) if item.text else ReplyPiece()
+                if not piece and not item.logprobs:
                     continue
-                delta: dict[str, Any] = {"role": "assistant", "content": item.text} if first else {"content": item.text}
-                first = False
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-                if req.logprobs:
-                    choice["logprobs"] = {"content": _openai_logprobs(item)}
-                yield _sse({**base("chat.completion.chunk"), "choices": [choice]})
+                lps = {"content": _openai_logprobs(item)} if req.logprobs else None
+                for delta in _deltas(piece):
+                    if first:
+                        delta = {"role": "assistant", **delta}
+                        first = False
+                    choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+                    if lps is not None:
+                        choice["logprobs"], lps = lps, None
+                    called = called or "tool_calls" in delta
+                    yield _sse({**base("chat.completion.chunk"), "choices": [choice]})
             else:
+                rest = splitter.finish()
+                for delta in _deltas(rest) if rest else []:
+                    if first:
+                        delta = {"role": "assistant", **delta}
+                        first = False
+                    called = called or "tool_calls" in delta
+                    yield _sse({**base("chat.completion.chunk"),
+                                "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
                 spec = speculation_fields(item)
                 delta = {"role": "assistant", "content": ""} if first else {}
                 yield _sse({**base("chat.completion.chunk"),
-                            "choices": [{"index": 0, "delta": delta, "finish_reason": item.done_reason or None}],
+                            "choices": [{"index": 0, "delta": delta,
+                                         "finish_reason": _finish_reason(item.done_reason, called)}],
                             "speculative_decoding": spec})
                 if include_usage:
                     yield _sse({**base("chat.completion.chunk"), "choices": [], "usage": _usage(item),
                                 "speculative_decoding": spec})
 
     return await _sse_response(events())
+
+
+def _add(whole: ReplyPiece, piece: ReplyPiece) -> None:
+    whole.content += piece.content
+    whole.thinking += piece.thinking
+    whole.tool_calls += piece.tool_calls
+
+
+def _openai_tool_calls(piece: ReplyPiece) -> list[dict[str, Any]]:
+    """OpenAI's tool calls: an id, the call's index, type "function", the arguments as a JSON string."""
+    return [{"id": c.id, "index": c.index, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(dict(c.arguments), ensure_ascii=False)}}
+            for c in piece.tool_calls]
+
+
+def _deltas(piece: ReplyPiece) -> list[dict[str, Any]]:
+    """The stream deltas of one piece; reasoning goes in a chunk of its own before content or calls, as
+    Ollama's openai layer splits a mixed one. A piece with only logprobs still gets one (empty) delta."""
+    out: list[dict[str, Any]] = []
+    if piece.thinking:
+        out.append({"reasoning": piece.thinking})
+    if piece.content or piece.tool_calls or not out:
+        delta: dict[str, Any] = {"content": piece.content}
+        if piece.tool_calls:
+            delta["tool_calls"] = _openai_tool_calls(piece)
+        out.append(delta)
+    return out
+
+
+def _finish_reason(done_reason: str, called: bool) -> str | None:
+    if done_reason == "stop" and called:
+        return "tool_calls"
+    return done_reason or None
 
 
 def _openai_logprobs(chunk: TokenChunk) -> list[dict[str, Any]]:
