@@ -217,9 +217,11 @@ def test_int4_requantized_sanity(pair, model):
 
 # -- loader errors ------------------------------------------------------------------------------
 def test_supported_architectures():
-    from engine.models import ARCHITECTURES
+    from engine.models import ARCHITECTURES, ENCODERS
 
-    assert set(ARCHITECTURES) == SUPPORTED_ARCHITECTURES == {"llama", "qwen2", "gemma3", "gemma4", "qwen3", "qwen3moe"}
+    assert set(ARCHITECTURES) == {"llama", "qwen2", "gemma3", "gemma4", "qwen3", "qwen3moe"}
+    assert set(ENCODERS) == {"bert"}
+    assert SUPPORTED_ARCHITECTURES == set(ARCHITECTURES) | set(ENCODERS)
 
 
 def test_unsupported_architecture(tmp_path):
