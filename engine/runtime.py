@@ -29,7 +29,7 @@ from engine.process.protocol import (
     LoadSpec,
     TokenChunk,
 )
-from engine.sampling.constrain import TokenConstraint, TokenPieces
+from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth
 from engine.speculative.draft_model import DraftModelDrafter
@@ -255,7 +255,12 @@ class ModelRuntime:
         if node is not None:
             if self.pieces is None:
                 self.pieces = TokenPieces(self.tokenizer)
-            constraint = TokenConstraint(node, self.pieces, s.eog_ids)
+            tags = self.tokenizer.think_tags() if req.think_first else None
+            if tags is None:
+                constraint = TokenConstraint(node, self.pieces, s.eog_ids)
+            else:
+                constraint = ReasoningFirst(node, self.pieces, s.eog_ids, tags.open_id, tags.close_id,
+                                            inside=tags.inside_after(prompt, False))
         controller = self.controller(drafter.kind, s.schedule, s.n_min) if cap > 0 else FixedDepth()
 
         seed = req.options.seed

@@ -27,6 +27,7 @@ from engine.process.protocol import GenerateRequest as EngineRequest
 from .context import ServerContext
 from .gojson import ApiError
 from .prompting import Message, ModelPrompting, PromptError, Think, Tool
+from .reply import thinking_on
 from .scheduler import GenerationStream, Lease, QueueFullError
 
 log = logging.getLogger("tandem.server")
@@ -233,6 +234,6 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
                              logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs,
                              shift=shift, truncate=truncate,
-                             format=format)
+                             format=format, think_first=format is not None and thinking_on(think))
 
     return build

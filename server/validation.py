@@ -43,18 +43,17 @@ def parse_keep_alive(ctx: ServerContext, value: Any) -> float:
 THINK_LEVELS = ("low", "medium", "high", "max")
 
 
-def check_think(name: str, think: Any, supported: bool, constrained: bool = False) -> Think:
+def check_think(name: str, think: Any, supported: bool) -> Think:
     """The request's ``think`` as Ollama applies it: a thinking model thinks unless told not to (unset
-    means true); asking a model without the capability to think is 400. A ``format`` (``constrained``)
-    holds the whole answer to it from the first token, leaving no room to reason first, so there unset
-    means false (Ollama instead reasons unconstrained, then restarts under the format)."""
+    means true), with a ``format`` too (the format then holds from the end of the reasoning:
+    ``GenerateRequest.think_first``); asking a model without the capability to think is 400."""
     if not (think is None or isinstance(think, bool) or isinstance(think, str)):
         raise ApiError(400, 'think must be a boolean or string ("high", "medium", "low", "max", true, or false)')
     if isinstance(think, str) and think not in THINK_LEVELS:
         raise ApiError(400, f'invalid think value: {json.dumps(think)} (must be "high", "medium", "low", "max", '
                             'true, or false)')
     if supported:
-        return (not constrained) if think is None else think
+        return True if think is None else think
     if think is True or think in THINK_LEVELS:
         raise ApiError(400, f'"{name}" does not support thinking')
     return think

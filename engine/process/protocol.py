@@ -66,6 +66,9 @@ class GenerateRequest:
     shift: bool = True  # shift the context when num_ctx is exceeded (Ollama's default) instead of failing
     truncate: bool = True  # truncate a prompt longer than num_ctx (keeping num_keep + the end)
     format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.text.json_grammar)
+    # The model was asked to think: with a ``format``, its reasoning block (when the vocabulary has the tags)
+    # is free text and the format holds from the block's end, as Ollama reasons first and formats after.
+    think_first: bool = False
 
 
 @dataclass(frozen=True)

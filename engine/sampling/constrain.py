@@ -134,3 +134,82 @@ class TokenConstraint:
         new_p = [1.0 if t == pick else 0.0 for t in id_list]
         return (torch.tensor(id_list, dtype=ids.dtype, device=ids.device),
                 torch.tensor(new_p, dtype=probs.dtype, device=probs.device))
+
+
+class _Phase:
+    """Where a reasoning-first output is: ``pre`` (nothing decided: the reasoning block may open or the
+    JSON start), ``in`` (inside the block: unconstrained), ``json`` (the block closed or never opened:
+    ``rec`` follows the value)."""
+
+    __slots__ = ("name", "rec")
+
+    def __init__(self, name: str, rec: JsonRecognizer):
+        self.name = name
+        self.rec = rec
+
+
+class ReasoningFirst(TokenConstraint):
+    """``format`` on a model asked to think, as Ollama applies it: the reasoning block is free text and
+    the format holds from its close tag on (Ollama reasons unconstrained, then restarts under the
+    format; here it is one pass). Inside the block only end-of-generation is refused, so an answer is
+    always still to come; the block may open at the very start of the output or already be open in the
+    prompt (``inside``). States along a draft chain are ``_Phase`` objects; the base class's masking
+    works on them unchanged through :meth:`allows`."""
+
+    def __init__(self, node: Node, pieces: TokenPieces, eog_ids, open_id: int, close_id: int, *, inside: bool):
+        super().__init__(node, pieces, eog_ids)
+        self.open_id, self.close_id = open_id, close_id
+        self.phase = _Phase("in" if inside else "pre", self.state)
+
+    def _json_allows(self, tid: int, rec: JsonRecognizer) -> bool:
+        return TokenConstraint.allows(self, tid, rec)
+
+    def allows(self, tid: int, state=None) -> bool:
+        ph = self.phase if state is None else state
+        if ph.name == "in":
+            return tid not in self.eog_ids
+        if ph.name == "pre" and tid == self.open_id:
+            return True
+        return self._json_allows(tid, ph.rec)
+
+    def _step(self, ph: _Phase, tid: int) -> _Phase | None:
+        """The phase after ``tid``, or None when ``tid`` is not allowed there."""
+        if not self.allows(tid, ph):
+            return None
+        if ph.name == "in":
+            return _Phase("json", ph.rec) if tid == self.close_id else ph
+        if ph.name == "pre" and tid == self.open_id:
+            return _Phase("in", ph.rec)
+        if tid in self.eog_ids:
+            return ph
+        rec = ph.rec.clone()
+        rec.advance(self.pieces.text(tid))  # allowed, so it advances
+        return _Phase("json", rec)
+
+    def advance_token(self, tid: int) -> None:
+        nxt = self._step(self.phase, tid)
+        if nxt is None:
+            raise ValueError(f"token {tid} violates the format constraint")
+        self.phase = nxt
+        self.state = nxt.rec
+
+    def done(self) -> bool:
+        return self.phase.name == "json" and self.phase.rec.done()
+
+    def walk(self, drafts: Sequence[int]) -> list[_Phase]:  # type: ignore[override]
+        states = [self.phase]
+        cur = self.phase
+        for d in drafts:
+            if cur.name == "json" and cur.rec.done():
+                break
+            nxt = self._step(cur, d)
+            if nxt is None:
+                break
+            states.append(nxt)
+            cur = nxt
+            if d in self.eog_ids:
+                break
+        return states
+
+    def mask(self, dist: Distribution, states=None) -> Distribution:
+        return super().mask(dist, [self.phase] if states is None else states)

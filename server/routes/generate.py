@@ -28,7 +28,7 @@ from ..pipeline import (
     speculation_fields,
 )
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
-from ..reply import ReplyPiece, ReplySplitter
+from ..reply import ReplyPiece, ReplySplitter, thinking_on
 from ..scheduler import Lease
 from ..types import ChatBody, GenerateBody, MessageBody
 from ..validation import (
@@ -59,7 +59,7 @@ async def generate(request: Request) -> Response:
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     fmt = check_format(req.format)
-    think = check_think(req.model, req.think, prompting.supports_thinking, constrained=fmt is not None)
+    think = check_think(req.model, req.think, prompting.supports_thinking)
     decode_images(req.model, req.images)
 
     if not req.prompt and req.keep_alive is not None and keep_alive == 0:
@@ -100,7 +100,7 @@ async def generate(request: Request) -> Response:
                              add_bos=None if req.raw else prompting.add_bos_for(prompt),
                              logprobs=req.logprobs or req.top_logprobs > 0, top_logprobs=req.top_logprobs,
                              shift=req.shift, truncate=req.truncate,
-                             format=fmt)
+                             format=fmt, think_first=fmt is not None and thinking_on(think))
 
     await gen.open(build)
     splitter = ReplySplitter.for_request(prompting, gen.prompt, (), think)
@@ -203,7 +203,7 @@ async def chat(request: Request) -> Response:
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     fmt = check_format(req.format)
-    think = check_think(req.model, req.think, prompting.supports_thinking, constrained=fmt is not None)
+    think = check_think(req.model, req.think, prompting.supports_thinking)
     tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     for m in req.messages:
         decode_images(req.model, m.get("images") or [])

@@ -270,7 +270,7 @@ async def chat_completions(request: Request) -> Response:
     model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     fmt = check_format(_format_of(req.response_format))
-    think = check_think(req.model, think, prompting.supports_thinking, constrained=fmt is not None)
+    think = check_think(req.model, think, prompting.supports_thinking)
     tools = decode_tools(req.model, req.tools, prompting.supports_tools)
     if any(images for _, images in decoded):
         raise ApiError(400, f'"{req.model}" does not support vision', "messages")

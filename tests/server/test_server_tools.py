@@ -259,8 +259,9 @@ def test_thinking_on_chat_streamed_and_not(http: httpx.Client) -> None:
     assert out["message"] == {"role": "assistant", "content": raw_output(http, prompt)}
 
     assert "Reasoning: high" in rendered(http, {**body, "think": "high"})
-    # a format holds the answer from its first token: unset think means no reasoning then
-    assert rendered(http, {**body, "format": "json"}).endswith("<|im_start|>assistant\n")
+    # with a format too a thinking model thinks unless told not to (the format holds after the reasoning)
+    assert rendered(http, {**body, "format": "json"}).endswith("<|im_start|>assistant\n<think>")
+    assert rendered(http, {**body, "format": "json", "think": False}).endswith("<|im_start|>assistant\n")
     assert rendered(http, {**body, "format": "json", "think": True}).endswith("<|im_start|>assistant\n<think>")
 
 
