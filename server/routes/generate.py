@@ -67,7 +67,7 @@ async def generate(request: Request) -> Response:
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
                               "done_reason": "unload"})
     options = merged_options(model, req.options)
-    if not req.raw and req.suffix and not (req.template or prompting.supports_insert):
+    if req.suffix and not prompting.supports_insert:  # Ollama asks the model for the capability, raw or not
         raise ApiError(400, f'"{req.model}" does not support insert')
 
     def render() -> str:

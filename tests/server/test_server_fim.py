@@ -122,6 +122,10 @@ def test_template_with_suffix_wins_over_the_vocabulary(http: httpx.Client) -> No
 def test_refused_without_markers_or_template(http: httpx.Client, srv: ServerThread) -> None:
     r = http.post("/api/generate", json={"model": "tiny", "prompt": "a", "suffix": "b"})
     assert (r.status_code, r.json()) == (400, {"error": '"tiny" does not support insert'})
+    # As Ollama: the model's capability decides, whatever the request's raw or template says.
+    for extra in ({"raw": True}, {"template": "{{ .Prompt }}<SUF>{{ .Suffix }}"}):
+        r = http.post("/api/generate", json={"model": "tiny", "prompt": "a", "suffix": "b", **extra})
+        assert (r.status_code, r.json()) == (400, {"error": '"tiny" does not support insert'}), extra
     with pytest.raises(ollama.ResponseError) as e:
         ollama.Client(host=srv.url).generate(model="tiny", prompt="a", suffix="b")
     assert e.value.status_code == 400 and e.value.error == '"tiny" does not support insert'
