@@ -127,6 +127,9 @@ class Client:
     def chat(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         return self._stream("/api/chat", {**body, "stream": True})
 
+    def embed(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/api/embed", json=body).json()
+
     def show(self, name: str, verbose: bool = False) -> dict[str, Any]:
         return self._request("POST", "/api/show", json={"model": name, "verbose": verbose}).json()
 

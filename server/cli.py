@@ -11,6 +11,7 @@ Errors go to stderr as `Error: <message>` with exit status 1, as Ollama's CLI do
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -576,11 +577,15 @@ def cmd_run(args: argparse.Namespace, store: BlobStore) -> None:
     client = Client()
     try:
         _ensure_model(client, args.model)
-        session = _Session(client, args.model, args)
         prompt = " ".join(args.prompt)
-        if not sys.stdin.isatty():
-            piped = sys.stdin.read()
+        piped = None if sys.stdin.isatty() else sys.stdin.read()
+        if piped is not None:
             prompt = f"{piped} {prompt}".strip() if prompt else piped
+        if "embedding" in client.show(args.model).get("capabilities", []):
+            _print_embedding(client, args, prompt)
+            return
+        session = _Session(client, args.model, args)
+        if piped is not None:
             session.chat(prompt)
         elif prompt:
             session.chat(prompt)
@@ -590,6 +595,23 @@ def cmd_run(args: argparse.Namespace, store: BlobStore) -> None:
         raise CLIError(str(e)) from None
     finally:
         client.close()
+
+
+def _print_embedding(client: Client, args: argparse.Namespace, text: str) -> None:
+    """Ollama's `run` on an embedding model: the input's vector as one JSON line."""
+    if not text:
+        raise CLIError(f'embedding models require input text. Usage: tandem run {args.model} "your text here"')
+    body: dict = {"model": args.model, "input": text}
+    if args.keepalive is not None:
+        body["keep_alive"] = args.keepalive
+    if args.truncate is not None:
+        body["truncate"] = args.truncate
+    if args.dimensions:
+        body["dimensions"] = args.dimensions
+    vectors = client.embed(body).get("embeddings") or []
+    if not vectors:
+        raise CLIError("no embeddings returned")
+    print(json.dumps(vectors[0], separators=(",", ":")))
 
 
 def human_until(t: datetime, now: datetime | None = None) -> str:
@@ -700,6 +722,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--verbose", action="store_true", help="Show timings and speculation statistics")
     r.add_argument("--keepalive", help="How long the model stays loaded (e.g. 5m, 0, -1)")
     r.add_argument("--nowordwrap", action="store_true", help="Accepted for compatibility (output is not wrapped)")
+    r.add_argument("--truncate", type=lambda v: v.lower() in ("1", "true", "yes"), nargs="?", const=True,
+                   default=None, help="For embedding models: truncate inputs exceeding the context (default true)")
+    r.add_argument("--dimensions", type=int, default=0, help="For embedding models: keep this many dimensions")
     r.set_defaults(func=cmd_run)
 
     ps = sub.add_parser("ps", help="List running models")

@@ -238,3 +238,22 @@ def test_legacy_returns_raw_vectors_of_a_model_that_does_not_normalise(srv: Serv
                                 timeout=60).json()["embeddings"][0])
     assert abs(np.linalg.norm(legacy) - 1) > 1e-2 and abs(np.linalg.norm(embed) - 1) < 1e-5
     assert np.allclose(legacy / np.linalg.norm(legacy), embed, atol=1e-6)
+
+
+def test_tandem_run_prints_the_vector(srv: ServerThread, expected, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture) -> None:
+    """`tandem run` on an embedding model prints the input's vector as one JSON line (Ollama's CLI)."""
+    import io
+    import json
+
+    from server.cli import main
+
+    monkeypatch.setenv("TANDEM_HOST", srv.url)
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))  # piped, empty: the argument is the input
+    assert main(["run", "minibert", TEXTS[0]]) == 0
+    v = json.loads(capsys.readouterr().out)
+    assert len(v) == 32 and _cos(v, expected[TEXTS[0]]) > 1 - 1e-6
+    assert main(["run", "minibert", "a", "b", "c", "--dimensions", "8"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 8
+    assert main(["run", "minibert"]) == 1
+    assert "embedding models require input text" in capsys.readouterr().err
