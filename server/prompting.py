@@ -12,7 +12,7 @@ request only renders. Rendering never touches torch.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -20,6 +20,7 @@ from blobs.model import StoredModel
 from engine.capabilities import embedding_normalizes, embedding_pooling, has_mtp_head
 from engine.gguf import GGUFFile
 from engine.text.gotemplate import GoTemplate, TemplateError, parse_template
+from engine.text.harmony import harmony_function_names, is_gpt_oss, uses_harmony
 from engine.text.prompt import (
     InsertNotSupported,
     JinjaChatTemplate,
@@ -135,6 +136,11 @@ class ModelPrompting:
             if "tools" in source or "tool_call" in source:  # Ollama's chat-template check
                 self.tool_format = format_for_jinja_template(source)
             self.thinking_tags = jinja_thinking_tags(source)
+        # gpt-oss (Ollama: the model family; tandem also reads the GGUF's architecture) always thinks; with
+        # a template that writes harmony's <|start|>/<|end|>, its output is parsed as harmony.
+        families = (str(model.config.get("model_family") or ""), self.facts.architecture)
+        self.gpt_oss = is_gpt_oss(*families)
+        self.harmony = uses_harmony(self.template_text, *families)
 
     # -- capabilities ---------------------------------------------------------------------------
     @property
@@ -159,7 +165,7 @@ class ModelPrompting:
 
     @property
     def supports_thinking(self) -> bool:
-        return all(self.thinking_tags)
+        return all(self.thinking_tags) or self.gpt_oss
 
     def capabilities(self) -> list[str]:
         """Ollama's capability names this model has, in Ollama's order: ``embedding`` alone for a model
@@ -180,6 +186,7 @@ class ModelPrompting:
     def generate_prompt(self, *, prompt: str, system: str | None, suffix: str | None, template: str | None,
                         history: Sequence[Message] = (), think: Think = None) -> str:
         """/api/generate (not raw): the request's template overrides the model's."""
+        think = self._template_think(think)
         go = _parse(template) if template else self.go
         try:
             if suffix and not (go is not None and supports_insert(go)):
@@ -202,6 +209,10 @@ class ModelPrompting:
                     fits: Callable[[str], bool] | None = None, think: Think = None) -> str:
         """/api/chat: ``messages`` already include the model's SYSTEM and MESSAGE layers. With ``fits``
         the oldest messages are dropped until the prompt fits (system messages and the last kept)."""
+        think = self._template_think(think)
+        if self.harmony and tools:  # Ollama renames tools for harmony into identifiers the model knows
+            names = harmony_function_names(t.name for t in tools)
+            tools = [replace(t, name=names[t.name]) for t in tools]
         try:
             if self.go is not None:
                 full = render_chat(self.go, messages, tools, think)
@@ -222,6 +233,10 @@ class ModelPrompting:
             return best
         except TemplateError as e:
             raise PromptError(str(e), 500) from None
+
+    def _template_think(self, think: Think) -> Think:
+        """Harmony's reasoning effort knows low/medium/high: Ollama sends "max" as "high" to gpt-oss."""
+        return "high" if self.harmony and think == "max" else think
 
     def _jinja(self, messages: Sequence[Message], tools: Sequence[Tool], think: Think = None) -> str:
         assert self.jinja is not None

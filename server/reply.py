@@ -1,5 +1,6 @@
 """A generation's text split the way Ollama's ChatHandler splits it: the reasoning first (the model's
-thinking tags), then tool calls out of what is left (the model's call format), the rest content.
+thinking tags), then tool calls out of what is left (the model's call format), the rest content; or, for
+gpt-oss models with a harmony template, by harmony channel (engine.text.harmony) for all three.
 
 One ``ReplySplitter`` per request: ``feed`` each engine chunk, ``finish`` at the end. Tool calls get
 Ollama's ids (``call_`` and 8 random letters/digits). Reasoning is never searched for tool calls.
@@ -12,6 +13,7 @@ import string
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from engine.text.harmony import HarmonyParser, HarmonyPiece
 from engine.text.prompt import Think, Tool, ToolCall
 from engine.text.thinking import ThinkingParser
 from engine.text.tool_calls import ParsedCall, ToolCallParser
@@ -41,14 +43,22 @@ class ReplyPiece:
 
 
 class ReplySplitter:
-    def __init__(self, thinking: ThinkingParser | None, tools: ToolCallParser | None):
+    def __init__(self, thinking: ThinkingParser | None, tools: ToolCallParser | None,
+                 harmony: HarmonyParser | None = None):
         self._thinking = thinking
         self._tools = tools
+        self._harmony = harmony
+        self._calls = 0
 
     @classmethod
-    def for_request(cls, prompting: ModelPrompting, prompt: str, tools: Sequence[Tool], think: Think) -> ReplySplitter:
+    def for_request(cls, prompting: ModelPrompting, prompt: str, tools: Sequence[Tool], think: Think,
+                    *, raw: bool = False) -> ReplySplitter:
         """The splitter a request needs: thinking when asked for and the template has tags (a prompt that
-        ends in the opening tag starts inside the reasoning), tool calls when tools were given."""
+        ends in the opening tag starts inside the reasoning), tool calls when tools were given. A gpt-oss
+        model with a harmony template gets the harmony parser for all three, whatever ``think`` says
+        (Ollama's builtin parser; not for raw prompts)."""
+        if prompting.harmony and not raw:
+            return cls(None, None, HarmonyParser.for_prompt(prompt, [t.name for t in tools]))
         opening, closing = prompting.thinking_tags
         thinking = None
         if thinking_on(think) and opening and closing:
@@ -60,9 +70,11 @@ class ReplySplitter:
 
     @property
     def passthrough(self) -> bool:
-        return self._thinking is None and self._tools is None
+        return self._thinking is None and self._tools is None and self._harmony is None
 
     def feed(self, text: str) -> ReplyPiece:
+        if self._harmony is not None:
+            return self._from_harmony(self._harmony.feed(text))
         if self._thinking is None:
             thinking, content = "", text
         else:
@@ -70,8 +82,17 @@ class ReplySplitter:
         return self._with_calls(thinking, content, final=False)
 
     def finish(self) -> ReplyPiece:
+        if self._harmony is not None:
+            return self._from_harmony(self._harmony.finish())
         thinking, content = self._thinking.finish() if self._thinking is not None else ("", "")
         return self._with_calls(thinking, content, final=True)
+
+    def _from_harmony(self, piece: HarmonyPiece) -> ReplyPiece:
+        calls = []
+        for name, args in piece.calls:
+            calls.append(ToolCall(name, args, index=self._calls, id=tool_call_id()))
+            self._calls += 1
+        return ReplyPiece(piece.content, piece.thinking, calls)
 
     def _with_calls(self, thinking: str, content: str, final: bool) -> ReplyPiece:
         if self._tools is None:

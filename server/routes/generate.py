@@ -103,7 +103,7 @@ async def generate(request: Request) -> Response:
                              format=fmt, think_first=fmt is not None and thinking_on(think))
 
     await gen.open(build)
-    splitter = ReplySplitter.for_request(prompting, gen.prompt, (), think)
+    splitter = ReplySplitter.for_request(prompting, gen.prompt, (), think, raw=req.raw)
 
     def payload(piece: ReplyPiece) -> dict[str, Any]:
         return {"response": piece.content, **({"thinking": piece.thinking} if piece.thinking else {})}
