@@ -86,7 +86,9 @@ def qdot_status(portable: bool = False) -> KernelStatus:
     if platform.machine() not in ("x86_64", "AMD64"):
         return KernelStatus(False, "", f"no native kernel for {platform.machine()}", namespace)
     arch = "-march=x86-64-v2" if portable else "-march=native"
-    source_key = hashlib.sha256(b"".join(p.read_bytes() for p in _SOURCES)).hexdigest()[:8]
+    # The sources' text and place: the build records the source paths, so two checkouts sharing one
+    # build directory would rebuild it whenever the other one loaded last.
+    source_key = hashlib.sha256(b"".join(p.read_bytes() + str(p.resolve()).encode() for p in _SOURCES)).hexdigest()[:8]
     name = f"{namespace}_qdot_{'generic' if portable else _cpu_key()}_{source_key}"
     try:
         from torch.utils import cpp_extension
