@@ -238,6 +238,8 @@ class String:
                 return BAD
             if e == 3 and self.hi and c.lower() not in "cdef":
                 return BAD
+            if e == 3 and not self.hi and self.code == 0xD and c.lower() in "cdef":
+                return BAD  # a low half with no high half before it: refused now, not at its last digit
             self.esc, self.code = e + 1, code
             return OK
         self.esc = 0
