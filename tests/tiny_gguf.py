@@ -233,6 +233,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
             writer.add_uint32(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
+        elif isinstance(value, (list, tuple)):
+            writer.add_array(key, list(value))
         else:
             raise TypeError(f"unsupported metadata value for {key}: {value!r}")
     for name, arr in (tensors if tensors is not None else tiny_tensors(spec, n_vocab)).items():
