@@ -45,6 +45,7 @@ class HybridCache(KVCache):
         self._records: dict[int, list[State]] = {}  # position -> every recurrent layer's state there
         self._checkpoints: dict[int, list[State]] = {}
         self._in_prompt = True
+        self._prompt_checkpoint: int | None = None  # this prompt's checkpoint so far (a later forward moves it)
 
     @classmethod
     def new(cls, config, capacity: int | None = None, device: torch.device | str = "cpu",
@@ -90,9 +91,11 @@ class HybridCache(KVCache):
             del self._records[min(self._records)]
         if n == 1:
             self._in_prompt = False
-        if self._in_prompt:  # the newest end of this prompt's forwards replaces the previous one
-            self._checkpoints.pop(start, None)
+        if self._in_prompt:  # the end of this prompt's latest forward replaces its previous one
+            if self._prompt_checkpoint is not None:
+                self._checkpoints.pop(self._prompt_checkpoint, None)
             self._checkpoints[self.length] = list(self.states)
+            self._prompt_checkpoint = self.length
             while len(self._checkpoints) > self.max_checkpoints:
                 del self._checkpoints[next(iter(self._checkpoints))]
 
@@ -121,7 +124,7 @@ class HybridCache(KVCache):
     def reset(self) -> None:
         self.truncate(0)
         self._checkpoints.clear()
-        self._in_prompt = True
+        self._in_prompt, self._prompt_checkpoint = True, None
 
     def reuse_prefix(self, new_tokens: Sequence[int], *, leave_last: bool = True) -> int:
         """The longest common prefix with ``new_tokens`` that ends where a recurrent state is recorded
@@ -132,7 +135,7 @@ class HybridCache(KVCache):
         while not self.has_state_at(n):
             n -= 1
         self.truncate(n)
-        self._in_prompt = True
+        self._in_prompt, self._prompt_checkpoint = True, None
         return n
 
     def nbytes(self) -> int:
