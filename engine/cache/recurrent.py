@@ -5,14 +5,15 @@ current length is one (conv, ssm) pair per layer that each forward replaces, so 
 needs the state as it was at n: the cache keeps it.
 
 * **Records.** A forward stages, per recurrent layer, the state after each of its positions when it runs
-  the exact recurrence (decode and verification widths), or only the state after its last position when it
-  runs the chunked form (prefill). ``commit`` files them by position. They are the tensors the recurrence
+  the exact recurrence (decode and verification widths), or only the states after its last two positions
+  when it runs the chunked form (prefill). ``commit`` files them by position. They are the tensors the recurrence
   produced anyway, kept by reference: recording copies nothing, and ``truncate(n)`` to a recorded n points
   the current state at them (no copy either). Records serve rollback within a round, so a truncate drops
   every record but the restored one, and at most ``max_records`` of the newest are kept.
-* **Checkpoints** serve prefix reuse across requests: the state at the end of a prompt's forwards (from a
-  ``reuse_prefix``/``reset`` to the first rollback or single-token forward) is kept, for the
-  ``max_checkpoints`` newest prompts. ``reuse_prefix`` keeps the longest common prefix that ends at a
+* **Checkpoints** serve prefix reuse across requests: the states at the end of a prompt's forwards and one
+  position before it (from a ``reuse_prefix``/``reset`` to the first rollback or single-token forward; the
+  one before is where a request repeating the prompt resumes, as it re-runs its last token for logits) are
+  kept, ``max_checkpoints`` positions at most, the oldest dropped first. ``reuse_prefix`` keeps the longest common prefix that ends at a
   recorded position (or the current length, or 0): a recurrent state cannot be cut anywhere else.
 * ``truncate(n)`` to an n with no recorded state raises ``ValueError``: never an approximation.
 
@@ -35,17 +36,17 @@ class HybridCache(KVCache):
     def __init__(self, n_attn_layers: int, n_head_kv: int, head_dim: int, capacity: int, *, n_recurrent: int,
                  conv_shape: tuple[int, int], ssm_shape: tuple[int, int, int], state_dtype: torch.dtype,
                  device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                 max_records: int = 64, max_checkpoints: int = 4):
+                 max_records: int = 64, max_checkpoints: int = 8):
         super().__init__(max(n_attn_layers, 1), n_head_kv, head_dim, capacity, device=device, dtype=dtype)
         self.n_recurrent = n_recurrent
         self.conv_shape, self.ssm_shape, self.state_dtype = tuple(conv_shape), tuple(ssm_shape), state_dtype
         self.max_records, self.max_checkpoints = max_records, max_checkpoints
         self.states: list[State] = [self._zero() for _ in range(n_recurrent)]
-        self._staged: dict[int, tuple[list[State] | None, State]] = {}
+        self._staged: dict[int, dict[int, State]] = {}
         self._records: dict[int, list[State]] = {}  # position -> every recurrent layer's state there
         self._checkpoints: dict[int, list[State]] = {}
         self._in_prompt = True
-        self._prompt_checkpoint: int | None = None  # this prompt's checkpoint so far (a later forward moves it)
+        self._prompt_checkpoints: list[int] = []  # this prompt's checkpoints so far (a later forward moves them)
 
     @classmethod
     def new(cls, config, capacity: int | None = None, device: torch.device | str = "cpu",
@@ -68,10 +69,10 @@ class HybridCache(KVCache):
         """Recurrent layer ``slot``'s committed state at ``length``."""
         return self.states[slot]
 
-    def stage(self, slot: int, final: State, per_position: list[State] | None = None) -> None:
-        """Layer ``slot``'s state after this forward (``final``) and, if it has them, after each of its
-        positions in order (``per_position[-1]`` is ``final``); ``commit`` adopts them."""
-        self._staged[slot] = (per_position, final)
+    def stage(self, slot: int, states: dict[int, State]) -> None:
+        """Layer ``slot``'s states after some of this forward's positions, keyed by how many of them they
+        follow (always including the forward's width: the new current state); ``commit`` adopts them."""
+        self._staged[slot] = states
 
     def commit(self, tokens: Sequence[int]) -> None:
         n = len(tokens)
@@ -82,20 +83,19 @@ class HybridCache(KVCache):
         super().commit(tokens)
         staged = [self._staged[i] for i in range(self.n_recurrent)]
         self._staged.clear()
-        self.states = [final for _, final in staged]
-        exact = all(per is not None for per, _ in staged)
-        for j in range(n if exact else 0):
-            self._records[start + 1 + j] = [per[j] for per, _ in staged]
-        self._records[start + n] = list(self.states)
+        self.states = [per[n] for per in staged]
+        for j in sorted(set.intersection(*(set(per) for per in staged)) if staged else {n}):
+            self._records[start + j] = [per[j] for per in staged]
         while len(self._records) > self.max_records:
             del self._records[min(self._records)]
         if n == 1:
             self._in_prompt = False
         if self._in_prompt:  # the end of this prompt's latest forward replaces its previous one
-            if self._prompt_checkpoint is not None:
-                self._checkpoints.pop(self._prompt_checkpoint, None)
-            self._checkpoints[self.length] = list(self.states)
-            self._prompt_checkpoint = self.length
+            for p in self._prompt_checkpoints:
+                self._checkpoints.pop(p, None)
+            self._prompt_checkpoints = [p for p in (self.length - 1, self.length) if p > 0 and p in self._records]
+            for p in self._prompt_checkpoints:
+                self._checkpoints[p] = self._records[p]
             while len(self._checkpoints) > self.max_checkpoints:
                 del self._checkpoints[next(iter(self._checkpoints))]
 
@@ -124,7 +124,7 @@ class HybridCache(KVCache):
     def reset(self) -> None:
         self.truncate(0)
         self._checkpoints.clear()
-        self._in_prompt, self._prompt_checkpoint = True, None
+        self._in_prompt, self._prompt_checkpoints = True, []
 
     def reuse_prefix(self, new_tokens: Sequence[int], *, leave_last: bool = True) -> int:
         """The longest common prefix with ``new_tokens`` that ends where a recurrent state is recorded
@@ -135,7 +135,7 @@ class HybridCache(KVCache):
         while not self.has_state_at(n):
             n -= 1
         self.truncate(n)
-        self._in_prompt, self._prompt_checkpoint = True, None
+        self._in_prompt, self._prompt_checkpoints = True, []
         return n
 
     def nbytes(self) -> int:

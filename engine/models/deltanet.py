@@ -16,7 +16,8 @@ key head g), so q/k heads are tiled to the value heads, not interleaved.
 Widths up to ``EXACT_WIDTH`` (decode and verification) run that recurrence step by step and hand the cache
 the state after every position (the tensors the steps produce, kept by reference), so a rejected draft
 restores exactly. Wider forwards (prefill) run the chunked parallel form (the WY/UT representation within
-chunks of ``CHUNK`` positions, the state carried between chunks) and hand over the final state only.
+chunks of ``CHUNK`` positions, the state carried between chunks) over all but their last position, and the
+exact step over the last one, and hand over the states at those two lengths only.
 """
 
 from __future__ import annotations
@@ -99,13 +100,22 @@ class GatedDeltaNet(nn.Module):
         beta = torch.sigmoid(b.to(sd))
         g = self.a.to(sd) * F.softplus(alpha.to(sd) + self.dt_bias.to(sd))  # [n, nv], <= 0
         km1 = self.kernel - 1
+
+        def conv_at(j: int) -> torch.Tensor:  # the conv state after j of this forward's positions
+            return xc[:, j:j + km1]
+
         if n <= EXACT_WIDTH:
             o, states = _recurrent(q, k, v, g, beta, ssm)
-            per = [(xc[:, j + 1:j + 1 + km1], s) for j, s in enumerate(states)]
-            cache.stage(self.slot, per[-1], per)
+            per = {j + 1: (conv_at(j + 1), s) for j, s in enumerate(states)}
         else:
-            o, final = _chunked(q, k, v, g, beta, ssm)
-            cache.stage(self.slot, (xc[:, n:n + km1], final))
+            # all but the last position in chunks, the last one exactly: the state one position before the
+            # end is recorded too, which is where a request repeating this prompt resumes (it re-runs the
+            # last prompt token for its logits)
+            o, before = _chunked(q[:-1], k[:-1], v[:-1], g[:-1], beta[:-1], ssm)
+            o_last, (last,) = _recurrent(q[-1:], k[-1:], v[-1:], g[-1:], beta[-1:], before)
+            o = torch.cat((o, o_last))
+            per = {n - 1: (conv_at(n - 1), before), n: (conv_at(n), last)}
+        cache.stage(self.slot, per)
         o = self.norm(o.to(x.dtype)) * F.silu(z.view(n, self.nv, self.dv))
         return self.out(o.reshape(n, self.value_dim))
 

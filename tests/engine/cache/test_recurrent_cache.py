@@ -81,7 +81,7 @@ def test_skipping_the_snapshot_is_caught(model, ids):
 
 
 def test_truncate_without_a_recorded_state_raises(model, ids):
-    n = deltanet.EXACT_WIDTH + 8  # chunked: only the state after the last position is recorded
+    n = deltanet.EXACT_WIDTH + 8  # chunked: only the states after the last two positions are recorded
     cache = model.new_cache(64)
     model(ids[:n], cache)
     before = _states(cache)
@@ -89,6 +89,7 @@ def test_truncate_without_a_recorded_state_raises(model, ids):
         cache.truncate(n - 3)
     assert cache.length == n and all(a is b for a, b in zip(before, _states(cache)))
     cache.truncate(n)  # the current length and 0 always have a state
+    cache.truncate(n - 1)
     cache.truncate(0)
     assert cache.length == 0 and all(float(t.abs().max()) == 0 for t in _states(cache))
 
@@ -127,7 +128,9 @@ def test_prefix_reuse_stops_at_recorded_offsets(model, ids):
     # that request's own boundary (P + 4) is a checkpoint beside the first one's
     assert cache.reuse_prefix(other + ids[60:62]) == P + 4
     assert cache.reuse_prefix(ids[:P] + ids[20:22]) == P
-    # diverging inside the prompt: no state recorded before P, reuse stops at 0
+    # the same prompt again: everything but its last token (re-run for its logits)
+    assert cache.reuse_prefix(ids[:P]) == P - 1
+    # diverging inside the prompt: no state recorded before P - 1, reuse stops at 0
     inside = ids[:P - 5] + ids[55:60]
     assert cache.reuse_prefix(inside) == 0
     assert cache.length == 0
