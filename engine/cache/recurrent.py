@@ -10,10 +10,11 @@ needs the state as it was at n: the cache keeps it.
   produced anyway, kept by reference: recording copies nothing, and ``truncate(n)`` to a recorded n points
   the current state at them (no copy either). Records serve rollback within a round, so a truncate drops
   every record but the restored one, and at most ``max_records`` of the newest are kept.
-* **Checkpoints** serve prefix reuse across requests: the states at the end of a prompt's forwards and one
-  position before it (from a ``reuse_prefix``/``reset`` to the first rollback or single-token forward; the
-  one before is where a request repeating the prompt resumes, as it re-runs its last token for logits) are
-  kept, ``max_checkpoints`` positions at most, the oldest dropped first. ``reuse_prefix`` keeps the longest common prefix that ends at a
+* **Checkpoints** serve prefix reuse across requests: the states at the end of each of a prompt's forwards
+  and one position before it (the forwards from a ``reuse_prefix``/``reset`` up to the first ``truncate`` or
+  single-token forward after them; the position before the end is where a request repeating the prompt
+  resumes, as it re-runs its last token for logits) are kept, ``max_checkpoints`` positions at most, the
+  oldest dropped first, and like records only while they are within the length. ``reuse_prefix`` keeps the longest common prefix that ends at a
   recorded position (or the current length, or 0): a recurrent state cannot be cut anywhere else.
 * ``truncate(n)`` to an n with no recorded state raises ``ValueError``: never an approximation.
 
@@ -46,7 +47,7 @@ class HybridCache(KVCache):
         self._records: dict[int, list[State]] = {}  # position -> every recurrent layer's state there
         self._checkpoints: dict[int, list[State]] = {}
         self._in_prompt = True
-        self._prompt_checkpoints: list[int] = []  # this prompt's checkpoints so far (a later forward moves them)
+        self._prompt_forwards = 0  # forwards since the prompt phase began
 
     @classmethod
     def new(cls, config, capacity: int | None = None, device: torch.device | str = "cpu",
@@ -88,14 +89,14 @@ class HybridCache(KVCache):
             self._records[start + j] = [per[j] for per in staged]
         while len(self._records) > self.max_records:
             del self._records[min(self._records)]
-        if n == 1:
+        if n == 1:  # a decode step: the prompt is evaluated
             self._in_prompt = False
-        if self._in_prompt:  # the end of this prompt's latest forward replaces its previous one
-            for p in self._prompt_checkpoints:
-                self._checkpoints.pop(p, None)
-            self._prompt_checkpoints = [p for p in (self.length - 1, self.length) if p > 0 and p in self._records]
-            for p in self._prompt_checkpoints:
-                self._checkpoints[p] = self._records[p]
+        if self._in_prompt:
+            self._prompt_forwards += 1
+            for p in (self.length - 1, self.length):
+                if p > 0 and p in self._records:
+                    self._checkpoints.pop(p, None)
+                    self._checkpoints[p] = self._records[p]
             while len(self._checkpoints) > self.max_checkpoints:
                 del self._checkpoints[next(iter(self._checkpoints))]
 
@@ -116,6 +117,7 @@ class HybridCache(KVCache):
                     raise ValueError(f"no recurrent state recorded at position {n} (length {self.length}; recorded: "
                                      f"{sorted(set(self._records) | set(self._checkpoints))})")
                 self.states = list(saved)
+        if self._prompt_forwards:  # a rollback after the prompt's forwards: a round of decoding
             self._in_prompt = False
         super().truncate(n)
         self._records = {n: list(self.states)} if n else {}
@@ -124,7 +126,7 @@ class HybridCache(KVCache):
     def reset(self) -> None:
         self.truncate(0)
         self._checkpoints.clear()
-        self._in_prompt, self._prompt_checkpoints = True, []
+        self._in_prompt, self._prompt_forwards = True, 0
 
     def reuse_prefix(self, new_tokens: Sequence[int], *, leave_last: bool = True) -> int:
         """The longest common prefix with ``new_tokens`` that ends where a recurrent state is recorded
@@ -135,7 +137,7 @@ class HybridCache(KVCache):
         while not self.has_state_at(n):
             n -= 1
         self.truncate(n)
-        self._in_prompt, self._prompt_checkpoints = True, []
+        self._in_prompt, self._prompt_forwards = True, 0
         return n
 
     def nbytes(self) -> int:
