@@ -39,6 +39,9 @@ class MoEConfig:
     # and the two outputs are summed; the router reads a weightless RMSNorm of the block's residual stream
     # times a learned per-channel scale, and each chosen expert's weight is multiplied by its learned scale.
     dense_branch: bool = False
+    # qwen35moe: a shared expert of this width runs on every token beside the routed ones, its output scaled
+    # by sigmoid of a learned per-token gate; 0 = none.
+    n_ff_shared: int = 0
 
 
 @dataclass(frozen=True)
@@ -167,12 +170,13 @@ def per_layer_ints(value, n_layer: int, what: str, path: str) -> tuple[int, ...]
 
 
 def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = False, partial_rope: bool = False,
-                **overrides) -> ModelConfig:
+                dense_ffn: bool = True, **overrides) -> ModelConfig:
     """The fields every architecture shares, read from ``{arch}.*`` metadata and ``layout``; ``overrides``
     replace them. ``per_layer_arrays``: the architecture reads per-layer ``head_count_kv`` and
     ``feed_forward_length`` arrays itself, so they are not refused here (the uniform fields get the
     largest entry). ``partial_rope``: the architecture rotates only the first ``rope.dimension_count`` dims
-    of each head (and says so), so a smaller count is not refused."""
+    of each head (and says so), so a smaller count is not refused. ``dense_ffn`` False: every FFN is a MoE and
+    the file may have no ``feed_forward_length`` (n_ff 0 then)."""
     path = f.path
     n_layer = _uniform_int(f.arch_key("block_count"), "block_count", path)
     n_embd = _uniform_int(f.arch_key("embedding_length"), "embedding_length", path)
@@ -183,7 +187,7 @@ def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = F
         n_ff = max(per_layer_ints(f.arch_key("feed_forward_length"), n_layer, "feed_forward_length", path))
     else:
         n_head_kv = _uniform_int(f.arch_key("attention.head_count_kv", n_head), "attention.head_count_kv", path)
-        n_ff = _uniform_int(f.arch_key("feed_forward_length"), "feed_forward_length", path)
+        n_ff = _uniform_int(f.arch_key("feed_forward_length", None if dense_ffn else 0), "feed_forward_length", path)
     head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
     v_head_dim = int(f.arch_key("attention.value_length", head_dim))
     if v_head_dim != head_dim:

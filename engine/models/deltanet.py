@@ -51,8 +51,9 @@ class DeltaNetWeights:
 class HybridBlockWeights:
     attn_norm: torch.Tensor
     post_attn_norm: torch.Tensor  # the FFN's input norm (llama.cpp: post_attention_norm)
-    w13: Linear
-    w2: Linear
+    w13: Linear | None
+    w2: Linear | None
+    ffn: nn.Module | None = None  # replaces FeedForward(w13, w2) (qwen35moe: engine.models.moe.SharedExpertMoE)
     deltanet: DeltaNetWeights | None = None  # recurrent layers
     wqkv: Linear | None = None  # attention layers: rows q+gate (interleaved per head), k, v
     wo: Linear | None = None
@@ -216,7 +217,7 @@ class HybridBlock(nn.Module):
             self.attn = GatedDeltaNet(cfg, sum(rec[:layer]), w.deltanet)
         else:
             self.attn = GatedAttention(cfg, layer - sum(rec[:layer]), w.wqkv, w.wo, w.q_norm, w.k_norm)
-        self.ffn = FeedForward(cfg, w.w13, w.w2)
+        self.ffn = w.ffn if w.ffn is not None else FeedForward(cfg, w.w13, w.w2)
 
     def forward(self, x: torch.Tensor, cache: HybridCache, step: ForwardStep, rope: RotaryEmbedding) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x, step.ops), cache, step, rope)

@@ -26,7 +26,7 @@ from engine.models.deltanet import DeltaNetWeights, HybridBlock, HybridBlockWeig
 from engine.models.encoder import DenseWeights, Encoder, EncoderLayerWeights, EncoderWeights, NormWeights
 from engine.models.gemma4_moe import Gemma4MoE
 from engine.models.layers import Block, BlockWeights, FeedForward
-from engine.models.moe import Router, SparseMoE
+from engine.models.moe import Router, SharedExpertMoE, SparseMoE
 from engine.models.nextn import NextNHead, NextNWeights
 from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
@@ -129,9 +129,18 @@ def load_hybrid_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str,
         return load_tensor(f, p + name)
 
     r = cfg.recurrent
-    w = HybridBlockWeights(attn_norm=tensor("attn_norm.weight"), post_attn_norm=tensor("post_attention_norm.weight"),
-                           w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
-                           w2=linear("ffn_down"))
+    if cfg.moe is not None:  # qwen35moe: routed experts beside a sigmoid-gated shared expert
+        _check_shape(f, p + "ffn_gate_inp_shexp.weight", (1, cfg.n_embd))
+        shared = FeedForward(cfg, load_linear(f, [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"], fmt,
+                                              device=device), linear("ffn_down_shexp"))
+        w = HybridBlockWeights(attn_norm=tensor("attn_norm.weight"), post_attn_norm=tensor("post_attention_norm.weight"),
+                               w13=None, w2=None,
+                               ffn=SharedExpertMoE(load_experts(f, cfg, i, fmt, device), shared,
+                                                   load_linear(f, p + "ffn_gate_inp_shexp.weight", "f32", device=device)))
+    else:
+        w = HybridBlockWeights(attn_norm=tensor("attn_norm.weight"), post_attn_norm=tensor("post_attention_norm.weight"),
+                               w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
+                               w2=linear("ffn_down"))
     if r.layers[i]:
         _check_shape(f, p + "ssm_conv1d.weight", (r.conv_dim, r.conv_kernel))
         for name in ("ssm_a", "ssm_dt.bias"):

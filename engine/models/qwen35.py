@@ -18,12 +18,13 @@ from engine.gguf import GGUFFile
 from engine.models.config import ModelConfig, RecurrentConfig, UnsupportedModelError, WeightLayout, base_config
 
 
-def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:
+def read_config(f: GGUFFile, layout: WeightLayout, *, dense_ffn: bool = True) -> ModelConfig:
+    """``dense_ffn`` False (qwen35moe): no dense FFN, so no ``feed_forward_length`` is needed."""
     path = f.path
     # the layout looks at block 0, which is recurrent here: any attention block's q/k norms will do
     if not any(name.endswith(".attn_q_norm.weight") for name in f.tensors):
         raise UnsupportedModelError(f"{path}: a {f.architecture} GGUF must have attn_q_norm/attn_k_norm tensors")
-    cfg = base_config(f, replace(layout, qk_norm=True), partial_rope=True, rope_style="neox", activation="silu", attn_output_gate=True)
+    cfg = base_config(f, replace(layout, qk_norm=True), partial_rope=True, dense_ffn=dense_ffn, rope_style="neox", activation="silu", attn_output_gate=True)
     interval = int(f.arch_key("full_attention_interval", 4))
     keys = {k: f.arch_key("ssm." + k) for k in ("conv_kernel", "state_size", "group_count", "time_step_rank",
                                                    "inner_size")}

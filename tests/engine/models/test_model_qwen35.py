@@ -1,6 +1,7 @@
 """qwen35 (hybrid Gated DeltaNet + gated attention) against transformers' Qwen3_5ForCausalLM (float64) on tiny
 random models written as GGUF in llama.cpp's layout (tests/hf_tiny_qwen35.py): 3 recurrent layers then one
-full-attention layer, 4 value heads over 2 key heads (the tiled value-head order matters), partial RoPE.
+full-attention layer, 4 value heads over 2 key heads (the tiled value-head order matters), partial RoPE; and
+qwen35moe against Qwen3_5MoeForCausalLM (8 experts, top-2, a sigmoid-gated shared expert, no dense FFN).
 The reference casts to float32 inside the delta rule, so the tolerance is float32-level."""
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from tests.model_checks import relative_error as _close  # noqa: E402
 SEQ = 80  # longer than one chunk of the parallel form (64): the state carries between chunks
 
 
-@pytest.fixture(scope="module", params=["tied", "untied"])
+@pytest.fixture(scope="module", params=["tied", "untied", "moe"])
 def pair(request, tmp_path_factory):
     torch.set_num_threads(1)
-    return hf_tiny_qwen35.make_pair(tmp_path_factory.mktemp(request.param), tied=request.param == "tied")
+    return hf_tiny_qwen35.make_pair(tmp_path_factory.mktemp(request.param), tied=request.param != "untied",
+                                    moe=request.param == "moe")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,13 @@ def ref(pair):
 def test_config(pair, model):
     cfg = model.config
     r = cfg.recurrent
-    assert cfg.arch == "qwen35" and cfg.attn_output_gate and cfg.qk_norm
+    moe = pair.spec.n_expert > 0
+    assert cfg.arch == ("qwen35moe" if moe else "qwen35") and cfg.attn_output_gate and cfg.qk_norm
+    if moe:
+        assert (cfg.moe.n_expert, cfg.moe.n_expert_used, cfg.moe.n_ff_expert, cfg.moe.n_ff_shared) == (8, 2, 32, 48)
+        assert cfg.n_ff == 0  # no feed_forward_length in the file
+    else:
+        assert cfg.moe is None
     assert r.layers == (True, True, True, False)
     assert (r.conv_kernel, r.n_k_heads, r.n_v_heads, r.head_k_dim, r.head_v_dim) == (4, 2, 4, 16, 16)
     assert (cfg.head_dim, cfg.rope_dim, cfg.rope_style) == (32, 8, "neox")
