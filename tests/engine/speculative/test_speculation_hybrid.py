@@ -140,3 +140,15 @@ def test_stop_string_across_a_round_leaves_the_cache_consistent(self_engine, pla
     assert self_engine.cache.tokens == run.result.context[: self_engine.cache.length]
     again = generate(self_engine, **GREEDY, **spec_opts("model", 8))
     assert again.tokens == plain.tokens
+
+
+def test_moe_hybrid_speculation_matches_plain(tmp_path):
+    """qwen35moe (routed experts, shared expert) drafting for itself and with n-gram: identical greedy output."""
+    target = hf_tiny_qwen35.make_pair(tmp_path, tied=False, seed=1, moe=True).path
+    engine = load_engine(target, shutil.copy(target, tmp_path / "self.gguf"))
+    plain = generate(engine, **GREEDY, drafter="none")
+    assert len(set(plain.tokens)) > 10
+    for drafter in ("model", "ngram"):
+        run = generate(engine, **GREEDY, **spec_opts(drafter, 4))
+        assert run.tokens == plain.tokens, drafter
+    assert run.spec.draft_n > 0
