@@ -78,8 +78,8 @@ class HybridCache(KVCache):
     def commit(self, tokens: Sequence[int]) -> None:
         n = len(tokens)
         if len(self._staged) != self.n_recurrent:
-            self._staged.clear()
-            raise RuntimeError(f"{self.n_recurrent} recurrent layers but {len(self._staged)} staged a state")
+            staged, self._staged = len(self._staged), {}
+            raise RuntimeError(f"{self.n_recurrent} recurrent layers but {staged} staged a state")
         start = self.length
         super().commit(tokens)
         staged = [self._staged[i] for i in range(self.n_recurrent)]
