@@ -184,7 +184,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
     writer.add_context_length(spec.context_length)
     writer.add_embedding_length(spec.n_embd)
     writer.add_block_count(spec.n_layer)
-    writer.add_feed_forward_length(spec.n_ff)
+    if spec.n_ff:  # 0: no dense FFN, no key (qwen35moe, as llama.cpp's converter writes it)
+        writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_head)
     writer.add_head_count_kv(spec.n_head_kv)
     writer.add_layer_norm_rms_eps(spec.rms_eps)
@@ -233,6 +234,8 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
             writer.add_uint32(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
+        elif isinstance(value, (list, tuple)):
+            writer.add_array(key, list(value))
         else:
             raise TypeError(f"unsupported metadata value for {key}: {value!r}")
     for name, arr in (tensors if tensors is not None else tiny_tensors(spec, n_vocab)).items():

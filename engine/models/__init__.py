@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from engine.models import bert, gemma3, gemma4, gemma4_assistant, llama, qwen2, qwen3, qwen3moe
+from engine.models import bert, gemma3, gemma4, gemma4_assistant, llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
 from engine.models.config import UnsupportedArchitectureError
 
 ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3": gemma3, "gemma4": gemma4,
-                                        "qwen3": qwen3, "qwen3moe": qwen3moe}
+                                        "qwen3": qwen3, "qwen3moe": qwen3moe,
+                                        "qwen35": qwen35, "qwen35moe": qwen35moe}
 
 # Architectures that only draft for a target (a DRAFT layer, never a FROM): each module also exposes
 # ``TARGET_ARCHITECTURES`` and ``target_width(metadata)``.

@@ -39,6 +39,26 @@ class MoEConfig:
     # and the two outputs are summed; the router reads a weightless RMSNorm of the block's residual stream
     # times a learned per-channel scale, and each chosen expert's weight is multiplied by its learned scale.
     dense_branch: bool = False
+    # qwen35moe: a shared expert of this width runs on every token beside the routed ones, its output scaled
+    # by sigmoid of a learned per-token gate; 0 = none.
+    n_ff_shared: int = 0
+
+
+@dataclass(frozen=True)
+class RecurrentConfig:
+    """Gated DeltaNet token mixers (qwen35): a causal depthwise conv over the fused q/k/v channels and a
+    delta-rule state per value head. ``layers``: per layer, True = recurrent, False = full attention."""
+
+    layers: tuple[bool, ...]
+    conv_kernel: int  # ssm.conv_kernel
+    n_k_heads: int  # ssm.group_count: q/k heads
+    n_v_heads: int  # ssm.time_step_rank: value heads (a multiple of n_k_heads)
+    head_k_dim: int  # ssm.state_size
+    head_v_dim: int  # ssm.inner_size / n_v_heads
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.n_k_heads * self.head_k_dim + self.n_v_heads * self.head_v_dim
 
 
 @dataclass(frozen=True)
@@ -83,6 +103,10 @@ class ModelConfig:
     # Every layer reads its K/V from another model's cache (``kv_source`` indexes that cache) and stores
     # none: the Gemma 4 assistant attends its target's K/V.
     kv_external: bool = False
+    # Hybrid recurrent models (qwen35): which layers are Gated DeltaNet and their geometry; the attention
+    # layers' output is gated by sigmoid(gate), the gate's rows interleaved per head with q's (attn_q).
+    recurrent: RecurrentConfig | None = None
+    attn_output_gate: bool = False
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
@@ -145,11 +169,14 @@ def per_layer_ints(value, n_layer: int, what: str, path: str) -> tuple[int, ...]
     return (int(value),) * n_layer
 
 
-def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = False, **overrides) -> ModelConfig:
+def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = False, partial_rope: bool = False,
+                dense_ffn: bool = True, **overrides) -> ModelConfig:
     """The fields every architecture shares, read from ``{arch}.*`` metadata and ``layout``; ``overrides``
     replace them. ``per_layer_arrays``: the architecture reads per-layer ``head_count_kv`` and
     ``feed_forward_length`` arrays itself, so they are not refused here (the uniform fields get the
-    largest entry)."""
+    largest entry). ``partial_rope``: the architecture rotates only the first ``rope.dimension_count`` dims
+    of each head (and says so), so a smaller count is not refused. ``dense_ffn`` False: every FFN is a MoE and
+    the file may have no ``feed_forward_length`` (n_ff 0 then)."""
     path = f.path
     n_layer = _uniform_int(f.arch_key("block_count"), "block_count", path)
     n_embd = _uniform_int(f.arch_key("embedding_length"), "embedding_length", path)
@@ -160,13 +187,13 @@ def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = F
         n_ff = max(per_layer_ints(f.arch_key("feed_forward_length"), n_layer, "feed_forward_length", path))
     else:
         n_head_kv = _uniform_int(f.arch_key("attention.head_count_kv", n_head), "attention.head_count_kv", path)
-        n_ff = _uniform_int(f.arch_key("feed_forward_length"), "feed_forward_length", path)
+        n_ff = _uniform_int(f.arch_key("feed_forward_length", None if dense_ffn else 0), "feed_forward_length", path)
     head_dim = int(f.arch_key("attention.key_length", n_embd // n_head))
     v_head_dim = int(f.arch_key("attention.value_length", head_dim))
     if v_head_dim != head_dim:
         raise UnsupportedModelError(f"{path}: key_length {head_dim} != value_length {v_head_dim} is not supported")
     rope_dim = int(f.arch_key("rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
+    if rope_dim != head_dim and not (partial_rope and 0 < rope_dim < head_dim and rope_dim % 2 == 0):
         raise UnsupportedModelError(f"{path}: partial RoPE (rope.dimension_count {rope_dim} < head_dim {head_dim}) "
                                     "is not supported")
     vocab_size = layout.vocab_size if layout.vocab_size is not None else int(f.arch_key("vocab_size", 0))

@@ -22,10 +22,11 @@ from engine.gguf import GGUFFile
 from engine.models import bert, gemma4_assistant, get_arch
 from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
+from engine.models.deltanet import DeltaNetWeights, HybridBlock, HybridBlockWeights
 from engine.models.encoder import DenseWeights, Encoder, EncoderLayerWeights, EncoderWeights, NormWeights
 from engine.models.gemma4_moe import Gemma4MoE
 from engine.models.layers import Block, BlockWeights, FeedForward
-from engine.models.moe import Router, SparseMoE
+from engine.models.moe import Router, SharedExpertMoE, SparseMoE
 from engine.models.nextn import NextNHead, NextNWeights
 from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
@@ -111,6 +112,51 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
     )
 
 
+def load_hybrid_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str,
+                              device: torch.device) -> HybridBlockWeights:
+    """Block ``i`` of a hybrid recurrent model (qwen35) as llama.cpp's converter names it: a Gated DeltaNet
+    layer (``attn_qkv``, ``attn_gate`` (z), ``ssm_beta``, ``ssm_alpha``, ``ssm_conv1d`` [conv_dim, kernel],
+    ``ssm_a`` (-exp(A_log)), ``ssm_dt.bias``, ``ssm_norm``, ``ssm_out``) or full attention whose ``attn_q``
+    rows hold q and the output gate interleaved per head; ``post_attention_norm`` is the FFN's input norm."""
+    p = f"blk.{i}."
+
+    def linear(name: str) -> object:
+        return load_linear(f, p + name + ".weight", fmt, device=device)
+
+    def tensor(name: str) -> torch.Tensor:
+        if p + name not in f.tensors:
+            raise UnsupportedModelError(f"{f.path}: GGUF has no {p + name}")
+        return load_tensor(f, p + name)
+
+    r = cfg.recurrent
+    if cfg.moe is not None:  # qwen35moe: routed experts beside a sigmoid-gated shared expert
+        _check_shape(f, p + "ffn_gate_inp_shexp.weight", (1, cfg.n_embd))
+        shared = FeedForward(cfg, load_linear(f, [p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight"], fmt,
+                                              device=device), linear("ffn_down_shexp"))
+        w = HybridBlockWeights(attn_norm=tensor("attn_norm.weight"), post_attn_norm=tensor("post_attention_norm.weight"),
+                               w13=None, w2=None,
+                               ffn=SharedExpertMoE(load_experts(f, cfg, i, fmt, device), shared,
+                                                   load_linear(f, p + "ffn_gate_inp_shexp.weight", "f32", device=device)))
+    else:
+        w = HybridBlockWeights(attn_norm=tensor("attn_norm.weight"), post_attn_norm=tensor("post_attention_norm.weight"),
+                               w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
+                               w2=linear("ffn_down"))
+    if r.layers[i]:
+        _check_shape(f, p + "ssm_conv1d.weight", (r.conv_dim, r.conv_kernel))
+        for name in ("ssm_a", "ssm_dt.bias"):
+            _check_shape(f, p + name, (r.n_v_heads,))
+        w.deltanet = DeltaNetWeights(
+            w_in=load_linear(f, [p + n + ".weight" for n in ("attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha")],
+                             fmt, device=device),
+            conv=tensor("ssm_conv1d.weight"), a=tensor("ssm_a"), dt_bias=tensor("ssm_dt.bias"),
+            norm=tensor("ssm_norm.weight"), out=linear("ssm_out"))
+    else:
+        w.wqkv = load_linear(f, [p + n + ".weight" for n in ("attn_q", "attn_k", "attn_v")], fmt, device=device)
+        w.wo = linear("attn_output")
+        w.q_norm, w.k_norm = tensor("attn_q_norm.weight"), tensor("attn_k_norm.weight")
+    return w
+
+
 def load_moe(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device) -> nn.Module:
     """Block ``i``'s MoE FFN: the experts alone (qwen3moe), or beside a dense FFN (gemma4's 26B)."""
     experts = load_experts(f, cfg, i, fmt, device)
@@ -187,7 +233,10 @@ def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, de
     embed = Embedding(f, EMBEDDING, dtype, device=device)
     blocks = []
     for i in range(cfg.n_layer):
-        blocks.append(Block(cfg, i, load_block_weights(f, cfg, i, fmt, device)))
+        if cfg.recurrent is not None:
+            blocks.append(HybridBlock(cfg, i, load_hybrid_block_weights(f, cfg, i, fmt, device)))
+        else:
+            blocks.append(Block(cfg, i, load_block_weights(f, cfg, i, fmt, device)))
         f.release_pages()  # this layer's source bytes are converted: keep peak memory near the result
     norm = load_tensor(f, OUTPUT_NORM)
     output = load_linear(f, EMBEDDING if cfg.tied_output else OUTPUT, fmt, device=device)

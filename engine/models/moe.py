@@ -101,3 +101,15 @@ class SparseMoE(nn.Module):
                 start += c
         ys *= routing.weights.reshape(-1)[order, None]
         return out.index_add_(0, tokens, ys)
+
+
+class SharedExpertMoE(nn.Module):
+    """y = routed(x) + sigmoid(gate(x)) * shared(x): a sparse MoE beside one always-on expert whose share is
+    a learned per-token gate (qwen35moe). ``gate``: [1 <- n_embd]."""
+
+    def __init__(self, routed: SparseMoE, shared: nn.Module, gate: Linear):
+        super().__init__()
+        self.routed, self.shared, self.gate = routed, shared, gate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.routed(x) + torch.sigmoid(self.gate(x)) * self.shared(x)

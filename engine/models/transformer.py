@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.cache.kv import KVCache
 from engine.cache.layered import LayeredKVCache
+from engine.cache.recurrent import HybridCache
 from engine.models.config import ModelConfig
 from engine.models.layers import Block, ForwardStep, RMSNorm, RotaryEmbedding
 from engine.models.per_layer import PerLayerInput
@@ -95,7 +96,8 @@ class Model(nn.Module):
 
     def new_cache(self, capacity: int | None = None) -> KVCache:
         """An empty KV cache on the model's device in its compute dtype (capacity defaults to the context)."""
-        cls = KVCache if self.config.uniform_kv else LayeredKVCache
+        cls = HybridCache if self.config.recurrent is not None else KVCache if self.config.uniform_kv \
+            else LayeredKVCache
         return cls.new(self.config, capacity or self.config.context_length, self.device, self.dtype)
 
     def _masks(self, start: int, n: int, device: torch.device) -> tuple[dict, dict]:

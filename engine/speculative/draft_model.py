@@ -37,7 +37,9 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, tokens: Sequence[int]) -> None:
         super().begin(tokens)
-        self._sync()
+        # A new request keeps what the cache can resume from: a recurrent cache (engine.cache.recurrent)
+        # only at the lengths it recorded, so not necessarily the whole common prefix.
+        self.cache.reuse_prefix(self.tokens)
         # Evaluate the prompt now (counted with the prompt), not inside the first round's timing.
         self._forward_tail(upto=len(self.tokens) - 1, want_logits=False)
 

@@ -380,7 +380,9 @@ class DecodeLoop:
             return
         del self.generated[visible:]
         del self.log[len(self.log) - drop:]
-        self.cache.truncate(min(self.cache.length, len(self.log)))
+        # Keep the longest prefix of the log the cache can cut back to: for an attention cache that is all
+        # of it, a recurrent cache (engine.cache.recurrent) only resumes where it recorded a state.
+        self.cache.reuse_prefix(self.log, leave_last=False)
         self.drafter.begin(self.log)
 
     # ------------------------------------------------------------------------------------------

@@ -189,7 +189,7 @@ def _metadata_only_gguf(path: Path, arch: str, with_tokens: bool) -> Path:
 
 def test_unsupported_architecture(store: BlobStore, tmp_path: Path) -> None:
     _metadata_only_gguf(tmp_path / "m.gguf", "mamba", True)
-    with pytest.raises(CreateError, match='unsupported model architecture "mamba" \\(tandem runs: bert, gemma3, gemma4, llama, qwen2, qwen3, qwen3moe\\)'):
+    with pytest.raises(CreateError, match='unsupported model architecture "mamba" \\(tandem runs: bert, gemma3, gemma4, llama, qwen2, qwen3, qwen35, qwen35moe, qwen3moe\\)'):
         create_from_text(store, "FROM ./m.gguf", tmp_path)
     _assert_untouched(store)
 

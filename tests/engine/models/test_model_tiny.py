@@ -219,7 +219,7 @@ def test_int4_requantized_sanity(pair, model):
 def test_supported_architectures():
     from engine.models import ARCHITECTURES, ENCODERS
 
-    assert set(ARCHITECTURES) == {"llama", "qwen2", "gemma3", "gemma4", "qwen3", "qwen3moe"}
+    assert set(ARCHITECTURES) == {"llama", "qwen2", "gemma3", "gemma4", "qwen3", "qwen3moe", "qwen35", "qwen35moe"}
     assert set(ENCODERS) == {"bert"}
     assert SUPPORTED_ARCHITECTURES == set(ARCHITECTURES) | set(ENCODERS)
 
