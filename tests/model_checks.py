@@ -38,3 +38,14 @@ def verify_with_rollback(model, ids: list[int], vocab_size: int, *, width: int =
         cache.truncate(start + len(true))  # the rollback: keep what was accepted
         assert cache.tokens == ids[:cache.length]
     return torch.stack([got[i] for i in range(len(ids))])
+
+
+def cached_greedy(model, prompt: list[int], n_new: int, capacity: int = 64) -> list[int]:
+    """Greedy continuation through the model's own cache: the prompt in one forward, then one token at a time."""
+    cache = model.new_cache(capacity)
+    logits = model(prompt, cache, logits_for="last")
+    got: list[int] = []
+    for _ in range(n_new):
+        got.append(int(logits[-1].argmax()))
+        logits = model([got[-1]], cache)
+    return got

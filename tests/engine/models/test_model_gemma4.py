@@ -14,7 +14,7 @@ from engine.cache.layered import LayeredKVCache, LayerShape  # noqa: E402
 from engine.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from tests import hf_tiny_gemma4  # noqa: E402
-from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 
 SEQ = 40  # the window (8) wraps five times
@@ -105,13 +105,7 @@ def test_greedy_generation(pair, model):
     with torch.no_grad():
         for _ in range(16):  # full forwards: no cache on the reference side
             want.append(int(pair.hf(torch.tensor([prompt + want])).logits[0, -1].argmax()))
-    cache = model.new_cache(64)
-    logits = model(prompt, cache, logits_for="last")
-    got = []
-    for _ in range(16):
-        got.append(int(logits[-1].argmax()))
-        logits = model([got[-1]], cache)
-    assert got == want
+    assert cached_greedy(model, prompt, 16) == want
 
 
 def test_layered_cache_shares_and_rolls_back():

@@ -22,7 +22,7 @@ from engine.models.moe import Routing  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from engine.ops.linear import QDotLinear  # noqa: E402
 from tests import hf_tiny_gemma4  # noqa: E402
-from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 
 SEQ = 40  # the window (8) wraps five times
@@ -92,13 +92,7 @@ def test_greedy_generation(pair, model):
     with torch.no_grad():
         for _ in range(16):  # full forwards: no cache on the reference side
             want.append(int(pair.hf(torch.tensor([prompt + want])).logits[0, -1].argmax()))
-    cache = model.new_cache(64)
-    logits = model(prompt, cache, logits_for="last")
-    got = []
-    for _ in range(16):
-        got.append(int(logits[-1].argmax()))
-        logits = model([got[-1]], cache)
-    assert got == want
+    assert cached_greedy(model, prompt, 16) == want
 
 
 def test_routing_matches_transformers(pair, model):

@@ -15,7 +15,7 @@ from engine.models.config import UnsupportedModelError  # noqa: E402
 from engine.models.loader import load_model, read_config  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from tests import hf_tiny  # noqa: E402
-from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 from tests.tiny_gguf import write_tiny_gguf  # noqa: E402
 
@@ -76,13 +76,7 @@ def test_verification_width_with_truncate_and_redo(pair, model):
 def test_greedy_generation(pair, model):
     prompt = _ids(pair, 8, seed=3)
     want = hf_tiny.hf_greedy(pair.hf, prompt, 16)
-    cache = model.new_cache(64)
-    logits = model(prompt, cache, logits_for="last")
-    got = []
-    for _ in range(16):
-        got.append(int(logits[-1].argmax()))
-        logits = model([got[-1]], cache)
-    assert got == want
+    assert cached_greedy(model, prompt, 16) == want
 
 
 @pytest.mark.parametrize("fmt", ["qdot", "auto-int4"])

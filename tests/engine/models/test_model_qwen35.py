@@ -15,7 +15,7 @@ from engine.cache.recurrent import HybridCache  # noqa: E402
 from engine.models import deltanet  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from tests import hf_tiny, hf_tiny_qwen35  # noqa: E402
-from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 
 SEQ = 80  # longer than one chunk of the parallel form (64): the state carries between chunks
@@ -96,10 +96,4 @@ def test_wide_verification_after_prefix(model, ref):
 def test_greedy_generation(pair, model):
     prompt = random_ids(pair.vocab_size, 8, seed=3)
     want = hf_tiny.hf_greedy(pair.hf, prompt, 16)
-    cache = model.new_cache(64)
-    logits = model(prompt, cache, logits_for="last")
-    got = []
-    for _ in range(16):
-        got.append(int(logits[-1].argmax()))
-        logits = model([got[-1]], cache)
-    assert got == want
+    assert cached_greedy(model, prompt, 16) == want

@@ -17,7 +17,7 @@ from engine.models.moe import Routing, SparseMoE  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from engine.ops.linear import QDotLinear  # noqa: E402
 from tests import hf_tiny  # noqa: E402
-from tests.model_checks import TOL, random_ids, verify_with_rollback  # noqa: E402
+from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
 
@@ -59,13 +59,7 @@ def test_prefill_decode_and_greedy(pair, model):
     assert _close(out, ref) < TOL
     prompt = _ids(pair, 8, seed=3)
     want = hf_tiny.hf_greedy(pair.hf, prompt, 16)
-    cache = model.new_cache(64)
-    logits = model(prompt, cache, logits_for="last")
-    got = []
-    for _ in range(16):
-        got.append(int(logits[-1].argmax()))
-        logits = model([got[-1]], cache)
-    assert got == want
+    assert cached_greedy(model, prompt, 16) == want
 
 
 def test_verification_width_with_truncate_and_redo(pair, model):
