@@ -210,6 +210,13 @@ def load_gemma4_moe(f: GGUFFile, cfg: ModelConfig, i: int, experts: SparseMoE, f
                      expert_scale=load_tensor(f, p + "ffn_down_exps.scale"), eps=cfg.rms_eps)
 
 
+def _gguf_of(path_or_file: str | os.PathLike | GGUFFile) -> tuple[GGUFFile, bool]:
+    """The file to read and whether this load opened it (and so closes it if the load fails)."""
+    if isinstance(path_or_file, GGUFFile):
+        return path_or_file, False
+    return GGUFFile(path_or_file), True
+
+
 def _check_shape(f: GGUFFile, name: str, want: tuple[int, ...]) -> None:
     info = f.tensors.get(name)
     if info is None or tuple(info.shape) != want:
@@ -263,10 +270,7 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     internally) and bf16 on CUDA unless fmt is 'f32'.
     """
     device = torch.device(device)
-    if isinstance(path_or_file, GGUFFile):
-        f, owned = path_or_file, False
-    else:
-        f, owned = GGUFFile(path_or_file), True
+    f, owned = _gguf_of(path_or_file)
     try:
         config = read_config(f)
         if fmt == "auto":
@@ -365,10 +369,7 @@ def load_encoder(path_or_file: str | os.PathLike | GGUFFile, device: str | torch
                  dtype: torch.dtype = torch.float32) -> Encoder:
     """Load a bert GGUF into an ``Encoder`` (every weight dequantized to ``dtype``)."""
     device = torch.device(device)
-    if isinstance(path_or_file, GGUFFile):
-        f, owned = path_or_file, False
-    else:
-        f, owned = GGUFFile(path_or_file), True
+    f, owned = _gguf_of(path_or_file)
     try:
         cfg = bert.read_config(f)
 
