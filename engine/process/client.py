@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any, Iterator
 
+from engine.process.cancel_flag import CancelFlag
 from engine.process.protocol import (
     EmbedRequest,
     EmbedResult,
@@ -39,7 +40,7 @@ class EngineClient:
         """``timeout``: seconds without any message from a busy engine before it counts as frozen
         (None: wait forever, no heartbeat)."""
         self._conn, child_conn = _CTX.Pipe(duplex=True)
-        self._cancel = _CTX.Event()
+        self._cancel = CancelFlag(_CTX)
         self._timeout = timeout
         beat = min(1.0, timeout / 4) if timeout else 0.0
         from engine.process.worker import engine_main

@@ -23,8 +23,8 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import Connection
-from typing import Any
 
+from engine.process.cancel_flag import CancelFlag
 from engine.process.protocol import EngineError, GenerateResult, LoadSpec
 
 
@@ -64,7 +64,7 @@ def _heartbeat(out: _Sender, busy: threading.Event, interval: float) -> None:
                 return
 
 
-def engine_main(conn: Connection, cancel_event: Any, beat_interval: float = 0.0) -> None:
+def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float = 0.0) -> None:
     """Entry point of the child process. ``beat_interval`` > 0 turns the generation heartbeat on."""
     import torch  # imported here: the server process never loads torch
 
