@@ -15,7 +15,7 @@ float32).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +37,7 @@ class Pair:
     path: Path
     spec: TinySpec
     vocab_size: int
+    mtp: "MtpHead | None" = None
 
 
 def tiny_spec(*, n_layer: int = 4, tied: bool = True, seed: int = 0, moe: bool = False) -> TinySpec:
@@ -79,9 +80,13 @@ def build_hf(spec: TinySpec, vocab_size: int) -> torch.nn.Module:
     # MoE: the eager per-expert loop (the grouped-matmul default has no float64 kernel)
     model = cls._from_config(cfg, attn_implementation="eager", dtype=torch.float64,
                              **({"experts_implementation": "eager"} if moe else {}))
-    g = torch.Generator().manual_seed(spec.seed + 1)
+    _randomize(model, torch.Generator().manual_seed(spec.seed + 1))
+    return model.double().eval()
+
+
+def _randomize(module: torch.nn.Module, g: torch.Generator) -> None:
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in module.named_parameters():
             def rnd(scale):
                 return scale * torch.randn(p.shape, generator=g, dtype=p.dtype)
             if name.endswith("linear_attn.norm.weight"):  # stored as is
@@ -101,7 +106,82 @@ def build_hf(spec: TinySpec, vocab_size: int) -> torch.nn.Module:
             else:
                 p.copy_(rnd(0.08))
             p.copy_(p.float().double())  # the GGUF holds f32: both hold exactly the same weights
-    return model.double().eval()
+
+
+class MtpHead(torch.nn.Module):
+    """Qwen3.5's multi-token-prediction head as its checkpoints name it (``mtp.*``): ``fc`` over the
+    concatenated normed token embedding and normed hidden state, one full-attention decoder layer, a
+    final norm; the LM head is the target's. transformers has no module for it (it drops ``mtp.*``), so
+    it is assembled here from transformers' own layer and norm classes, to serve as the oracle."""
+
+    def __init__(self, hf: torch.nn.Module):
+        super().__init__()
+        cfg = hf.config
+        moe = getattr(cfg, "num_experts", 0)
+        if moe:
+            from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as m
+            layer_cls, norm_cls = m.Qwen3_5MoeDecoderLayer, m.Qwen3_5MoeRMSNorm
+        else:
+            from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+            layer_cls, norm_cls = m.Qwen3_5DecoderLayer, m.Qwen3_5RMSNorm
+        full = cfg.layer_types.index("full_attention")
+        D = cfg.hidden_size
+        self.fc = torch.nn.Linear(2 * D, D, bias=False)
+        self.pre_fc_norm_embedding = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = norm_cls(D, eps=cfg.rms_norm_eps)
+        self.layers = torch.nn.ModuleList([layer_cls(cfg, full)])
+        self.norm = norm_cls(D, eps=cfg.rms_norm_eps)
+
+    @torch.no_grad()
+    def outputs(self, hf: torch.nn.Module, hidden: torch.Tensor, next_tokens: list[int]) -> torch.Tensor:
+        """g [n, D] for the pairs (hidden[j], next_tokens[j]) at positions 0..n-1, computed from scratch."""
+        n = len(next_tokens)
+        e = hf.model.embed_tokens(torch.tensor([next_tokens]))
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(e), self.pre_fc_norm_hidden(hidden[None])], dim=-1))
+        pos = torch.arange(n).view(1, 1, -1).expand(3, 1, -1)
+        rope = hf.model.rotary_emb(x, pos)
+        mask = torch.full((n, n), float("-inf"), dtype=x.dtype).triu(1)[None, None]
+        out = self.layers[0](x, position_embeddings=rope, attention_mask=mask, position_ids=pos[0])
+        out = out[0] if isinstance(out, tuple) else out
+        return self.norm(out)[0]
+
+    @torch.no_grad()
+    def chain(self, hf: torch.nn.Module, tokens: list[int], drafts: list[int]) -> torch.Tensor:
+        """Logits [len(tokens) - 1 + len(drafts), vocab]: the head's prediction after each pair of the prompt
+        (from the target's final-normed states), then after each draft chained on the head's own output."""
+        hidden = hf.model(torch.tensor([tokens])).last_hidden_state[0]
+        pairs_h, pairs_t = list(hidden[:-1]), list(tokens[1:])
+        g = self.outputs(hf, torch.stack(pairs_h), pairs_t)
+        for d in drafts:
+            pairs_h.append(g[-1])
+            pairs_t.append(d)
+            g = self.outputs(hf, torch.stack(pairs_h), pairs_t)
+        return hf.lm_head(g)
+
+
+def build_mtp(hf: torch.nn.Module, seed: int) -> MtpHead:
+    head = MtpHead(hf).double()
+    _randomize(head, torch.Generator().manual_seed(seed + 2))
+    return head.eval()
+
+
+def mtp_gguf_tensors(head: MtpHead, spec: TinySpec) -> dict[str, np.ndarray]:
+    """The head as llama.cpp's converter writes it: block ``n_layer`` holds its layer under the usual
+    names and ``nextn.*`` the rest (fc -> eh_proj, the norms +1 like every qwen35 norm)."""
+    layer = {"model.layers.0." + k[len("layers.0."):]: v for k, v in head.state_dict().items()
+             if k.startswith("layers.0.")}
+
+    class _Layer(torch.nn.Module):  # to_gguf_tensors reads a state_dict
+        def state_dict(self):
+            return layer
+
+    out = {k.replace("blk.0.", f"blk.{spec.n_layer}.", 1): v for k, v in to_gguf_tensors(_Layer(), spec).items()}
+    p = f"blk.{spec.n_layer}.nextn."
+    sd = {k: v.detach().numpy() for k, v in head.state_dict().items()}
+    out[p + "eh_proj.weight"] = sd["fc.weight"]
+    for src, dst in (("pre_fc_norm_embedding", "enorm"), ("pre_fc_norm_hidden", "hnorm"), ("norm", "shared_head_norm")):
+        out[p + dst + ".weight"] = sd[src + ".weight"] + 1.0
+    return {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in out.items()}
 
 
 def _tile_v(t: np.ndarray, axis: int, head_dim: int) -> np.ndarray:
@@ -171,10 +251,18 @@ def to_gguf_tensors(model: torch.nn.Module, spec: TinySpec) -> dict[str, np.ndar
     return {k: np.ascontiguousarray(v.astype(np.float32)) for k, v in out.items()}
 
 
-def make_pair(directory: Path, *, n_layer: int = 4, tied: bool = True, seed: int = 0, moe: bool = False) -> Pair:
+def make_pair(directory: Path, *, n_layer: int = 4, tied: bool = True, seed: int = 0, moe: bool = False,
+              mtp: bool = False) -> Pair:
+    """``mtp``: the GGUF also carries a NextN head (``Pair.mtp`` its oracle), as block ``n_layer``."""
     spec = tiny_spec(n_layer=n_layer, tied=tied, seed=seed, moe=moe)
     vocab_size = len(vocab_for(spec)[0])
     hf = build_hf(spec, vocab_size)
-    path = Path(directory) / f"tiny-{spec.arch}-{n_layer}{'' if tied else '-untied'}-{seed}.gguf"
-    write_tiny_gguf(path, spec, tensors=to_gguf_tensors(hf, spec))
-    return Pair(hf, path, spec, vocab_size)
+    tensors = to_gguf_tensors(hf, spec)
+    head = None
+    if mtp:
+        head = build_mtp(hf, seed)
+        tensors.update(mtp_gguf_tensors(head, spec))
+        spec = replace(spec, n_nextn=1)
+    path = Path(directory) / f"tiny-{spec.arch}-{n_layer}{'' if tied else '-untied'}-{seed}{'-mtp' if mtp else ''}.gguf"
+    write_tiny_gguf(path, spec, tensors=tensors)
+    return Pair(hf, path, spec, vocab_size, head)

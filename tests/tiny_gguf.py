@@ -97,6 +97,7 @@ class TinySpec:
     seed: int = 0
     name: str = "tiny"
     extra_metadata: dict = field(default_factory=dict)
+    n_nextn: int = 0  # NextN (MTP) head blocks after the layers, counted in block_count as llama.cpp does
     extra_specials: tuple[str, ...] = ()  # more control tokens after the gpt2 vocabulary's (FIM markers, <think>)
 
 
@@ -183,7 +184,9 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
     writer.add_file_type(_FILE_TYPE[spec.dtype])
     writer.add_context_length(spec.context_length)
     writer.add_embedding_length(spec.n_embd)
-    writer.add_block_count(spec.n_layer)
+    writer.add_block_count(spec.n_layer + spec.n_nextn)
+    if spec.n_nextn:
+        writer.add_nextn_predict_layers(spec.n_nextn)
     if spec.n_ff:  # 0: no dense FFN, no key (qwen35moe, as llama.cpp's converter writes it)
         writer.add_feed_forward_length(spec.n_ff)
     writer.add_head_count(spec.n_head)

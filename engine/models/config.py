@@ -107,6 +107,11 @@ class ModelConfig:
     # layers' output is gated by sigmoid(gate), the gate's rows interleaved per head with q's (attn_q).
     recurrent: RecurrentConfig | None = None
     attn_output_gate: bool = False
+    # What a NextN (MTP) head reads from the target and chains on: "prenorm" (DeepSeek-V3/GLM: the target's
+    # hidden state before its final norm; the head's block output chains, its shared_head_norm applies
+    # only before the LM head) or "normed" (Qwen3.5/Qwen3-Next: the target's final-normed state; the head
+    # ends with its own norm, whose output both feeds the LM head and chains).
+    nextn_hidden: str = "prenorm"
 
     def is_local(self, layer: int) -> bool:
         return bool(self.local_layers) and self.local_layers[layer] and self.sliding_window is not None
@@ -157,16 +162,32 @@ def _uniform_int(value, what: str, path: str) -> int:
     return int(value)
 
 
-def per_layer_ints(value, n_layer: int, what: str, path: str) -> tuple[int, ...]:
-    """A per-layer integer that a GGUF stores either once or as one entry per layer."""
+def per_layer_ints(value, n_layer: int, what: str, path: str, n_blocks: int | None = None) -> tuple[int, ...]:
+    """A per-layer integer that a GGUF stores either once or as one entry per layer. ``n_blocks``: the
+    file's block count when it also counts NextN head blocks after the layers; an array may then have
+    an entry for those too, which is dropped (a head's geometry is its own block's tensors)."""
     if value is None:
         raise UnsupportedModelError(f"{path}: GGUF metadata lacks {what}")
     if isinstance(value, (list, tuple)) or hasattr(value, "shape"):
         vals = tuple(int(v) for v in value)
+        if n_blocks is not None and len(vals) == n_blocks:
+            vals = vals[:n_layer]
         if len(vals) != n_layer:
             raise UnsupportedModelError(f"{path}: {what} has {len(vals)} entries for {n_layer} layers")
         return vals
     return (int(value),) * n_layer
+
+
+def nextn_blocks(f: GGUFFile, n_blocks: int) -> int:
+    """How many of the file's ``block_count`` blocks are NextN (MTP) heads rather than layers.
+
+    llama.cpp's converters count the heads in ``block_count`` and say how many with
+    ``{arch}.nextn_predict_layers``; tandem's own importer (for DeepSeek/GLM-style heads) keeps
+    ``block_count`` at the layers. The head's tensors at the last blocks tell the two apart."""
+    n = int(f.arch_key("nextn_predict_layers", 0) or 0)
+    if 0 < n < n_blocks and f"blk.{n_blocks - n}.nextn.eh_proj.weight" in f.tensors:
+        return n
+    return 0
 
 
 def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = False, partial_rope: bool = False,
@@ -178,13 +199,15 @@ def base_config(f: GGUFFile, layout: WeightLayout, *, per_layer_arrays: bool = F
     of each head (and says so), so a smaller count is not refused. ``dense_ffn`` False: every FFN is a MoE and
     the file may have no ``feed_forward_length`` (n_ff 0 then)."""
     path = f.path
-    n_layer = _uniform_int(f.arch_key("block_count"), "block_count", path)
+    n_blocks = _uniform_int(f.arch_key("block_count"), "block_count", path)
+    n_layer = n_blocks - nextn_blocks(f, n_blocks)
     n_embd = _uniform_int(f.arch_key("embedding_length"), "embedding_length", path)
     n_head = _uniform_int(f.arch_key("attention.head_count"), "attention.head_count", path)
     if per_layer_arrays:
         n_head_kv = max(per_layer_ints(f.arch_key("attention.head_count_kv", n_head), n_layer,
-                                       "attention.head_count_kv", path))
-        n_ff = max(per_layer_ints(f.arch_key("feed_forward_length"), n_layer, "feed_forward_length", path))
+                                       "attention.head_count_kv", path, n_blocks))
+        n_ff = max(per_layer_ints(f.arch_key("feed_forward_length", None if dense_ffn else 0), n_layer,
+                                  "feed_forward_length", path, n_blocks))
     else:
         n_head_kv = _uniform_int(f.arch_key("attention.head_count_kv", n_head), "attention.head_count_kv", path)
         n_ff = _uniform_int(f.arch_key("feed_forward_length", None if dense_ffn else 0), "feed_forward_length", path)

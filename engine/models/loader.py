@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -112,12 +113,14 @@ def load_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: 
     )
 
 
-def load_hybrid_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str,
-                              device: torch.device) -> HybridBlockWeights:
+def load_hybrid_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str, device: torch.device, *,
+                              attention: bool | None = None) -> HybridBlockWeights:
     """Block ``i`` of a hybrid recurrent model (qwen35) as llama.cpp's converter names it: a Gated DeltaNet
     layer (``attn_qkv``, ``attn_gate`` (z), ``ssm_beta``, ``ssm_alpha``, ``ssm_conv1d`` [conv_dim, kernel],
     ``ssm_a`` (-exp(A_log)), ``ssm_dt.bias``, ``ssm_norm``, ``ssm_out``) or full attention whose ``attn_q``
-    rows hold q and the output gate interleaved per head; ``post_attention_norm`` is the FFN's input norm."""
+    rows hold q and the output gate interleaved per head; ``post_attention_norm`` is the FFN's input norm.
+    ``attention``: which of the two (None: as ``cfg.recurrent.layers`` says; a NextN head block, past the
+    layers, is attention)."""
     p = f"blk.{i}."
 
     def linear(name: str) -> object:
@@ -141,7 +144,7 @@ def load_hybrid_block_weights(f: GGUFFile, cfg: ModelConfig, i: int, fmt: str,
         w = HybridBlockWeights(attn_norm=tensor("attn_norm.weight"), post_attn_norm=tensor("post_attention_norm.weight"),
                                w13=load_linear(f, [p + "ffn_gate.weight", p + "ffn_up.weight"], fmt, device=device),
                                w2=linear("ffn_down"))
-    if r.layers[i]:
+    if (r.layers[i] if attention is None else not attention):
         _check_shape(f, p + "ssm_conv1d.weight", (r.conv_dim, r.conv_kernel))
         for name in ("ssm_a", "ssm_dt.bias"):
             _check_shape(f, p + name, (r.n_v_heads,))
@@ -343,8 +346,15 @@ def load_nextn_head(target: Model, f: GGUFFile, block: int, fmt: str) -> NextNHe
     """
     device = target.device
     p = f"blk.{block}.nextn."
+    cfg = target.config
+    if cfg.recurrent is not None:  # qwen35: a gated full-attention block, the only layer of its own cache
+        head_cfg = replace(cfg, recurrent=replace(cfg.recurrent, layers=(False,)))
+        module = HybridBlock(head_cfg, 0, load_hybrid_block_weights(f, cfg, block, fmt, device, attention=True))
+    else:
+        module = Block(replace(cfg, local_layers=(), sliding_window=None), 0,
+                       load_block_weights(f, cfg, block, fmt, device))
     weights = NextNWeights(
-        block=load_block_weights(f, target.config, block, fmt, device),
+        block=module,
         eh_proj=load_linear(f, p + "eh_proj.weight", fmt, device=device),
         enorm=load_tensor(f, p + "enorm.weight"),
         hnorm=load_tensor(f, p + "hnorm.weight"),

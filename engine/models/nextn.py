@@ -1,23 +1,29 @@
-"""A DeepSeek-V3 / GLM NextN multi-token-prediction head: one extra transformer block fed by a target model.
+"""A NextN multi-token-prediction head (DeepSeek-V3 / GLM, Qwen3.5): one extra transformer block fed by a
+target model.
 
-Entry j of its KV cache is the "pair" (h_j, t_{j+1}): the target's pre-norm hidden state at position j
-and the embedding of the token that followed, combined as ``eh_proj([enorm(embed(t_{j+1})), hnorm(h_j)])``
-and run through the block at position j. The block's output g_j, through the head's norm and output
-projection, predicts t_{j+2}. What the head leaves out (its own output norm and projection, its own
-embedding) it shares with the target. Built from weights already loaded (``engine.models.loader`` reads
-them from a GGUF); the drafting policy around it lives in ``engine.speculative.mtp``.
+Entry j of its KV cache is the "pair" (h_j, t_{j+1}): the target's hidden state at position j and the
+embedding of the token that followed, combined as ``eh_proj([enorm(embed(t_{j+1})), hnorm(h_j)])`` and run
+through the block at position j. The block's output g_j, through the head's norm and output projection,
+predicts t_{j+2}. What the head leaves out (its own output norm and projection, its own embedding) it shares
+with the target.
+
+Two families differ in where the norms sit (``ModelConfig.nextn_hidden``): DeepSeek/GLM heads read the
+target's state before its final norm and chain on the raw block output; Qwen3.5 heads read the target's
+final-normed state and end with their own norm, whose output is both what the LM head reads and what the
+next chained step takes as its hidden state. Built from weights already loaded (``engine.models.loader``
+reads them from a GGUF); the drafting policy around it lives in ``engine.speculative.mtp``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from engine.cache.kv import KVCache
-from engine.models.layers import Block, BlockWeights, ForwardStep, RMSNorm
+from engine.models.layers import ForwardStep, RMSNorm
 from engine.models.transformer import Model, TokenEmbedding
 from engine.ops.linear import Linear
 from engine.ops.memory import model_bytes
@@ -27,7 +33,7 @@ from engine.ops.memory import model_bytes
 class NextNWeights:
     """The head's loaded weights; a ``None`` part is the target's."""
 
-    block: BlockWeights
+    block: nn.Module  # a Block (or HybridBlock) built for one global-attention layer, cache layer 0
     eh_proj: Linear  # [n_embd, 2 * n_embd]: the normed token embedding and hidden state, concatenated
     enorm: Tensor
     hnorm: Tensor
@@ -41,11 +47,11 @@ class NextNHead:
 
     def __init__(self, target: Model, w: NextNWeights):
         cfg = target.config
-        # The head is one global-attention block; it owns its own single-layer cache (layer 0 of it).
-        head_cfg = replace(cfg, local_layers=(), sliding_window=None)
         device, dtype = target.device, target.dtype
         self.config = cfg
-        self.block = Block(head_cfg, 0, w.block).to(device)
+        self.block = w.block.to(device)  # one global-attention block; its cache is the head's own (layer 0)
+        self.normed = cfg.nextn_hidden == "normed"
+        self.target_norm = target.norm
         self.eh_proj = w.eh_proj
         self.enorm = RMSNorm(w.enorm, cfg.rms_eps).to(device)
         self.hnorm = RMSNorm(w.hnorm, cfg.rms_eps).to(device)
@@ -68,10 +74,15 @@ class NextNHead:
         return KVCache(1, cfg.n_head_kv, cfg.head_dim, capacity, v_head_dim=cfg.v_head_dim,
                        device=self.device, dtype=self.dtype)
 
+    def from_target(self, prenorm_hidden: Tensor) -> Tensor:
+        """The hidden state the head reads, from the target's pre-norm states [n, D]."""
+        return self.target_norm(prenorm_hidden) if self.normed else prenorm_hidden
+
     @torch.no_grad()
     def forward(self, hidden: Tensor, next_tokens: Sequence[int], cache: KVCache, chunk: int = 512) -> Tensor:
         """Append the pairs (hidden[j], next_tokens[j]) to ``cache`` at positions ``cache.length ..``;
-        return g [n, D]."""
+        return g [n, D], which ``logits`` reads and a chained step takes as its hidden state. ``hidden``:
+        ``from_target``'s states, or an earlier g."""
         outs = []
         for i in range(0, len(next_tokens), chunk):
             toks = [int(t) for t in next_tokens[i:i + chunk]]
@@ -92,12 +103,13 @@ class NextNHead:
             cache.check_room(n)
             x = self.block(x, cache, step, self.rope)
             cache.commit(toks)
-            outs.append(x)
+            outs.append(self.head_norm(x) if self.normed else x)
         return torch.cat(outs)
 
     def logits(self, g: Tensor) -> Tensor:
         """f32 logits [1, vocab] of one head output g [D]: the prediction of the token after the pair's."""
-        return self.head(self.head_norm(g.reshape(1, -1))).float()
+        g = g.reshape(1, -1)
+        return self.head(g if self.normed else self.head_norm(g)).float()
 
     def weight_bytes(self) -> int:
         """Memory of the weights the head holds beyond the target's."""

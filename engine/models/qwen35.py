@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from engine.gguf import GGUFFile
-from engine.models.config import ModelConfig, RecurrentConfig, UnsupportedModelError, WeightLayout, base_config
+from engine.models.config import (ModelConfig, RecurrentConfig, UnsupportedModelError, WeightLayout, base_config,
+                                  per_layer_ints)
 
 
 def read_config(f: GGUFFile, layout: WeightLayout, *, dense_ffn: bool = True) -> ModelConfig:
@@ -24,7 +25,9 @@ def read_config(f: GGUFFile, layout: WeightLayout, *, dense_ffn: bool = True) ->
     # the layout looks at block 0, which is recurrent here: any attention block's q/k norms will do
     if not any(name.endswith(".attn_q_norm.weight") for name in f.tensors):
         raise UnsupportedModelError(f"{path}: a {f.architecture} GGUF must have attn_q_norm/attn_k_norm tensors")
-    cfg = base_config(f, replace(layout, qk_norm=True), partial_rope=True, dense_ffn=dense_ffn, rope_style="neox", activation="silu", attn_output_gate=True)
+    # per_layer_arrays: Ollama's converter writes head_count_kv per layer, 0 for the recurrent ones
+    cfg = base_config(f, replace(layout, qk_norm=True), per_layer_arrays=True, partial_rope=True, dense_ffn=dense_ffn,
+                      rope_style="neox", activation="silu", attn_output_gate=True, nextn_hidden="normed")
     interval = int(f.arch_key("full_attention_interval", 4))
     keys = {k: f.arch_key("ssm." + k) for k in ("conv_kernel", "state_size", "group_count", "time_step_rank",
                                                    "inner_size")}
@@ -39,7 +42,15 @@ def read_config(f: GGUFFile, layout: WeightLayout, *, dense_ffn: bool = True) ->
     if sections is not None and sum(int(s) for s in sections) * 2 > cfg.rope_dim:
         raise UnsupportedModelError(f"{path}: rope.dimension_sections {list(sections)} exceed "
                                     f"{cfg.rope_dim} rotated dims")
-    rec = RecurrentConfig(layers=tuple((i + 1) % interval != 0 for i in range(cfg.n_layer)),
+    layers = tuple((i + 1) % interval != 0 for i in range(cfg.n_layer))
+    kv = f.arch_key("attention.head_count_kv")
+    if isinstance(kv, (list, tuple)) or hasattr(kv, "shape"):
+        per_layer = per_layer_ints(kv, cfg.n_layer, "attention.head_count_kv", path, int(f.arch_key("block_count")))
+        if len({n for n in per_layer if n}) != 1:
+            raise UnsupportedModelError(f"{path}: attention.head_count_kv {list(per_layer)}: the attention layers "
+                                        "must share one K/V head count")
+        layers = tuple(n == 0 for n in per_layer)  # no K/V heads: a recurrent layer
+    rec = RecurrentConfig(layers=layers,
                           conv_kernel=int(keys["conv_kernel"]), n_k_heads=n_k, n_v_heads=n_v,
                           head_k_dim=int(keys["state_size"]), head_v_dim=inner // n_v)
     return replace(cfg, recurrent=rec)

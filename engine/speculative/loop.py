@@ -216,10 +216,11 @@ class DecodeLoop:
         """Make the cache hold ``log`` (reusing its longest common prefix), sample the next token."""
         self.log = log
         drafting_before = self.times.drafting  # evaluation time is prompt (or shift) time, not drafting
-        n = self.cache.reuse_prefix(log)  # keeps at most len(log) - 1: the last position gives logits
-        if self.drafter.needs_hidden:
-            n = min(n, self.drafter.prefix_limit(log))
-            self.cache.truncate(n)
+        # keeps at most len(log) - 1: the last position gives logits. A drafter fed by the target's hidden
+        # states holds its own prefix, and the target resumes no later than it (each cache restores to an
+        # offset it can, which for recurrent layers is a recorded one, not any length).
+        limit = self.drafter.prefix_limit(log) + 1 if self.drafter.needs_hidden else len(log)
+        n = self.cache.reuse_prefix(log[:limit])
         self.drafter.begin(log)
         need_hidden = self.drafter.needs_hidden
         tail = log[n:]

@@ -1,4 +1,4 @@
-"""Drafting with a DeepSeek-V3 / GLM NextN multi-token-prediction head fed by the target's hidden states."""
+"""Drafting with a NextN multi-token-prediction head (DeepSeek-V3 / GLM, Qwen3.5) fed by the target's hidden states."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, T
 
 class MtpDrafter(Drafter):
     """Drafts with a NextN multi-token-prediction head (``engine.models.nextn.NextNHead``): entry j of
-    its KV cache is the "pair" (h_j, t_{j+1}) of the target's pre-norm hidden state at position j and
+    its KV cache is the "pair" (h_j, t_{j+1}) of the target's hidden state at position j and
     the token that followed; the head's output g_j for it predicts t_{j+2}.
 
     Invariant after every commit: pairs 0..len(tokens)-2 are cached (as many as the target's cache
@@ -56,7 +56,8 @@ class MtpDrafter(Drafter):
         self.cache.truncate(start)  # drop this round's speculative pairs
         end = len(self.tokens) - 1  # pairs start..end-1: every position whose successor is committed
         if end > start:
-            g = self.head.forward(target.hidden[: end - start], self.tokens[start + 1:end + 1], self.cache)
+            g = self.head.forward(self.head.from_target(target.hidden[: end - start]), self.tokens[start + 1:end + 1],
+                                  self.cache)
             self._last = g[-1]
         if self._t0 is None and self.tokens:
             self._t0 = self.tokens[0]
