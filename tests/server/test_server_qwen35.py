@@ -1,11 +1,13 @@
 """A hybrid recurrent model served end to end: tiny qwen35 and qwen35moe GGUFs (written from transformers'
 random models) created with a DRAFT over the store, then /api/chat greedy with no drafter, the draft model and
 n-gram: the same answer every way, the drafter's statistics (per-position acceptance) in the final chunk, and a
-follow-up turn that reuses the cached prefix."""
+follow-up turn that reuses the cached prefix. A GGUF that carries its NextN (MTP) head is created with
+``drafter mtp`` and no DRAFT line and drafts with its own head."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import httpx
 import ollama
@@ -34,6 +36,9 @@ def srv(tmp_path_factory: pytest.TempPathFactory):
         dr, _ = store.add_file(draft)
         create_model(store, CreateRequest(model=arch, files={"t.gguf": t}, draft_files={"d.gguf": dr},
                                           parameters={"temperature": 0.0}))
+        with_head, _ = store.add_file(make_pair(d, seed=5, moe=moe, mtp=True).path)
+        create_model(store, CreateRequest(model=f"{arch}-mtp", files={"t.gguf": with_head},
+                                          parameters={"temperature": 0.0, "drafter": "mtp"}))
     with ServerThread(store, Settings(num_thread=1)) as server:
         yield server
 
@@ -65,3 +70,21 @@ def test_chat_with_and_without_drafters(srv: ServerThread, arch: str) -> None:
     client.generate(model=arch, keep_alive=0)  # unload: the next run starts from an empty cache
     cold = client.chat(model=arch, messages=follow, options={"num_predict": 12})
     assert cold.message.content == warm
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_the_models_own_mtp_head_drafts_without_a_draft_line(srv: ServerThread, arch: str) -> None:
+    name = f"{arch}-mtp"
+    client = ollama.Client(host=srv.url, timeout=120)
+    show = client.show(name)
+    assert show.modelinfo[f"{arch}.nextn_predict_layers"] == 1 and show.modelinfo[f"{arch}.block_count"] == 5
+    messages = [{"role": "user", "content": "def fib(n): return the"}]
+    with httpx.Client(base_url=srv.url, timeout=120) as http:  # raw lines: the ollama client drops extra fields
+        with http.stream("POST", "/api/chat", json={"model": name, "messages": messages,
+                                                     "options": {"num_predict": 24, "draft_num_predict": 3}}) as r:
+            parts = [json.loads(line) for line in r.iter_lines() if line.strip()]
+    final = parts[-1]
+    assert final["done"] and final["drafter"] == "mtp" and final["draft_n"] >= 3
+    assert len(final["acceptance_by_position"]) == 3
+    plain = client.chat(model=name, messages=messages, options={"num_predict": 24, "drafter": "none"})
+    assert "".join(p["message"]["content"] for p in parts) == plain.message.content

@@ -120,3 +120,23 @@ def test_head_behind_the_target_resumes_where_both_have_a_state(pair):
                      num_predict=10, drafter="none")
     assert c.tokens == fresh.tokens
     assert 0 < c.result.prompt_cached < len(a.result.context)  # the head's pairs bound the reuse
+
+
+def test_a_head_only_file_drafts_as_the_in_file_head_does(pair, engine, tmp_path):
+    """The head alone in its own GGUF (block N's tensors, no embeddings), given as DRAFT to the target
+    without a head, drafts exactly as the head inside the target's file."""
+    from dataclasses import replace
+
+    from tests.tiny_gguf import write_tiny_gguf
+
+    spec = pair.spec
+    bare = write_tiny_gguf(tmp_path / "bare.gguf", replace(spec, n_nextn=0),
+                           tensors=hf_tiny_qwen35.to_gguf_tensors(pair.hf, spec))
+    head_only = write_tiny_gguf(tmp_path / "head.gguf", replace(spec, name="tiny-head"),
+                                tensors=hf_tiny_qwen35.mtp_gguf_tensors(pair.mtp, spec))
+    separate = load_engine(bare, head_only, num_ctx=160)
+    assert separate.target.config.n_layer == 4 and "mtp" in separate.drafters
+    options = dict(temperature=1.0, seed=3, num_predict=30, top_k=1000, relaxed_top_n=150, **spec_opts("mtp", 3))
+    a, b = generate(engine, **options), generate(separate, **options)
+    assert a.tokens == b.tokens and a.spec.accepted_per_position == b.spec.accepted_per_position
+    assert b.spec.draft_n_accepted > 0
