@@ -101,7 +101,7 @@ class ModelParams:
     rope_base: float
     rope_scaling: RopeScaling | None
     tied_output: bool
-    n_nextn: int  # num_nextn_predict_layers: MTP heads stored as layers n_layer.. (may be absent)
+    n_nextn: int  # num_nextn_predict_layers (mtp_num_hidden_layers): MTP heads as layers n_layer.. (may be absent)
     # gemma3 only
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()  # per layer: True = sliding-window attention

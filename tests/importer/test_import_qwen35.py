@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from blobs import MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
+from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
 from engine.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from importer import CreateError, CreateRequest, create_model  # noqa: E402
@@ -197,6 +197,20 @@ def test_bf16_checkpoint_keeps_bf16_weights(tmp_path):
         np.testing.assert_array_equal(tensor(f, "blk.0.ssm_a"), want)
 
 
+def test_qwen35_pre_tokenizer_is_recognised(tmp_path):
+    """Qwen3.5's tokenizer.json splits words with combining marks (``[\\p{L}\\p{M}]+``): stored as pre ``qwen35``."""
+    from engine.text.tokenizer import _QWEN35
+
+    folder = make(tmp_path / "hf")
+    tj_path = folder.path / "tokenizer.json"
+    tj = json.loads(tj_path.read_text())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = _QWEN35
+    tj_path.write_text(json.dumps(tj))
+    out = convert(folder.path, tmp_path / "out.gguf")
+    with GGUFFile(out) as f:
+        assert f.metadata["tokenizer.ggml.pre"] == "qwen35"
+
+
 def test_create_through_the_api(tmp_path):
     """/api/create with the folder's uploaded files, as a client imports (no MTP head: the engine loads it)."""
     store = BlobStore(tmp_path / "models")
@@ -206,6 +220,31 @@ def test_create_through_the_api(tmp_path):
     path = store.blob_path(store.read_manifest("q35").layer(MEDIA_TYPE_MODEL).digest)
     assert_same_tensors(path, folder.expected)
     assert logits_err(folder, path) < TOL
+
+
+@pytest.mark.parametrize("moe,quant", [(False, "q8_0"), (True, "q4_K_M")])
+def test_quantized_import(tmp_path, moe, quant):
+    """--quantize on the imported file: the weight matrices are quantized (a K type whose 256-value block does not
+    fit these 64-wide rows falls back as llama.cpp's does), the conv kernel, the routers and every 1-D tensor stay
+    F32, and the model still predicts what the float64 reference does."""
+    store = BlobStore(tmp_path / "models")
+    folder = make(tmp_path / "hf", moe=moe)
+    files = {p.name: store.add_file(p)[0] for p in folder.path.iterdir()}
+    create_model(store, CreateRequest.from_json({"model": "q", "files": files, "quantize": quant}))
+    path = store.blob_path(store.read_manifest("q").layer(MEDIA_TYPE_MODEL).digest)
+    with GGUFFile(path) as f:
+        types = {n: t.type_name for n, t in f.tensors.items()}
+    weight = "Q8_0" if quant == "q8_0" else "Q5_0"
+    assert types["blk.0.attn_qkv.weight"] == weight and types["blk.3.attn_q.weight"] == weight
+    for name in ("blk.0.ssm_conv1d.weight", "blk.0.ssm_a", "blk.0.ssm_dt.bias", "blk.0.ssm_norm.weight",
+                 *(("blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp_shexp.weight") if moe else ())):
+        assert types[name] == "F32", name
+    model = load_model(path, fmt="f32")
+    ids = random_ids(folder.vocab_size, 24)
+    want = hf_tiny.hf_logits(folder.hf, ids)
+    got = model(ids, model.new_cache(64))
+    model.close()
+    assert float((got.argmax(-1) == want.argmax(-1)).double().mean()) >= 0.9
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,6 +364,26 @@ def test_mtp_head_only_folder(tmp_path):
         assert f.arch_key("block_count") == n + 1 and f.arch_key("nextn_predict_layers") == 1
         assert f.arch_key("ssm.inner_size") == q35.LIN_V_HEADS * q35.LIN_V_DIM
         assert list(f.metadata["tokenizer.ggml.tokens"]) == list(t.metadata["tokenizer.ggml.tokens"])
+
+
+def test_mtp_head_folder_as_draft_through_the_api(tmp_path):
+    """/api/create with the target's files and the head-only folder as draft_files: the DRAFT layer is the head."""
+    from safetensors.torch import save_file
+
+    store = BlobStore(tmp_path / "models")
+    folder = make(tmp_path / "hf")
+    head_dir = tmp_path / "head"
+    head_dir.mkdir()
+    (head_dir / "config.json").write_text(json.dumps(folder.config()))
+    head = mtp_tensors(folder.spec, folder.vocab_size)
+    save_file(head, str(head_dir / "model.safetensors"))
+    files = {p.name: store.add_file(p)[0] for p in folder.path.iterdir()}
+    draft_files = {p.name: store.add_file(p)[0] for p in head_dir.iterdir()}
+    create_model(store, CreateRequest.from_json({"model": "q", "files": files, "draft_files": draft_files}))
+    manifest = store.read_manifest("q")
+    draft = store.blob_path(manifest.layer(MEDIA_TYPE_DRAFT).digest)
+    assert_same_tensors(draft, expected_mtp(head, folder.spec.n_layer))
+    assert_same_tensors(store.blob_path(manifest.layer(MEDIA_TYPE_MODEL).digest), folder.expected)
 
 
 # ------------------------------------------------------------------------------------------------
