@@ -71,7 +71,8 @@ def _interval(cfg: Mapping[str, Any], n_layer: int, role: str) -> int:
 def _rope(cfg: Mapping[str, Any], head_dim: int, role: str) -> tuple[int, tuple[int, ...]]:
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     scaling = cfg.get("rope_scaling") if isinstance(cfg.get("rope_scaling"), dict) else {}
-    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    # transformers' Qwen3_5TextConfig defaults it to 0.25 (what every released model uses)
+    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.25))
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
         raise _fail(role, f"config.json: partial_rotary_factor must be in (0, 1] (got {factor!r})")
     rope_dim = int(head_dim * factor)

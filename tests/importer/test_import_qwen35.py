@@ -167,6 +167,21 @@ def test_multimodal_checkpoint_imports_its_text_model(tmp_path, moe):
     assert logits_err(folder, out) < TOL
 
 
+def test_older_config_spelling(tmp_path):
+    """transformers 4's spelling (rope_theta, rope_scaling.mrope_section, full_attention_interval, no layer_types)
+    and Qwen3.5's defaults (partial_rotary_factor 0.25) give the same file."""
+    folder = make(tmp_path / "hf")
+    cfg = folder.config()
+    rope = cfg.pop("rope_parameters")
+    del cfg["layer_types"]
+    cfg.update(rope_theta=rope["rope_theta"], full_attention_interval=q35.INTERVAL,
+               rope_scaling={"type": "default", "mrope_section": rope["mrope_section"]})
+    folder.write_config(cfg)
+    out = convert(folder.path, tmp_path / "out.gguf")
+    assert_same_tensors(out, folder.expected)
+    assert_engine_metadata(out, folder.spec, folder.vocab_size)
+
+
 def test_fused_experts_are_split(tmp_path):
     """Experts stored fused (``mlp.experts.gate_up_proj`` [E, 2F, D] and ``down_proj`` [E, D, F], as the released
     MoE checkpoints store them) give the same GGUF as per-expert tensors."""
