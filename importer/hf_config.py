@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .gemma4_layout import Gemma4Layout, read_layout
+from .qwen35_layout import Qwen35Layout
+from .qwen35_layout import read_layout as read_qwen35_layout
 from .request import CreateError
 
-# Hugging Face model class -> GGUF architecture. The multimodal gemma3 class contributes its text
-# model only (its vision tower is skipped).
+# Hugging Face model class -> GGUF architecture. The multimodal gemma3 / Qwen3.5 classes contribute their
+# text model only (the vision tower is skipped).
 ARCHITECTURES: Mapping[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -28,12 +30,19 @@ ARCHITECTURES: Mapping[str, str] = {
     "Gemma4ForCausalLM": "gemma4",
     "Gemma4ForConditionalGeneration": "gemma4",
     "Gemma4AssistantForCausalLM": "gemma4-assistant",
+    "Qwen3_5ForCausalLM": "qwen35",
+    "Qwen3_5ForConditionalGeneration": "qwen35",
+    "Qwen3_5MoeForCausalLM": "qwen35moe",
+    "Qwen3_5MoeForConditionalGeneration": "qwen35moe",
 }
 _MODEL_TYPES: Mapping[str, str] = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                                    "gemma3_text": "Gemma3ForCausalLM", "gemma3": "Gemma3ForConditionalGeneration",
                                    "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
                                    "gemma4_text": "Gemma4ForCausalLM", "gemma4": "Gemma4ForConditionalGeneration",
-                                   "gemma4_assistant": "Gemma4AssistantForCausalLM"}
+                                   "gemma4_assistant": "Gemma4AssistantForCausalLM",
+                                   "qwen3_5_text": "Qwen3_5ForCausalLM", "qwen3_5": "Qwen3_5ForConditionalGeneration",
+                                   "qwen3_5_moe_text": "Qwen3_5MoeForCausalLM",
+                                   "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}
 
 # transformers' Gemma3TextConfig defaults: the text_config of a multimodal gemma3 lists only what
 # differs from them.
@@ -51,6 +60,8 @@ _ACTIVATIONS: Mapping[str, frozenset[str]] = {
     "qwen3moe": frozenset({"silu", "swish"}),
     "gemma4": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
     "gemma4-assistant": frozenset({"gelu_pytorch_tanh", "gelu_tanh"}),
+    "qwen35": frozenset({"silu", "swish"}),
+    "qwen35moe": frozenset({"silu", "swish"}),
 }
 # transformers' Gemma4TextConfig defaults, for a nested text_config that lists only what differs.
 _GEMMA4_DEFAULTS: Mapping[str, Any] = {
@@ -90,7 +101,7 @@ class ModelParams:
     rope_base: float
     rope_scaling: RopeScaling | None
     tied_output: bool
-    n_nextn: int  # num_nextn_predict_layers: MTP heads stored as layers n_layer.. (may be absent)
+    n_nextn: int  # num_nextn_predict_layers (mtp_num_hidden_layers): MTP heads as layers n_layer.. (may be absent)
     # gemma3 only
     sliding_window: int | None = None
     sliding_layers: tuple[bool, ...] = ()  # per layer: True = sliding-window attention
@@ -103,6 +114,7 @@ class ModelParams:
     n_ff_expert: int = 0
     expert_weights_norm: bool = True  # the top-k routing weights are renormalised to sum 1
     gemma4: Gemma4Layout | None = None  # gemma4 / gemma4-assistant: the per-layer shape
+    qwen35: Qwen35Layout | None = None  # qwen35 / qwen35moe: the hybrid layers' layout
 
 
 def _fail(role: str, message: str) -> CreateError:
@@ -179,6 +191,8 @@ def _text_config(config: Mapping[str, Any], hf_arch: str) -> dict[str, Any]:
         return {**_GEMMA4_DEFAULTS, **(config.get("text_config") or {})}
     if hf_arch == "Gemma4ForCausalLM":
         return {**_GEMMA4_DEFAULTS, **config}
+    if hf_arch.startswith("Qwen3_5") and hf_arch.endswith("ForConditionalGeneration"):
+        return dict(config.get("text_config") or {})
     return dict(config)
 
 
@@ -225,13 +239,14 @@ def read_params(config: Mapping[str, Any], role: str) -> ModelParams:
     rope_entry, theta = _rope_entry(cfg, "full_attention" if arch.startswith("gemma") else None)
     # Tied unless said otherwise, as transformers' PretrainedConfig defaults (a multimodal gemma3 keeps
     # the flag on its outer config).
-    tied = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+    # Qwen3.5's configs default to untied (transformers' Qwen3_5*Config).
+    tied = config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", not arch.startswith("qwen35")))
     params = ModelParams(
         hf_arch=hf_arch,
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
-        n_ff=_int(cfg, "intermediate_size", role),
+        n_ff=_int(cfg, "intermediate_size", role, 0 if arch == "qwen35moe" else None),  # no dense FFN
         n_head=n_head,
         n_head_kv=_int(cfg, "num_key_value_heads", role, n_head),
         head_dim=head_dim,
@@ -242,10 +257,16 @@ def read_params(config: Mapping[str, Any], role: str) -> ModelParams:
         # gemma4's "proportional" RoPE is its layout's (a rope_freqs tensor), not a scaling
         rope_scaling=None if arch.startswith("gemma4") else _rope_scaling(rope_entry, arch, role),
         tied_output=bool(tied),
-        n_nextn=_int(cfg, "num_nextn_predict_layers", role, 0),
+        n_nextn=_int(cfg, "num_nextn_predict_layers", role, _int(cfg, "mtp_num_hidden_layers", role, 0)),
     )
     if arch == "qwen3moe":
         return _moe_params(params, cfg, role)
+    if arch in ("qwen35", "qwen35moe"):
+        from dataclasses import replace
+
+        layout = read_qwen35_layout(cfg, n_layer, head_dim, arch == "qwen35moe", role)
+        params = replace(params, qwen35=layout)
+        return replace(_moe_params(params, cfg, role), expert_weights_norm=True) if arch == "qwen35moe" else params
     if arch in ("gemma4", "gemma4-assistant"):
         return _gemma4_params(params, config, cfg, role)
     if arch != "gemma3":

@@ -16,7 +16,10 @@ What llama.cpp's convert_hf_to_gguf.py does for these architectures, in the engi
   (llama.cpp's converter never stores it below F32); ``expert_*`` metadata;
 * gemma4 and gemma4-assistant: their own names, per-layer shapes and metadata (``gemma4_tensors``), norms as
   they are, a generated ``rope_freqs`` for the global layers' proportional RoPE; the 26B-A4B's experts already
-  stacked in the checkpoint (copied as they are), its router ``ffn_gate_inp`` kept F32 as qwen3moe's.
+  stacked in the checkpoint (copied as they are), its router ``ffn_gate_inp`` kept F32 as qwen3moe's;
+* qwen35 / qwen35moe (Qwen3.5, Qwen3.6): their own names, value transforms (``TensorPlan.transforms``) and
+  metadata (``qwen35_tensors``); the multimodal checkpoints' text model only; an MTP head (``mtp.*``) as block
+  N with ``block_count`` N + 1, as llama.cpp writes qwen35.
 
 Every tensor is checked against config.json (name, shape, dtype) before the output is opened, and
 the output is written tensor by tensor: at most one tensor of the source is in memory at a time.
@@ -33,11 +36,12 @@ from typing import Any, Callable, Mapping
 import gguf
 import numpy as np
 
-from . import gemma4_tensors
+from . import gemma4_tensors, qwen35_tensors
 from .hf_config import ModelParams, read_params
 from .hf_tokenizer import copy_vocab, has_tokenizer, read_vocab, write_vocab
 from .request import CreateError
 from .safetensors_import import FLOAT_DTYPES, HFSource, TensorReader, open_source
+from .tensor_transforms import Transform, out_shape
 
 ProgressFn = Callable[[int, int], None]  # (bytes written, total bytes)
 
@@ -90,6 +94,7 @@ class TensorPlan:
     permute_heads: int = 0  # llama q/k: rows regrouped per head for adjacent-pair RoPE (0 = no)
     add_one: bool = False  # gemma norms: stored as 1 + w
     stack: tuple[str, ...] = ()  # MoE experts: these sources (one per expert, in order) stacked on a new dim 0
+    transforms: tuple[Transform, ...] = ()  # run in order on the (stacked) source before the dtype conversion
 
     @property
     def nbytes(self) -> int:
@@ -199,13 +204,14 @@ def _plan_tensor(src: str, gname: str, entry_dtype: str, shape: tuple[int, ...],
 
 
 def _plan_experts(experts: dict[tuple[int, str], dict[int, str]], source: HFSource, p: ModelParams,
-                  role: str) -> list[TensorPlan]:
-    """One stacked ``blk.L.ffn_{kind}_exps.weight`` per (layer, kind) from the per-expert source tensors."""
+                  role: str, n_blocks: int | None = None) -> list[TensorPlan]:
+    """One stacked ``blk.L.ffn_{kind}_exps.weight`` per (layer, kind) from the per-expert source tensors
+    (``n_blocks``: the blocks that may hold experts, the model's layers unless an MTP block follows them)."""
     if experts and not p.n_expert:
         raise _fail(role, f"the checkpoint has MoE experts, but tandem's {p.arch} model is dense")
     plans = []
     for (layer, kind), by_expert in sorted(experts.items()):
-        if layer >= p.n_layer:
+        if layer >= (p.n_layer if n_blocks is None else n_blocks):
             raise _fail(role, f"experts of layer {layer}, but config.json has {p.n_layer} layers")
         missing = [e for e in range(p.n_expert) if e not in by_expert]
         extra = sorted(e for e in by_expert if e >= p.n_expert)
@@ -241,6 +247,8 @@ def plan_conversion(source: HFSource) -> ConversionPlan:
     texts = {n: t for n in source.tensors if (t := _text_name(n)) is not None}
     if p.gemma4 is not None:
         return _plan_gemma4(source, p, texts)
+    if p.qwen35 is not None:
+        return _plan_qwen35(source, p, texts)
     nextn = _nextn_blocks(list(texts.values()))
     head_only = bool(nextn) and "model.embed_tokens.weight" not in texts.values()
     if not head_only and any(b < p.n_layer for b in nextn):
@@ -309,6 +317,57 @@ def _plan_gemma4(source: HFSource, p: ModelParams, texts: dict[str, str]) -> Con
                           _file_type(plans))
 
 
+def _plan_qwen35(source: HFSource, p: ModelParams, texts: dict[str, str]) -> ConversionPlan:
+    """qwen35 / qwen35moe: ``qwen35_tensors``' names and transforms, each output's shape checked against config.json."""
+    role, lay = source.role, p.qwen35
+    assert lay is not None
+    texts = {src: text for src, text in texts.items() if not text.startswith(("model.visual.", "visual."))}
+    has_mtp = any(qwen35_tensors.is_mtp(t) for t in texts.values())
+    n_nextn = 1 if has_mtp else 0
+    head_only = has_mtp and "model.embed_tokens.weight" not in texts.values()
+    if has_mtp and any(t.startswith("mtp.layers.") and not t.startswith("mtp.layers.0.") for t in texts.values()):
+        raise _fail(role, "the MTP head has more than one layer (mtp.layers.1 and on); tandem imports one")
+    n_blocks = p.n_layer + n_nextn
+    shapes = {f"blk.{b}.{name}": shape for b in range(n_blocks)
+              for name, shape in qwen35_tensors.expected_shapes(p, b, head=b >= p.n_layer).items()}
+    shapes.update({"token_embd.weight": (p.vocab_size, p.n_embd), "output.weight": (p.vocab_size, p.n_embd),
+                   "output_norm.weight": (p.n_embd,)})
+    plans: list[TensorPlan] = []
+    experts: dict[tuple[int, str], dict[int, str]] = {}
+    for src, raw in texts.items():
+        if raw == "lm_head.weight" and p.tied_output:
+            continue
+        text = qwen35_tensors.canonical(raw, p.n_layer)
+        if (m := qwen35_tensors.EXPERT_RE.match(text)) is not None:
+            experts.setdefault((int(m.group(1)), m.group(3)), {})[int(m.group(2))] = src
+            continue
+        entry = source.tensors[src]
+        if entry.dtype not in FLOAT_DTYPES:
+            raise _fail(role, f"tensor {src} is {entry.dtype}: the checkpoint is already quantized; import its "
+                              "unquantized F32/F16/BF16 weights (then --quantize) or a GGUF")
+        for mapped in qwen35_tensors.map_tensor(text, lay, p.n_layer) or [None]:
+            if mapped is None or mapped.name not in shapes:
+                raise _fail(role, f"tensor {src} has no counterpart in tandem's {p.arch} model")
+            shape = out_shape(mapped.transforms, tuple(entry.shape))
+            if shape != shapes[mapped.name]:
+                raise _fail(role, f"tensor {src} has shape {list(entry.shape)}, but config.json implies "
+                                  f"{list(shapes[mapped.name])} for {mapped.name}")
+            kind = "F32" if mapped.name.endswith(qwen35_tensors.F32_ALWAYS) else _out_type(entry.dtype, shape)
+            plans.append(TensorPlan(src, mapped.name, shape, kind, add_one=mapped.add_one,
+                                    transforms=mapped.transforms))
+    plans += _plan_experts(experts, source, p, role, n_blocks)
+    names = [t.name for t in plans]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise _fail(role, f"the safetensors hold {dup} twice (fused and per-expert, or two spellings)")
+    missing = [n for n in qwen35_tensors.required(p, n_nextn, head_only) if n not in set(names)]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise _fail(role, f"the safetensors lack {missing[0]}{more}, which config.json's model needs")
+    plans.sort(key=lambda t: _order(t.name))
+    return ConversionPlan(p, plans, {}, tuple(range(p.n_layer, n_blocks)), head_only, _file_type(plans))
+
+
 def _file_type(plans: list[TensorPlan]) -> int:
     """The dtype holding most weight elements (2-D tensors), as general.file_type."""
     counts: dict[str, int] = {}
@@ -341,8 +400,11 @@ def _llama3_rope_factors(p: ModelParams) -> np.ndarray:
 # ------------------------------------------------------------------------------------------------
 # writing
 # ------------------------------------------------------------------------------------------------
-def _write_params(w: gguf.GGUFWriter, p: ModelParams, file_type: int) -> None:
+def _write_params(w: gguf.GGUFWriter, p: ModelParams, file_type: int, n_nextn: int = 0) -> None:
     w.add_file_type(file_type)
+    if p.qwen35 is not None:
+        qwen35_tensors.write_params(w, p, n_nextn)
+        return
     if p.gemma4 is not None:
         gemma4_tensors.write_params(w, p.gemma4, context=p.context_length, n_embd=p.n_embd, n_head=p.n_head,
                                     rms_eps=p.rms_eps, vocab=p.vocab_size)
@@ -396,6 +458,8 @@ def _prepare(t: Any, plan: TensorPlan) -> np.ndarray:
     if plan.permute_heads:
         n = plan.permute_heads
         t = t.reshape(n, 2, t.shape[0] // n // 2, *t.shape[1:]).transpose(1, 2).reshape(t.shape)
+    for step in plan.transforms:
+        t = step.apply(t)
     if plan.out_type == "F32":
         t = t.to(torch.float32)
         if plan.add_one:
@@ -412,7 +476,7 @@ def write_gguf(source: HFSource, plan: ConversionPlan, out: Path, vocab_writer: 
     p = plan.params
     w = gguf.GGUFWriter(str(out), p.arch)
     try:
-        _write_params(w, p, plan.file_type)
+        _write_params(w, p, plan.file_type, len(plan.nextn_blocks))
         vocab_writer(w)
         for t in plan.tensors:
             w.add_tensor_info(t.name, t.shape, np.dtype(_NP[t.out_type]), t.nbytes, raw_dtype=_GGML[t.out_type])

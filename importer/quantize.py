@@ -81,6 +81,11 @@ def parse_quant_type(name: str) -> QuantizePlan:
     raise CreateError(f"unsupported quantization type {name}")
 
 
+# Never requantized by a single-type target: the MoE router, qwen35's shared-expert gate (a [1, n_embd] router of
+# its own) and the DeltaNet's short conv kernel (llama.cpp keeps all three F32 whatever the file type).
+_KEPT_AS_IS = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
+
+
 def _tensor_target(name: str, shape: tuple[int, ...], target: str) -> str | None:
     """The type a tensor gets under a single-type target, or None to copy it unchanged.
 
@@ -89,7 +94,7 @@ def _tensor_target(name: str, shape: tuple[int, ...], target: str) -> str | None
     weights run at all), rows must hold whole blocks, and the output head keeps at least 8 bits because
     it is the tensor most sensitive to rounding.
     """
-    if len(shape) < 2 or not name.endswith(".weight") or name.endswith("ffn_gate_inp.weight"):
+    if len(shape) < 2 or not name.endswith(".weight") or name.endswith(_KEPT_AS_IS):
         return None
     if target in ("F32", "F16", "BF16"):
         return target
@@ -188,7 +193,7 @@ def k_tensor_types(tensors: list[TensorInfo], metadata: dict[str, Any], plan: Qu
         if arch in ("qwen3next", "qwen35", "qwen35moe") and ftype in ("Q4_K_M", "Q4_K_S"):
             fixed = next((ty for suffix, ty in _QWEN3_LINEAR_ATTN if name.endswith(suffix)), None)
             if fixed is not None:
-                out[name] = fixed
+                out[name] = _fallback(fixed, t.dims[0])
                 continue
         new = default
         nx = t.dims[0]
@@ -226,12 +231,18 @@ def k_tensor_types(tensors: list[TensorInfo], metadata: dict[str, Any], plan: Qu
                 new = "Q5_K"
             elif ftype == "Q5_K_M":
                 new = "Q6_K"
-        if _is_quantized(new) and nx % _block_size(new):
-            new = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(new, new)
-            if nx % _block_size(new):
-                new = "F16"
-        out[name] = new
+        out[name] = _fallback(new, nx)
     return out
+
+
+def _fallback(new: str, nx: int) -> str:
+    """llama.cpp's ``tensor_type_fallback``: a K type whose block does not divide a row's ``nx`` values becomes
+    the legacy type of about the same bits, and F16 if even that block does not fit."""
+    if _is_quantized(new) and nx % _block_size(new):
+        new = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(new, new)
+        if nx % _block_size(new):
+            new = "F16"
+    return new
 
 
 # --------------------------------------------------------------------------------------------

@@ -455,7 +455,8 @@ ERRORS = {
         r"unsupported architecture MambaForCausalLM in config\.json \(tandem imports: "
         r"LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM, Gemma3ForConditionalGeneration, "
         r"Qwen3ForCausalLM, Qwen3MoeForCausalLM, Gemma4ForCausalLM, Gemma4ForConditionalGeneration, "
-        r"Gemma4AssistantForCausalLM\)")),
+        r"Gemma4AssistantForCausalLM, Qwen3_5ForCausalLM, Qwen3_5ForConditionalGeneration, Qwen3_5MoeForCausalLM, "
+        r"Qwen3_5MoeForConditionalGeneration\)")),
     "mismatched shapes": (lambda d: _set_config(d, intermediate_size=96), (
         r"tensor model\.layers\.0\.mlp\.gate_proj\.weight has shape \[128, 64\], but config\.json implies \[96, 64\]")),
     "quantization_config": (lambda d: _set_config(d, quantization_config={"quant_method": "gptq", "bits": 4}),
