@@ -159,6 +159,23 @@ class MtpHead(torch.nn.Module):
         return hf.lm_head(g)
 
 
+def engine_head_logits(model, tokens: list[int], drafts: list[int]) -> torch.Tensor:
+    """What ``MtpHead.chain`` computes, through the engine: the NextN head loaded from ``model``'s GGUF over
+    the target's hidden states, then chained on its own outputs."""
+    from engine.models.loader import find_nextn_block, load_nextn_head
+
+    head = load_nextn_head(model, model.gguf, find_nextn_block(model.gguf.tensors), "f32")
+    out = model.forward(tokens, model.new_cache(64), logits_for="all", return_hidden=True)
+    cache = head.new_cache(64)
+    g = head.forward(head.from_target(out.prenorm_hidden[:-1]), tokens[1:], cache)
+    got = [head.logits(row) for row in g]
+    last = g[-1]
+    for d in drafts:  # chained: the head's own (normed) output stands in for the target's state
+        last = head.forward(last.reshape(1, -1), [d], cache)[-1]
+        got.append(head.logits(last))
+    return torch.cat(got)
+
+
 def build_mtp(hf: torch.nn.Module, seed: int) -> MtpHead:
     head = MtpHead(hf).double()
     _randomize(head, torch.Generator().manual_seed(seed + 2))

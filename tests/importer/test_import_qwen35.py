@@ -402,6 +402,20 @@ def test_mtp_head_folder_as_draft_through_the_api(tmp_path):
     assert_same_tensors(store.blob_path(manifest.layer(MEDIA_TYPE_MODEL).digest), folder.expected)
 
 
+@pytest.mark.parametrize("moe", [False, True])
+def test_an_imported_checkpoint_drafts_with_its_mtp_head(tmp_path, moe):
+    """A checkpoint with its ``mtp.*`` head (the oracle head of tests/hf_tiny_qwen35, saved under the
+    checkpoint's names) imports into a GGUF whose head the engine runs as the oracle does."""
+    folder = make(tmp_path / "hf", moe=moe, tied=False)
+    head = q35.build_mtp(folder.hf, seed=0)
+    folder.write_tensors({**folder.tensors(), **{"mtp." + k: v.float() for k, v in head.state_dict().items()}})
+    model = load_model(convert(folder.path, tmp_path / "out.gguf"), fmt="f32")
+    assert model.config.n_layer == folder.spec.n_layer
+    tokens, drafts = random_ids(folder.vocab_size, 10), random_ids(folder.vocab_size, 3, seed=4)
+    got = q35.engine_head_logits(model, tokens, drafts)
+    assert relative_error(got, head.chain(folder.hf, tokens, drafts)) < TOL
+
+
 # ------------------------------------------------------------------------------------------------
 # refusals
 # ------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from engine.models.loader import find_nextn_block, load_model, load_nextn_head  # noqa: E402
+from engine.models.loader import find_nextn_block, load_model  # noqa: E402
 from tests import hf_tiny_qwen35  # noqa: E402
 from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts, stop_after  # noqa: E402
 from tests.model_checks import TOL, random_ids, relative_error  # noqa: E402
@@ -44,16 +44,7 @@ def test_head_matches_the_reference_over_the_prompt_and_a_chain(pair, model):
     tokens = random_ids(pair.vocab_size, 12)
     drafts = random_ids(pair.vocab_size, 3, seed=5)
     want = pair.mtp.chain(pair.hf, tokens, drafts)
-    head = load_nextn_head(model, model.gguf, 4, "f32")
-    out = model.forward(tokens, model.new_cache(64), logits_for="all", return_hidden=True)
-    cache = head.new_cache(64)
-    g = head.forward(head.from_target(out.prenorm_hidden[:-1]), tokens[1:], cache)
-    got = [head.logits(row) for row in g]
-    last = g[-1]
-    for d in drafts:  # chained: the head's own (normed) output stands in for the target's state
-        last = head.forward(last.reshape(1, -1), [d], cache)[-1]
-        got.append(head.logits(last))
-    assert relative_error(torch.cat(got), want) < TOL
+    assert relative_error(hf_tiny_qwen35.engine_head_logits(model, tokens, drafts), want) < TOL
 
 
 @pytest.fixture(scope="module")
