@@ -152,3 +152,55 @@ def test_moe_hybrid_speculation_matches_plain(tmp_path):
         run = generate(engine, **GREEDY, **spec_opts(drafter, 4))
         assert run.tokens == plain.tokens, drafter
     assert run.spec.draft_n > 0
+
+
+@pytest.fixture(scope="module")
+def dist_engine(tmp_path_factory):
+    """A tiny qwen35 target and, as DRAFT, the same model with a perturbed output head (q overlaps p, differs)."""
+    import dataclasses
+
+    import numpy as np
+
+    from tests.tiny_gguf import write_tiny_gguf
+
+    d = tmp_path_factory.mktemp("hybrid-dist")
+    pair = hf_tiny_qwen35.make_pair(d, tied=False, seed=0)
+    tensors = hf_tiny_qwen35.to_gguf_tensors(pair.hf, pair.spec)
+    out = tensors["output.weight"]
+    tensors["output.weight"] = out + np.random.default_rng(9).standard_normal(out.shape).astype(np.float32) * 0.1
+    draft = write_tiny_gguf(d / "perturbed.gguf", dataclasses.replace(pair.spec, name="perturbed"), tensors=tensors)
+    return load_engine(pair.path, draft, num_ctx=64)
+
+
+def test_strict_sampling_keeps_the_target_distribution(dist_engine):
+    """Sampled with a drafter whose drafts are often rejected, the first tokens follow the target's own
+    distribution exactly (chi-square over 500 seeded runs): restores after rejection leave no bias."""
+    from tests.engine.speculative.test_speculation import (DIST_OPTS, DIST_PROMPT, DIST_RUNS, chi_square_pvalue,
+                                                           exact_first_tokens)
+
+    exact = exact_first_tokens(dist_engine, DIST_PROMPT, DIST_OPTS, 3)
+    assert min(exact.values()) * DIST_RUNS > 3  # enough expected counts per cell for chi-square
+    pvalue, acceptance = chi_square_pvalue(dist_engine, exact, DIST_RUNS)
+    assert 0.1 < acceptance < 0.9, acceptance
+    assert pvalue > 1e-3
+
+
+def test_the_distribution_test_catches_a_skipped_restore(dist_engine, monkeypatch):
+    """Power: a cache that keeps the rejected positions' recurrent states (no restore) biases the output,
+    and the test above sees it (an impossible sequence, or a chi-square p-value below its bound)."""
+    from engine.cache.kv import KVCache
+    from tests.engine.speculative.test_speculation import (DIST_OPTS, DIST_PROMPT, DIST_RUNS, chi_square_pvalue,
+                                                           exact_first_tokens)
+
+    exact = exact_first_tokens(dist_engine, DIST_PROMPT, DIST_OPTS, 3)
+
+    def truncate_without_restore(self, n):
+        KVCache.truncate(self, n)
+        self._records = {n: list(self.states)} if n else {}
+
+    monkeypatch.setattr(HybridCache, "truncate", truncate_without_restore)
+    try:
+        pvalue, _ = chi_square_pvalue(dist_engine, exact, DIST_RUNS)
+    except AssertionError:  # sampled a sequence the target gives probability 0
+        return
+    assert pvalue < 1e-3
