@@ -19,7 +19,6 @@ references, no copy) and, for scale, the forward itself. Medians are reported.
 from __future__ import annotations
 
 import argparse
-import platform
 import random
 import statistics
 import sys
@@ -31,6 +30,7 @@ import gguf
 import numpy as np
 import torch
 
+from benchmarks.decode import cpu_info
 from engine.cache.recurrent import HybridCache
 from engine.models.loader import load_model
 
@@ -104,6 +104,7 @@ def _committed_bytes(cache: HybridCache) -> int:
 
 
 def measure(model, widths: list[int], reps: int) -> list[dict]:
+    """Per width: median forward time, restore time and held bytes per recurrent layer."""
     rng = random.Random(0)
     cache = model.new_cache(PROMPT + max(widths) + 8)
     prompt = [rng.randrange(VOCAB) for _ in range(PROMPT)]
@@ -154,12 +155,16 @@ def main(argv: list[str] | None = None) -> None:
         model = load_model(path)
         rows = measure(model, [int(x) for x in args.widths.split(",")], args.reps)
     state = args.v_heads * args.head_k * args.head_v * 4
-    lines = [f"# Hybrid cache: snapshot memory and restore cost ({platform.processor() or platform.machine()}, "
-             f"{args.threads} threads)", "",
+    cpu = cpu_info()
+    isa = ", ".join(k for k in ("avx512_vnni", "avx512_bf16", "amx") if cpu[k])
+    lines = ["# Hybrid cache: snapshot memory and restore cost", "",
+             f"{cpu['cpu_model']} ({isa}), {args.threads} threads, torch {cpu['torch']}.", "",
              f"`python -m benchmarks.hybrid_cache {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"Recurrent geometry: {args.k_heads} key / {args.v_heads} value heads of {args.head_k}/{args.head_v}, "
-             f"{args.embd} wide; one delta-rule state is {state / 2**20:.2f} MiB (f32). Held = records a rejection "
-             f"may restore, beyond the committed state; x{args.full_recurrent} = scaled to {args.full_recurrent} "
+             f"{args.embd} wide; one delta-rule state is {state / 2**20:.2f} MiB (f32). Held = the states kept "
+             "beyond the committed one: the prompt's two checkpoints (P-1 and P, for the next request's prefix "
+             "reuse) and the w-1 states inside the verification that a rejection may restore (references the "
+             f"forward made anyway, not copies); x{args.full_recurrent} = scaled to {args.full_recurrent} "
              "recurrent layers.", "",
              "| width | forward (ms, this model) | restore (µs) | held per recurrent layer | held x"
              f"{args.full_recurrent} |", "|---:|---:|---:|---:|---:|"]
