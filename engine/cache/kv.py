@@ -74,6 +74,13 @@ class KVCache:
     def nbytes(self) -> int:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
+    # Rollback snapshots: a KV cache rolls back by its length and keeps none; a cache that does keep
+    # states to restore (engine.cache.recurrent) reports the most it held since the last reset.
+    snapshot_peak: int = 0
+
+    def reset_snapshot_peak(self) -> None:
+        self.snapshot_peak = 0
+
     def truncate(self, n: int) -> None:
         """Drop every position >= n. O(1): only the length (and the token log) changes."""
         if n < 0 or n > self.length:

@@ -99,6 +99,18 @@ class HybridCache(KVCache):
                     self._checkpoints[p] = self._records[p]
             while len(self._checkpoints) > self.max_checkpoints:
                 del self._checkpoints[next(iter(self._checkpoints))]
+        self.snapshot_peak = max(self.snapshot_peak, self.snapshot_bytes())
+
+    def snapshot_bytes(self) -> int:
+        """Bytes of the recorded states and checkpoints beyond the committed state: what speculation and
+        prefix reuse cost in memory (references the forwards made anyway, held until a truncate)."""
+        committed = {id(t) for pair in self.states for t in pair}
+        held = {id(t): t for group in (*self._records.values(), *self._checkpoints.values())
+                for pair in group for t in pair if id(t) not in committed}
+        return sum(t.numel() * t.element_size() for t in held.values())
+
+    def reset_snapshot_peak(self) -> None:
+        self.snapshot_peak = self.snapshot_bytes()
 
     def has_state_at(self, n: int) -> bool:
         return n == 0 or n == self.length or n in self._records or n in self._checkpoints

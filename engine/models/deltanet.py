@@ -33,7 +33,7 @@ from engine.models.config import ModelConfig
 from engine.models.layers import FeedForward, ForwardStep, RMSNorm, RotaryEmbedding
 from engine.ops.linear import Linear
 
-EXACT_WIDTH = 16  # widths up to this run the exact per-token recurrence (and record every position)
+EXACT_WIDTH = 16  # widths up to this run the exact per-token recurrence (a verification records every position)
 CHUNK = 64  # chunk length of the parallel form
 
 
@@ -107,7 +107,9 @@ class GatedDeltaNet(nn.Module):
 
         if n <= EXACT_WIDTH:
             o, states = _recurrent(q, k, v, g, beta, ssm)
-            per = {j + 1: (conv_at(j + 1), s) for j, s in enumerate(states)}
+            # a prefill keeps the states a resume needs (its end and one before); a verification all of them
+            keep = range(1, n + 1) if step.rollback else range(max(1, n - 1), n + 1)
+            per = {j: (conv_at(j), states[j - 1]) for j in keep}
         else:
             # all but the last position in chunks, the last one exactly: the state one position before the
             # end is recorded too, which is where a request repeating this prompt resumes (it re-runs the

@@ -105,6 +105,10 @@ class ForwardStep:
     # where the keys a reading layer attends end (exclusive); None: start + n (the Gemma 4 assistant's
     # query at the last committed position sees only the positions before it)
     key_end: int | None = None
+    # Whether the caller may roll back to a position inside this forward (a verification, which asks for
+    # every position's logits); a prefill chunk is only ever kept whole or resumed at its last two
+    # positions, so recurrent layers need not keep their states at the others.
+    rollback: bool = True
 
 
 @dataclass

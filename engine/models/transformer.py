@@ -146,7 +146,7 @@ class Model(nn.Module):
         rope = {"global": self.rope_global.get(start, n, device, self.dtype)}
         rope["local"] = rope["global"] if self.rope_local is self.rope_global else \
             self.rope_local.get(start, n, device, self.dtype)
-        step = ForwardStep(start, n, rope, masks, key_start, self.block_ops)
+        step = ForwardStep(start, n, rope, masks, key_start, self.block_ops, rollback=logits_for == "all")
 
         x = self.embed(ids).to(self.dtype)
         if self._embed_scale is not None:

@@ -157,6 +157,7 @@ class DecodeLoop:
         if s.relaxed_within is not None:  # a prompt that ends inside an open block (a thinking prefill)
             self._reasoning = s.relaxed_within.inside_after(prompt, False)
         t_start = self.clock()
+        self.cache.reset_snapshot_peak()
         cached, committed = self._evaluate(list(prompt))
         t_prompt = self.clock()
         self.times.prefill = t_prompt - t_start
@@ -198,6 +199,7 @@ class DecodeLoop:
         if tail or pending:
             yield chunk(tail)
         t_end = self.clock()
+        self.stats.snapshot_bytes = self.cache.snapshot_peak
         return GenerateResult(
             done_reason=reason,
             prompt_eval_count=len(prompt),

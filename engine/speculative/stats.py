@@ -27,6 +27,9 @@ class SpeculationStats:
     strict_accept_sum: float = 0.0
     match_accept_sum: float = 0.0
     trace: list[dict[str, Any]] | None = None
+    # Hybrid recurrent targets: the most bytes of recurrent-state snapshots (rollback records and prompt
+    # checkpoints) the target's cache held during the request; 0 for attention-only models.
+    snapshot_bytes: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -55,6 +58,8 @@ class SpeculationStats:
             "acceptance_by_position": [round(x, 4) for x in self.per_position_acceptance],
             "mean_depth": round(self.mean_depth, 4),
         }
+        if self.snapshot_bytes:
+            out["snapshot_bytes"] = self.snapshot_bytes
         if self.trace is not None:
             out["trace"] = self.trace
         return out

@@ -57,6 +57,7 @@ def test_chat_with_and_without_drafters(srv: ServerThread, arch: str) -> None:
             runs[drafter] = out = r.json()
             assert out["done"] and out["eval_count"] == 24 and SPEC_FIELDS <= set(out) and out["drafter"] == drafter
     assert runs["model"]["draft_n_accepted"] > 0 and runs["model"]["acceptance_by_position"]
+    assert runs["model"]["snapshot_bytes"] > 0  # the recurrent states held for rollback, reported per request
     assert runs["model"]["message"] == runs["none"]["message"] == runs["ngram"]["message"]
     assert runs["none"]["message"]["content"]
 

@@ -204,3 +204,18 @@ def test_the_distribution_test_catches_a_skipped_restore(dist_engine, monkeypatc
     except AssertionError:  # sampled a sequence the target gives probability 0
         return
     assert pvalue < 1e-3
+
+
+@pytest.mark.parametrize("cap", [1, 4])
+def test_the_snapshot_memory_of_a_request_is_reported(paths, cap):
+    """The result carries the most recurrent-state memory the cache held for rollback and prefix reuse: the
+    state before a round, the cap states inside its verification but the last (the new committed one),
+    and the prompt's two checkpoints, per recurrent layer. The prefill (11 tokens, one exact-recurrence
+    forward) keeps only the two states a resume needs, not one per prompt position."""
+    engine = load_engine(paths["target"], paths["self"])  # fresh: no checkpoints of earlier prompts
+    r = engine.target.config.recurrent
+    per_position = r.n_v_heads * r.head_k_dim * r.head_v_dim * 4 + r.conv_dim * (r.conv_kernel - 1) * 4
+    run = generate(engine, **GREEDY, **spec_opts("model", cap))
+    assert run.result.prompt_eval_count > cap + 3
+    assert run.spec.snapshot_bytes == (cap + 3) * sum(r.layers) * per_position
+    assert run.spec.to_json(run.result.eval_count)["snapshot_bytes"] == run.spec.snapshot_bytes
