@@ -52,6 +52,9 @@ DrafterChoice = Literal["auto", "model", "mtp", "ngram", "none"]
 DraftSchedule = Literal["adaptive", "fixed"]
 AcceptanceRule = Literal["strict", "match"]
 RelaxedScope = Literal["all", "thinking"]
+# How the engine holds the target's linear weights (engine.ops.linear documents each); "auto" = as the source
+# is stored where a kernel keeps it exact (quantized codes, or f32 for a float source), else the engine's choice.
+WeightFormat = Literal["auto", "f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot"]
 
 
 #: The largest ``draft_num_predict``: deeper drafts are never worth verifying, and every drafted
@@ -128,6 +131,8 @@ class Options:
     main_gpu: int | None = None
     use_mmap: bool | None = None
     num_thread: int = 0
+    # tandem's load-time weight format of the target (``WeightFormat``); a change reloads the engine
+    weight_format: WeightFormat = field(default="auto", metadata={"tandem": True})
     # speculative decoding
     draft_num_predict: int = _speculation(4, max=MAX_DRAFT_NUM_PREDICT)  # <= 0: no speculation
     draft_n_min: int = _speculation(0, min=0)
@@ -220,7 +225,8 @@ ACCEPTANCE_RULES: tuple[str, ...] = OPTION_CHOICES["draft_acceptance"]
 #: Ollama's ``api.DefaultOptions()``; the unset ones (``stop``, ``main_gpu``, ``use_mmap``) absent.
 DEFAULT_OPTIONS: dict[str, Any] = {
     f.name: f.default for f in _FIELDS
-    if not f.metadata.get("speculation") and f.default is not None and f.default != ()}
+    if not f.metadata.get("speculation") and not f.metadata.get("tandem") and f.default is not None
+    and f.default != ()}
 
 #: tandem's speculation tunables and their defaults (documented on :class:`Options`).
 SPECULATION_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS if f.metadata.get("speculation")}

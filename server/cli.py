@@ -239,6 +239,9 @@ def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
         if mi.get(f"{arch}.{key}"):
             rows.append((label, str(mi[f"{arch}.{key}"])))
     rows.append(("quantization", details.get("quantization_level", "")))
+    # how the engine holds the weights: the model's PARAMETER, else auto (stored precision for a float file)
+    params = dict((line[:30].strip(), line[30:].strip()) for line in (info.get("parameters") or "").splitlines())
+    rows.append(("weight format", params.get("weight_format", "auto").strip('"')))
     print()
     _section("Model", rows)
     draft = (info.get("speculation") or {}).get("draft")

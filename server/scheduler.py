@@ -196,12 +196,14 @@ class Scheduler:
             log.warning("requested context size too large for model: num_ctx=%d n_ctx_train=%d", num_ctx, trained)
             num_ctx = trained
         num_thread = (options.num_thread if "num_thread" in options.explicit else 0) or self.settings.num_thread or 0
+        weight_format = options.weight_format if "weight_format" in options.explicit else self.settings.weight_format
         assert model.model_path is not None
         return LoadSpec(
             model_path=str(model.model_path),
             draft_path=str(model.draft_path) if model.draft_path else None,
             num_ctx=max(num_ctx, 1),
             num_thread=max(num_thread, 0),
+            weight_format=weight_format,
         )
 
     async def acquire(self, model: StoredModel, options: Options, keep_alive: float) -> Lease:

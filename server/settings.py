@@ -13,6 +13,7 @@
 | TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
 | TANDEM_ENGINE_TIMEOUT  | (tandem only)           | 5m; 0 = no watchdog     |
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
+| TANDEM_WEIGHT_FORMAT   | (tandem only)           | auto (see weight_format) |
 | TANDEM_CREATE_PATHS    | (tandem only)           | (none)                  |
 
 TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Linux, as PATH is) whose files an
@@ -25,6 +26,7 @@ TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Lin
 from __future__ import annotations
 
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -33,6 +35,9 @@ from pathlib import Path
 from typing import Mapping
 
 from blobs import default_models_root
+from engine.options import OPTION_CHOICES
+
+log = logging.getLogger("tandem.settings")
 
 DEFAULT_PORT = 11434
 DEFAULT_KEEP_ALIVE = 300.0  # seconds (Ollama's 5m)
@@ -242,6 +247,17 @@ def _env_uint(env: Mapping[str, str], key: str, default: int) -> int:
     return n if n >= 0 else default
 
 
+def env_weight_format(env: Mapping[str, str]) -> str:
+    """TANDEM_WEIGHT_FORMAT: one of the ``weight_format`` option's values; anything else is "auto" (with a
+    warning, as an unparseable variable falls back to its default)."""
+    value = (env_value(env, "TANDEM_WEIGHT_FORMAT") or "auto").strip().lower()
+    if value not in OPTION_CHOICES["weight_format"]:
+        log.warning("TANDEM_WEIGHT_FORMAT=%r is not one of %s; using auto", value,
+                    ", ".join(OPTION_CHOICES["weight_format"]))
+        return "auto"
+    return value
+
+
 def env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
     """A timeout variable: a Go duration or integer seconds (as TANDEM_LOAD_TIMEOUT); unparseable =
     the default; zero or negative = no limit (math.inf)."""
@@ -280,6 +296,7 @@ class Settings:
     debug: bool = False
     load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds an engine may take to load; inf = no limit
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
+    weight_format: str = "auto"  # the target's weight format when neither model nor request says
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.scheduler); inf = off
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
@@ -303,6 +320,7 @@ class Settings:
             debug=env_bool(env, "TANDEM_DEBUG"),
             load_timeout=load_timeout,
             num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
+            weight_format=env_weight_format(env),
             create_paths=create_paths(env),
             engine_timeout=env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),
             max_request_bytes=_env_uint(env, "TANDEM_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),

@@ -18,6 +18,9 @@ class SequenceCache(Protocol):
     capacity: int  # positions the cache can hold (the request's num_ctx at most)
     length: int  # valid positions
     tokens: list[int]  # the token id at each valid position
+    # the most bytes of snapshots (states kept only to roll back or resume) held since the last
+    # ``reset_snapshot_peak``; 0 for a cache that rolls back by its length alone
+    snapshot_peak: int
 
     def check_room(self, n: int) -> None:
         """Raise ``ContextOverflowError`` if ``n`` more positions do not fit (before anything is written)."""
@@ -39,3 +42,6 @@ class SequenceCache(Protocol):
 
     def nbytes(self) -> int:
         """Memory held, in bytes."""
+
+    def reset_snapshot_peak(self) -> None:
+        """Start measuring ``snapshot_peak`` afresh (from what the cache holds now)."""

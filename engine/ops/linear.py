@@ -53,16 +53,17 @@ threads at once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence, get_args
 
 import torch
 import torch.nn.functional as F
 
 from engine.gguf import GGML_TYPES, GGUFFile
 from engine.ops import dequant as dq
+from engine.options import WeightFormat
 from engine.ops.kernels import load_qdot, qdot_fast, qdot_status
 
-FORMATS = ("f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot")
+FORMATS = tuple(f for f in get_args(WeightFormat) if f != "auto")  # what a request may name, less "auto"
 INT4_GROUP = 32
 # Rows per conversion window for the int4/int8 builders: a multiple of 64 (the CPU int4 packing
 # works in independent blocks of 64 output rows) sized to keep temporaries at a few MB.
@@ -640,6 +641,11 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
     type name -> element count. ``amx`` defaults to :func:`cpu_has_amx`, ``qdot`` to whether the
     qdot kernel's AVX512-VNNI path is built here.
 
+    * a target stored as floats (F32, F16, BF16: an unquantized import): served at its stored precision,
+      as Ollama serves a model that was not quantized at create: ``f32`` (exact for all three; MKL's
+      sgemm), or ``bf16-packed`` for a BF16 source on AMX CPUs (exact there, and the flat-cost kernel).
+      Trading precision for speed is the user's call: ``--quantize`` at create, or the
+      ``weight_format`` option.
     * where qdot is available: ``qdot`` for a drafter and for a quantized target (Q4_K_M, Q8_0,
       ...) unless bf16-packed applies below. It keeps every Q4/Q5/Q6/Q8 tensor's own codes (no
       requantization at all) and was the fastest format at widths 1-4 on AVX-512 VNNI hosts.
@@ -665,4 +671,13 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
         return integer
     if amx is None:
         amx = cpu_has_amx()
+    floats = _float_types(source_type_names)
+    if floats:
+        return "bf16-packed" if amx and floats == {"BF16"} else "f32"
     return "bf16-packed" if amx else integer
+
+
+def _float_types(source_types: Iterable[str] | Mapping[str, int]) -> set[str]:
+    """The source's type names when every linear weight is a float (F32/F16/BF16), else an empty set."""
+    types = {t.upper() for t in source_types}
+    return types if types and types <= {"F32", "F16", "BF16"} else set()

@@ -302,9 +302,18 @@ def test_default_format():
     # except a non-Q4 target on an AMX CPU (bf16-packed verifies 16 tokens for the price of 1)
     assert L.default_format("drafter", q4km, qdot=True) == "qdot"
     assert L.default_format("target", q4km, amx=True, qdot=True) == "qdot"
-    assert L.default_format("target", ["F16"], amx=False, qdot=True) == "qdot"
-    assert L.default_format("target", ["F16"], amx=True, qdot=True) == "bf16-packed"
-    assert L.default_format("target", ["F16"], amx=False, qdot=False) == "auto-int4"
+    assert L.default_format("target", ["Q8_0", "F32"], amx=False, qdot=True) == "qdot"
+    assert L.default_format("target", ["Q8_0"], amx=True, qdot=True) == "bf16-packed"
+    # a float target is served at its stored precision (an unquantized import, as Ollama serves it);
+    # a float drafter only moves the acceptance rate, so it keeps the fast integer kernel
+    for amx in (True, False):
+        for qdot in (True, False):
+            assert L.default_format("target", ["F16"], amx=amx, qdot=qdot) == "f32"
+            assert L.default_format("target", ["F32", "F16"], amx=amx, qdot=qdot) == "f32"
+            assert L.default_format("target", {"BF16": 100, "F32": 10}, amx=amx, qdot=qdot) == "f32"
+    assert L.default_format("target", ["BF16"], amx=True, qdot=True) == "bf16-packed"  # exact, flat-cost
+    assert L.default_format("target", ["BF16"], amx=False, qdot=True) == "f32"
+    assert L.default_format("drafter", ["F16"], amx=False, qdot=True) == "qdot"
     with pytest.raises(ValueError):
         L.default_format("oracle", q4km)
 

@@ -64,6 +64,10 @@ class Script:
 class FakeCache:
     capacity: int = 256
     tokens: list[int] = field(default_factory=list)
+    snapshot_peak: int = 0
+
+    def reset_snapshot_peak(self) -> None:
+        pass
 
     @property
     def length(self) -> int:
