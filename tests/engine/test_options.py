@@ -40,7 +40,7 @@ def test_option_types_table():
     floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
               "frequency_penalty", "draft_p_min"}
     bools = {"use_mmap", "draft_trace"}
-    strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope"}
+    strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope", "weight_format"}
     assert {k for k, v in OPTION_TYPES.items() if v is int} == ints
     assert {k for k, v in OPTION_TYPES.items() if v is float} == floats
     assert {k for k, v in OPTION_TYPES.items() if v is bool} == bools

@@ -92,9 +92,9 @@ def engine(tmp_path_factory):
     e.close()
 
 
-def run(engine, prompt: str, **kw) -> tuple[str, GenerateResult]:
+def run(engine, prompt: str, num_predict: int = 24, **kw) -> tuple[str, GenerateResult]:
     parts, result = [], None
-    options = Options.from_map({"temperature": 0, "num_predict": 24})
+    options = Options.from_map({"temperature": 0, "num_predict": num_predict})
     for item in engine.generate(GenerateRequest(prompt=prompt, options=options, **kw)):
         if isinstance(item, GenerateResult):
             result = item
@@ -113,6 +113,7 @@ def test_engine_leaves_the_reasoning_free_and_formats_after(engine):
     assert formatted.lstrip()[:1] in '{["-0123456789tfn' and "<think>" not in formatted
 
     # The block already closed in the prompt: the answer is held to the format from its first token.
-    text, result = run(engine, "Question: colours?<think>ok</think>", format="json", think_first=True)
+    # (room for the random model's long number: the format bounds its length)
+    text, result = run(engine, "Question: colours?<think>ok</think>", num_predict=64, format="json", think_first=True)
     assert result.done_reason == "stop"
     json.loads(text)
