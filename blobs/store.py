@@ -819,7 +819,23 @@ class BlobStore:
                 pass
             except OSError as e:
                 log.warning("could not remove blob %s: %s", digest, e)
+            self._remove_derived(digest)
         return removed
+
+    # Files an engine derives from a blob and keeps beside the store (engine.ops.pack_cache's packed weight
+    # layouts): ``<root>/packed/<first 16 hex digits of the digest>-*``, removed with their blob.
+    DERIVED_DIR = "packed"
+
+    def _remove_derived(self, digest: str) -> None:
+        prefix = digest.split(":", 1)[-1][:16] + "-"
+        directory = self.root / self.DERIVED_DIR
+        if not directory.is_dir():
+            return
+        for path in directory.glob(prefix + "*"):
+            try:
+                path.unlink()
+            except OSError as e:
+                log.warning("could not remove %s: %s", path, e)
 
     def referenced_digests(self) -> set[str]:
         """'sha256:<hex>' digests of every blob some readable manifest references."""

@@ -202,6 +202,9 @@ class GGUFFile:
 
     def __init__(self, path: str | os.PathLike):
         self.path = os.fspath(path)
+        # Tensors derived from this file's bytes and cached on disk (engine.ops.pack_cache.PackCache:
+        # the packed kernel layouts), or None; set by whoever loads a model from it.
+        self.packs = None
         try:
             self._fd = open(self.path, "rb")
         except FileNotFoundError:

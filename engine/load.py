@@ -119,7 +119,7 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
         return _load_encoder_parts(spec, f, device)
     try:
         tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
-        target = load_model(f, spec.weight_format, device, role="target")
+        target = load_model(f, spec.weight_format, device, role="target", pack_dir=spec.pack_dir)
         fmt = target.fmt  # 'auto' resolved by the model loader (per role and file)
     except (UnsupportedModelError, TokenizerError) as e:
         f.close()
@@ -153,7 +153,7 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
             draft_arch, draft_kind = target.config.arch, "mtp"
         else:
             try:
-                draft = load_model(df, spec.draft_weight_format, device, role="drafter")
+                draft = load_model(df, spec.draft_weight_format, device, role="drafter", pack_dir=spec.pack_dir)
             except UnsupportedModelError as e:
                 raise EngineError(f"draft model: {e}", 400) from None
             draft_fmt = draft.fmt
@@ -163,6 +163,8 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
     nextn = find_nextn_block(f.tensors)
     if nextn is not None and "mtp" not in drafters:
         drafters["mtp"] = MtpDrafter(load_nextn_head(target, f, nextn, fmt), num_ctx)
+        if f.packs is not None:
+            f.packs.save()  # the head's packed weights join the target's
 
     memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
     toks = tokenizer.token_strings()

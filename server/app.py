@@ -168,7 +168,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
     settings = settings or Settings.from_env()
     store = store or BlobStore(settings.models)
     metrics = Metrics()
-    ctx = ServerContext(store=store, settings=settings, scheduler=Scheduler(settings, engine_factory),
+    ctx = ServerContext(store=store, settings=settings, scheduler=Scheduler(settings, engine_factory, pack_dir=store.root / store.DERIVED_DIR),
                         metrics=metrics, prompts=PromptCache(), version=tandem_version())
 
     @asynccontextmanager

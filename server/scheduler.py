@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
 
 import anyio
@@ -170,8 +171,11 @@ class Lease:
 
 
 class Scheduler:
-    def __init__(self, settings: Settings, engine_factory: Callable[[], EngineHandle] | None = None):
+    def __init__(self, settings: Settings, engine_factory: Callable[[], EngineHandle] | None = None,
+                 pack_dir: Path | None = None):
+        """``pack_dir``: where engines cache packed weight layouts (beside the store), so reloads are fast."""
         self.settings = settings
+        self.pack_dir = pack_dir
         self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
         self._slots: dict[tuple[str, str | None], Slot] = {}
         self._closing = False
@@ -204,6 +208,7 @@ class Scheduler:
             num_ctx=max(num_ctx, 1),
             num_thread=max(num_thread, 0),
             weight_format=weight_format,
+            pack_dir=str(self.pack_dir) if self.pack_dir is not None else None,
         )
 
     async def acquire(self, model: StoredModel, options: Options, keep_alive: float) -> Lease:

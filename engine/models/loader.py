@@ -33,6 +33,7 @@ from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, load_linear
+from engine.ops.pack_cache import PackCache
 from engine.ops.linear import default_format as linear_default_format
 
 EMBEDDING = "token_embd.weight"
@@ -263,14 +264,17 @@ def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, de
 
 
 def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None, *, role: str = "target") -> Model:
+               dtype: torch.dtype | None = None, *, role: str = "target", pack_dir: str | os.PathLike | None = None) -> Model:
     """Load a GGUF into a ``Model``.
 
     ``fmt``: weight format of the linear layers ('f32', 'bf16', 'bf16-packed', 'int8', 'int4', 'auto-int4');
     'auto' asks ``engine.ops.linear.default_format(role, weight types)`` on CPU (auto-int4 for Q4 files,
     bf16-packed otherwise, for a target) and is dense bf16 elsewhere. ``dtype``: compute dtype of activations and of the KV
     cache; default f32 on CPU (norms, RoPE and attention in f32 as llama.cpp does; the linears cast
-    internally) and bf16 on CUDA unless fmt is 'f32'.
+    internally) and bf16 on CUDA unless fmt is 'f32'. ``pack_dir``: where packed kernel layouts are cached
+    (``engine.ops.pack_cache``): a later load of the same file maps them instead of rebuilding them; the
+    file's ``packs`` stays set, so weights loaded from it afterwards (a NextN head) are cached too once
+    their loader calls ``f.packs.save()``.
     """
     device = torch.device(device)
     f, owned = _gguf_of(path_or_file)
@@ -280,7 +284,11 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
             fmt = default_format(f, device, role)
         if dtype is None:
             dtype = torch.float32 if (device.type == "cpu" or fmt == "f32") else torch.bfloat16
+        if pack_dir is not None and device.type == "cpu":
+            f.packs = PackCache(pack_dir, f.path, fmt)
         model = _build_model(f, config, fmt, dtype, device)
+        if f.packs is not None:
+            f.packs.save()
     except BaseException:
         if owned:
             f.close()

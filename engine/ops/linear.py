@@ -444,15 +444,30 @@ def _to_f16(t: torch.Tensor, what: str) -> torch.Tensor:
     return h
 
 
+def _qdot_layout(srcs: Sequence[_Source]) -> tuple[int, int, int | None]:
+    """Bits, group size and the common code offset (None: the groups have their own zeros) of fused sources."""
+    layouts = {dq.code_layout(s.ggml_type) for s in srcs}
+    (bits, group), = {lay[:2] for lay in layouts}  # kernel_for never fuses different layouts
+    offsets = {lay[2] for lay in layouts}
+    offset = offsets.pop() if len(offsets) == 1 and None not in offsets else None
+    return bits, group, offset
+
+
+def _qdot_shapes(srcs: Sequence[_Source]) -> dict[str, tuple[int, ...]]:
+    """The shapes of the packed tensors ``_qdot_weight`` builds for ``srcs``."""
+    k, n = srcs[0].k, sum(s.n for s in srcs)
+    bits, group, offset = _qdot_layout(srcs)
+    blocks = -(-n // QDOT_BLOCK_ROWS)
+    return {"codes": (blocks, 2 * k * bits), "scales": (blocks, k // group, QDOT_BLOCK_ROWS),
+            "zeros": (blocks if offset is None else 0, k // group, QDOT_BLOCK_ROWS)}
+
+
 def _qdot_weight(srcs: Sequence[_Source]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:
     """Codes, f16 scales and zeros for the fused sources in the kernel's layout, built window by
     window (windows of whole 16-row blocks)."""
     k = srcs[0].k
     n = sum(s.n for s in srcs)
-    layouts = {dq.code_layout(s.ggml_type) for s in srcs}
-    (bits, group), = {lay[:2] for lay in layouts}  # kernel_for never fuses different layouts
-    offsets = {lay[2] for lay in layouts}
-    offset = offsets.pop() if len(offsets) == 1 and None not in offsets else None
+    bits, group, offset = _qdot_layout(srcs)
     blocks = -(-n // QDOT_BLOCK_ROWS)
     codes = torch.empty(blocks, 2 * k * bits, dtype=torch.uint8)
     scales = torch.empty(blocks, k // group, QDOT_BLOCK_ROWS, dtype=torch.float16)
@@ -486,6 +501,23 @@ def _bias(f: GGUFFile, srcs: Sequence[_Source], bias_names: Sequence[str | None]
             raise ValueError(f"{bname}: {b.numel()} values for {s.n} output rows of {s.name}")
         parts.append(b.to(dtype))
     return torch.cat(parts)
+
+
+def _build_cached(f: GGUFFile, key: str, srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Linear:
+    """``_build``, through the file's packed-weight cache (``f.packs``) for the qdot layout: a later load
+    maps the packed codes and scales instead of rebuilding them."""
+    packs = f.packs
+    if packs is None or not fmt.startswith("qdot"):
+        return _build(srcs, bias, fmt)
+    key = f"{fmt}|{key}"
+    bits, group, offset = _qdot_layout(srcs)
+    n = sum(s.n for s in srcs)
+    saved = packs.get(key, _qdot_shapes(srcs))
+    if saved is not None:
+        return QDotLinear(saved["codes"], saved["scales"], saved["zeros"], bits, group, offset or 0, n, bias)
+    codes, scales, zeros, *_ = _qdot_weight(srcs)
+    packs.put(key, {"codes": codes, "scales": scales, "zeros": zeros})
+    return QDotLinear(codes, scales, zeros, bits, group, offset or 0, n, bias)
 
 
 def _build(srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Linear:
@@ -566,14 +598,16 @@ def load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
             groups[-1][1].append(i)
         else:
             groups.append((kern, [i]))
+    key = ",".join(names) + (f"[{rows[0]}:{rows[1]}]" if rows is not None else "")
     if len(groups) == 1:
-        return _build(srcs, bias, groups[0][0])
+        return _build_cached(f, key, srcs, bias, groups[0][0])
     parts = []
     off = 0
     for kern, idx in groups:
         gs = [srcs[i] for i in idx]
         n = sum(s.n for s in gs)
-        parts.append(_build(gs, None if bias is None else bias[off:off + n].clone(), kern))
+        parts.append(_build_cached(f, f"{key}#{idx[0]}", gs, None if bias is None else bias[off:off + n].clone(),
+                                   kern))
         off += n
     return SplitLinear(parts)
 

@@ -1,0 +1,114 @@
+"""The packed-weight cache (engine.ops.pack_cache): a load that builds the qdot layout saves it beside the store,
+the next load maps it instead of packing (same weights, same logits), and a cache that is stale, corrupt or
+the wrong shape is ignored and rebuilt, never trusted; removing the model's blob removes its cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.ops import linear as L
+from engine.ops import pack_cache
+from engine.ops.kernels import qdot_status
+from engine.models.loader import load_model
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(not qdot_status().available, reason="the qdot kernel is not built here")
+
+IDS = [1, 5, 9, 2, 7]
+
+
+@pytest.fixture
+def gguf(tmp_path):
+    return write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", dtype="Q8_0", seed=3))
+
+
+def _logits(model) -> torch.Tensor:
+    return model(IDS, model.new_cache(16))
+
+
+def _no_packing(monkeypatch):
+    def fail(srcs):
+        raise AssertionError(f"packed {srcs[0].name} again instead of mapping the cache")
+    monkeypatch.setattr(L, "_qdot_weight", fail)
+
+
+def test_a_second_load_maps_the_packed_weights(gguf, tmp_path, monkeypatch):
+    packs = tmp_path / "packed"
+    cold = load_model(gguf, "qdot", pack_dir=packs)
+    [saved] = list(packs.glob("*.pt"))
+    assert cold.gguf.packs.hits == 0 and not list(packs.glob(".pack-*"))  # written atomically, no temp left
+    _no_packing(monkeypatch)
+    warm = load_model(gguf, "qdot", pack_dir=packs)
+    assert warm.gguf.packs.hits > 0 and warm.gguf.packs.misses == 0
+    assert torch.equal(_logits(warm), _logits(cold))
+    assert list(packs.glob("*.pt")) == [saved]  # nothing rewritten when everything was found
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "stale layout", "wrong shape"])
+def test_a_bad_cache_is_rebuilt_not_trusted(gguf, tmp_path, monkeypatch, damage):
+    packs = tmp_path / "packed"
+    want = _logits(load_model(gguf, "qdot", pack_dir=packs))
+    [path] = list(packs.glob("*.pt"))
+    if damage == "garbage":
+        path.write_bytes(b"not a cache")
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif damage == "stale layout":
+        monkeypatch.setattr(pack_cache, "LAYOUT_VERSION", pack_cache.LAYOUT_VERSION + 1)
+    else:
+        data = torch.load(path, weights_only=True)
+        key = next(iter(data["entries"]))
+        data["entries"][key]["codes"] = data["entries"][key]["codes"][:1]
+        torch.save(data, path)
+    model = load_model(gguf, "qdot", pack_dir=packs)
+    assert model.gguf.packs.misses == 0  # saved again after the rebuild
+    assert torch.equal(_logits(model), want)
+    _no_packing(monkeypatch)
+    again = load_model(gguf, "qdot", pack_dir=packs)  # and the rebuilt file serves the next load
+    assert again.gguf.packs.hits > 0 and torch.equal(_logits(again), want)
+
+
+def test_other_formats_and_no_directory_pack_as_before(gguf, tmp_path):
+    assert load_model(gguf, "qdot").gguf.packs is None
+    load_model(gguf, "int8", pack_dir=tmp_path / "packed")
+    assert not list((tmp_path / "packed").glob("*.pt"))  # only the qdot layout is cached
+
+
+def test_removing_the_blob_removes_its_packed_weights(tmp_path):
+    from blobs import BlobStore
+    from importer import CreateRequest, create_model
+
+    store = BlobStore(tmp_path / "models")
+    digest, _ = store.add_file(write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", dtype="Q8_0", seed=3)))
+    create_model(store, CreateRequest(model="q", files={"m.gguf": digest}))
+    packs = store.root / store.DERIVED_DIR
+    load_model(store.blob_path(digest), "qdot", pack_dir=packs)
+    [path] = list(packs.glob("*.pt"))
+    assert path.name.startswith(digest.split(":")[1][:16] + "-")
+    store.delete("q")
+    assert not path.exists()
+
+
+def test_the_server_caches_beside_its_store(tmp_path):
+    """Served models load through the cache under the store's ``packed/`` directory; after an unload the
+    next load finds it (the engine reports nothing of it, so the file is what is checked)."""
+    import httpx
+
+    from blobs import BlobStore
+    from importer import CreateRequest, create_model
+    from server.settings import Settings
+    from tests.server_thread import ServerThread
+
+    store = BlobStore(tmp_path / "models")
+    digest, _ = store.add_file(write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", dtype="Q8_0", seed=3)))
+    create_model(store, CreateRequest(model="q", files={"m.gguf": digest}, parameters={"temperature": 0.0,
+                                                                                      "weight_format": "qdot"}))
+    with ServerThread(store, Settings(num_thread=1)) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
+        body = {"model": "q", "prompt": "hi", "stream": False, "options": {"num_predict": 6}}
+        first = http.post("/api/generate", json={**body, "keep_alive": 0}).json()
+        [path] = list((store.root / "packed").glob(digest.split(":")[1][:16] + "-qdot-*.pt"))
+        mtime = path.stat().st_mtime_ns
+        second = http.post("/api/generate", json=body).json()
+        assert second["response"] == first["response"]
+        assert path.stat().st_mtime_ns == mtime  # found, not rewritten
