@@ -30,7 +30,7 @@ import gguf
 import numpy as np
 import torch
 
-from benchmarks.decode import cpu_info
+from benchmarks.output import emit, host_line
 from engine.cache.recurrent import HybridCache
 from engine.models.loader import load_model
 
@@ -155,10 +155,7 @@ def main(argv: list[str] | None = None) -> None:
         model = load_model(path)
         rows = measure(model, [int(x) for x in args.widths.split(",")], args.reps)
     state = args.v_heads * args.head_k * args.head_v * 4
-    cpu = cpu_info()
-    isa = ", ".join(k for k in ("avx512_vnni", "avx512_bf16", "amx") if cpu[k])
-    lines = ["# Hybrid cache: snapshot memory and restore cost", "",
-             f"{cpu['cpu_model']} ({isa}), {args.threads} threads, torch {cpu['torch']}.", "",
+    lines = ["# Hybrid cache: snapshot memory and restore cost", "", host_line(args.threads), "",
              f"`python -m benchmarks.hybrid_cache {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"Recurrent geometry: {args.k_heads} key / {args.v_heads} value heads of {args.head_k}/{args.head_v}, "
              f"{args.embd} wide; one delta-rule state is {state / 2**20:.2f} MiB (f32). Held = the states kept "
@@ -172,10 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {r['width']} | {r['forward_ms']:.1f} | {r['restore_us']:.0f} | "
                      f"{r['held_bytes_per_layer'] / 2**20:.2f} MiB | "
                      f"{r['held_bytes_per_layer'] * args.full_recurrent / 2**20:.0f} MiB |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text)
+    emit(lines, args.markdown)
 
 
 if __name__ == "__main__":

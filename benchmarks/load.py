@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.decode import cpu_info
+from benchmarks.output import emit, host_line
 
 _CHILD = r"""
 import json, os, sys, time
@@ -59,11 +59,8 @@ def main(argv: list[str] | None = None) -> None:
                     "device": "cpu", "pack_dir": packs}
             rows["cold"].append(_load(spec))
             rows["warm"].append(_load(spec))
-    cpu = cpu_info()
-    isa = ", ".join(k for k in ("avx512_vnni", "avx512_bf16", "amx") if cpu[k])
     cmd = " ".join(sys.argv[1:] if argv is None else argv)
-    lines = ["# Load time, cold and warm", "", f"{cpu['cpu_model']} ({isa}), {args.threads} threads, torch {cpu['torch']}.",
-             "", f"`python -m benchmarks.load {cmd}`", "",
+    lines = ["# Load time, cold and warm", "", host_line(args.threads), "", f"`python -m benchmarks.load {cmd}`", "",
              f"GGUFs: {gguf_bytes / 2**20:.0f} MiB. Median (min-max) over {args.rounds} rounds, each load in a fresh process.",
              "", "| load | seconds | RSS | RSS / GGUFs | format |", "|---|---:|---:|---:|---|"]
     for kind, rs in rows.items():
@@ -71,10 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         rss = statistics.median(r["rss"] for r in rs)
         lines.append(f"| {kind} | {statistics.median(secs):.2f} ({min(secs):.2f}-{max(secs):.2f}) | "
                      f"{rss / 2**20:.0f} MiB | {rss / gguf_bytes:.2f} | {rs[0]['format']} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.markdown:
-        Path(args.markdown).write_text(text)
+    emit(lines, args.markdown)
 
 
 if __name__ == "__main__":
