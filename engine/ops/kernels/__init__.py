@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp")]
+_SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp", "probe.cpp")]
 
 
 @dataclass(frozen=True)
