@@ -22,9 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .command import BenchError
 from .grid import Setting
 from .provenance import Measurement
+
+class ApplyError(Exception):
+    """--apply cannot go on (the command reports it as a bench error)."""
+
 
 #: speculation knobs a setting may carry that are worth keeping in a model (draft_trace is debugging)
 _NOT_APPLIED = frozenset({"draft_trace"})
@@ -39,7 +42,7 @@ def model_parameters(show: dict[str, Any]) -> dict[str, str]:
 
 
 def apply_temperature(temperatures: list[float], show: dict[str, Any]) -> float:
-    """The temperature whose best setting is applied; raises BenchError (before any measuring)."""
+    """The temperature whose best setting is applied; raises ApplyError (before any measuring)."""
     from engine.options import DEFAULT_OPTIONS
 
     if len(temperatures) == 1:
@@ -53,7 +56,7 @@ def apply_temperature(temperatures: list[float], show: dict[str, Any]) -> float:
         if abs(t - own) < 1e-9:
             return t
     where = "its temperature PARAMETER" if own_text is not None else "the default temperature"
-    raise BenchError(f"--apply writes the best setting of one temperature, and "
+    raise ApplyError(f"--apply writes the best setting of one temperature, and "
                      f"{', '.join(f'{t:g}' for t in temperatures)} were asked for, none of them the model's own "
                      f"({own:g}, {where}); pass a single --temperature (e.g. --temperature {own:g})")
 
@@ -75,7 +78,7 @@ def choose(best: list[dict[str, Any]], temperature: float, settings: list[Settin
     by_name = {s.name: s for s in settings}
     entry = next((b for b in best if abs(b["temperature"] - temperature) < 1e-9), None)
     if entry is None:
-        raise BenchError(f"nothing was measured at temperature {temperature:g}; nothing applied")
+        raise ApplyError(f"nothing was measured at temperature {temperature:g}; nothing applied")
     top = by_name[entry["setting"]]
     if top.lossless or allow_lossy:
         return Choice(top, entry["ratio"], None, True)
@@ -120,7 +123,7 @@ def apply_best(client: Any, report: dict[str, Any], settings: list[Setting], tem
     else:
         options = speculation_options(choice.setting)
         if not options:
-            raise BenchError(f"setting {choice.setting.name} sets no speculation option; nothing to apply")
+            raise ApplyError(f"setting {choice.setting.name} sets no speculation option; nothing to apply")
     entry = next(b for b in report["best"] if abs(b["temperature"] - temperature) < 1e-9)
     cfg = report["config"]
     runs_measured = len({m["run"] for m in report["measurements"]})

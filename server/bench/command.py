@@ -167,9 +167,12 @@ def run_bench(args: argparse.Namespace) -> None:
             raise BenchError(str(e)) from None
         apply_temp = None
         if args.apply:
-            from .apply import apply_temperature
+            from .apply import ApplyError, apply_temperature
 
-            apply_temp = apply_temperature(temps, shown)  # refuses before anything is measured
+            try:
+                apply_temp = apply_temperature(temps, shown)  # refuses before anything is measured
+            except ApplyError as e:
+                raise BenchError(str(e)) from None
         if drafter == "none":
             dropped = [s.name for s in settings if s.kind != "plain" and s.needs_draft_model]
             settings = [s for s in settings if s.name not in dropped]
@@ -249,14 +252,17 @@ def _speed(args, client, console, report, settings, temps, prompts) -> None:
 
 
 def _apply(args, client, console, report, settings, temperature, shown) -> None:
-    from .apply import apply_best
+    from .apply import ApplyError, apply_best
 
     if report.get("interrupted"):
         console.print("--apply: the sweep was interrupted; nothing applied")
         return
-    applied = apply_best(client, report, settings, temperature, shown, source=args.model,
-                         target=args.apply_as or args.model, allow_lossy=args.allow_lossy,
-                         say=lambda text: console.print(text, soft_wrap=True))
+    try:
+        applied = apply_best(client, report, settings, temperature, shown, source=args.model,
+                             target=args.apply_as or args.model, allow_lossy=args.allow_lossy,
+                             say=lambda text: console.print(text, soft_wrap=True))
+    except ApplyError as e:
+        raise BenchError(str(e)) from None
     report["applied"] = {"model": applied.model, "temperature": temperature, "parameters": applied.options}
     console.print(applied.message, soft_wrap=True)
 
