@@ -41,6 +41,7 @@ from blobs import (
     marshal_json,
 )
 from engine.gguf import read_metadata
+from engine.options import OPTION_ALIASES
 from engine.text.gotemplate import TemplateError, parse_template
 
 from . import bert_import
@@ -324,7 +325,8 @@ def _tuning(store: BlobStore, req: CreateRequest, inherited: Layer | None,
         except (ValueError, AttributeError):
             old = {}  # an unreadable claim is no claim: the parameters themselves are what count
         if isinstance(old, dict):
-            claims.update({k: v for k, v in old.items() if k not in req.parameters and isinstance(v, dict)})
+            by_hand = {OPTION_ALIASES.get(k, k) for k in req.parameters}  # n_max sets draft_num_predict
+            claims.update({k: v for k, v in old.items() if k not in by_hand and isinstance(v, dict)})
     claims.update(req.tuning)
     return {k: v for k, v in claims.items() if k in params and v.get("value") == params[k]}
 

@@ -223,6 +223,10 @@ def test_create_rejects_a_claim_without_its_parameter(api) -> None:
                          "tuning": {"draft_num_predict": {"source": "me", "value": 99}}}):
         pass
     assert api.show("claimed")["speculation"]["tuning"] == {"draft_num_predict": {"source": "me", "value": 3}}
+    # Set by hand under its alias (a Modelfile's PARAMETER n_max), the parameter loses its claim too.
+    for _ in api.create({"model": "claimed", "from": "claimed", "parameters": {"n_max": 4}}):
+        pass
+    assert api.show("claimed")["speculation"]["tuning"] == {}
 
 
 def test_unforced_apply_through_the_cli(srv: ServerThread, api: Client, tmp_path: Path) -> None:
