@@ -32,6 +32,7 @@ __all__ = [
     "MEDIA_TYPE_EMBED",
     "MEDIA_TYPE_TENSOR",
     "MEDIA_TYPE_JSON",
+    "MEDIA_TYPE_TUNING",
     "InvalidManifestError",
     "Layer",
     "Manifest",
@@ -54,6 +55,9 @@ MEDIA_TYPE_LICENSE = "application/vnd.ollama.image.license"
 MEDIA_TYPE_EMBED = "application/vnd.ollama.image.embed"
 MEDIA_TYPE_TENSOR = "application/vnd.ollama.image.tensor"
 MEDIA_TYPE_JSON = "application/vnd.ollama.image.json"
+#: tandem's own layer: where speculation PARAMETERs came from (``tandem bench --apply``), one claim per
+#: parameter. Ollama skips layer types it does not know, so a tuned model stays an ordinary Ollama model.
+MEDIA_TYPE_TUNING = "application/vnd.tandem.tuning"
 
 
 class InvalidManifestError(BlobsError, ValueError):

@@ -21,6 +21,7 @@ from .manifest import (
     MEDIA_TYPE_PROMPT,
     MEDIA_TYPE_SYSTEM,
     MEDIA_TYPE_TEMPLATE,
+    MEDIA_TYPE_TUNING,
     Manifest,
 )
 from .names import ModelName
@@ -43,6 +44,8 @@ class StoredModel:
     params: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
     licenses: list[str] = field(default_factory=list)
+    #: parameter -> where its value came from (the tandem tuning layer; see importer.create)
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def parent_model(self) -> str:
@@ -78,6 +81,8 @@ def load_stored_model(store: BlobStore, name: ModelName | str) -> StoredModel:
 
     params_text = text(MEDIA_TYPE_PARAMS)
     messages_text = text(MEDIA_TYPE_MESSAGES)
+    tuning_text = text(MEDIA_TYPE_TUNING)
+    tuning = json.loads(tuning_text).get("parameters", {}) if tuning_text else {}
     config = json.loads(store.read_blob(manifest.config.digest) or b"{}")
     return StoredModel(
         name=entry.name,
@@ -94,4 +99,5 @@ def load_stored_model(store: BlobStore, name: ModelName | str) -> StoredModel:
         params=json.loads(params_text) if params_text else {},
         messages=json.loads(messages_text) if messages_text else [],
         licenses=[store.read_blob(l.digest).decode("utf-8") for l in manifest.layers_of(MEDIA_TYPE_LICENSE)],
+        tuning=tuning if isinstance(tuning, dict) else {},
     )

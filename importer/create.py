@@ -31,6 +31,7 @@ from blobs import (
     MEDIA_TYPE_PROMPT,
     MEDIA_TYPE_SYSTEM,
     MEDIA_TYPE_TEMPLATE,
+    MEDIA_TYPE_TUNING,
     BlobStore,
     InvalidNameError,
     Layer,
@@ -40,6 +41,7 @@ from blobs import (
     marshal_json,
 )
 from engine.gguf import read_metadata
+from engine.options import OPTION_ALIASES
 from engine.text.gotemplate import TemplateError, parse_template
 
 from . import bert_import
@@ -294,6 +296,9 @@ def _text_layers(store: BlobStore, req: CreateRequest, base_layers: list[Layer],
     params.update(req.parameters)
     if params:
         out.append(_text_layer(store, MEDIA_TYPE_PARAMS, marshal_json(params), progress))
+    claims = _tuning(store, req, inherited.get(MEDIA_TYPE_TUNING), params)
+    if claims:
+        out.append(_text_layer(store, MEDIA_TYPE_TUNING, marshal_json({"parameters": claims}), progress))
 
     if req.messages:
         msgs = [{"role": m["role"], "content": m["content"]} for m in req.messages]
@@ -306,6 +311,24 @@ def _text_layers(store: BlobStore, req: CreateRequest, base_layers: list[Layer],
     else:
         out += [l for l in base_layers if l.media_type == MEDIA_TYPE_LICENSE]
     return out
+
+
+def _tuning(store: BlobStore, req: CreateRequest, inherited: Layer | None,
+            params: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Where each parameter came from: the base model's claims, less those for parameters this create
+    sets without one (set by hand, so no longer the measured value), plus this create's own. A claim
+    survives only while the parameter still holds the value it was made for."""
+    claims: dict[str, dict[str, Any]] = {}
+    if inherited is not None:
+        try:
+            old = json.loads(store.read_blob(inherited.digest)).get("parameters", {})
+        except (ValueError, AttributeError):
+            old = {}  # an unreadable claim is no claim: the parameters themselves are what count
+        if isinstance(old, dict):
+            by_hand = {OPTION_ALIASES.get(k, k) for k in req.parameters}  # n_max sets draft_num_predict
+            claims.update({k: v for k, v in old.items() if k not in by_hand and isinstance(v, dict)})
+    claims.update(req.tuning)
+    return {k: v for k, v in claims.items() if k in params and v.get("value") == params[k]}
 
 
 def _check_template(text: str) -> None:

@@ -69,6 +69,9 @@ class CreateRequest:
     renderer: str | None = None
     parser: str | None = None
     requires: str | None = None
+    #: tandem's own field (Ollama clients never send it): parameter -> where its value in ``parameters``
+    #: came from, e.g. a ``tandem bench --apply`` measurement. Stored as the tuning layer.
+    tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> "CreateRequest":
@@ -139,6 +142,7 @@ class CreateRequest:
             renderer=str_field("renderer"),
             parser=str_field("parser"),
             requires=str_field("requires"),
+            tuning=_tuning(body.get("tuning"), parameters),
         )
         req.check()
         return req
@@ -148,3 +152,18 @@ class CreateRequest:
             raise CreateError("neither 'from' or 'files' was specified")
         if self.draft_quantize and not self.draft_files:
             raise CreateError("draft_quantize requires draft_files")
+
+
+def _tuning(value: Any, parameters: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Claims about the parameters this create sets: one object per parameter, each naming the value it
+    speaks for (stamped here from ``parameters``, so a claim can never describe another value)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
+        raise CreateError("tuning must be an object mapping parameter names to objects")
+    out: dict[str, dict[str, Any]] = {}
+    for name, claim in value.items():
+        if name not in parameters:
+            raise CreateError(f"tuning describes parameter {name!r}, which parameters does not set")
+        out[name] = {**claim, "value": parameters[name]}
+    return out

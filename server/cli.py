@@ -218,7 +218,19 @@ def _local_show(store: BlobStore, name: str) -> dict:
     return {"modelfile": modelfile_text(model), "parameters": parameters_text(model.params),
             "template": ModelPrompting(model).template_text, "system": model.system or "",
             "license": "\n".join(model.licenses), "details": model.details(), "model_info": model_info(model),
-            "speculation": {"draft": draft_details(model)}}
+            "speculation": {"draft": draft_details(model), "tuning": dict(model.tuning)}}
+
+
+def _parameter_rows(text: str, tuning: dict) -> list[tuple[str, str]]:
+    """Each PARAMETER with, beside a tuned one, where its value came from (`tandem bench --apply`)."""
+    from .bench.provenance import describe
+
+    rows = []
+    for line in text.splitlines():
+        key, value = line[:30].strip(), line[30:].strip()
+        claim = tuning.get(key)
+        rows.append((key, f"{value:<10} ({describe(claim)})" if isinstance(claim, dict) else value))
+    return rows
 
 
 def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
@@ -249,7 +261,7 @@ def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
         _section("Draft", [("architecture", draft.get("family", "")), ("parameters", draft.get("parameter_size", "")),
                            ("quantization", draft.get("quantization_level", ""))])
     if info.get("parameters"):
-        _section("Parameters", [(line[:30].strip(), line[30:].strip()) for line in info["parameters"].splitlines()])
+        _section("Parameters", _parameter_rows(info["parameters"], (info.get("speculation") or {}).get("tuning") or {}))
     if info.get("system"):
         _section("System", [(line, "") for line in info["system"].splitlines()[:8]])
     if info.get("license"):

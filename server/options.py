@@ -46,7 +46,8 @@ def draft_details(model: StoredModel) -> dict[str, Any] | None:
 
 def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp_head: bool) -> dict[str, Any]:
     """tandem's addition to /api/show: the draft model, the tunables' defaults, the model's own
-    settings and what a request with these options would use (the engine's own rule)."""
+    settings, what a request with these options would use (the engine's own rule) and the measurement
+    each tuned parameter came from."""
     try:
         merged = Options.merged(model.params, options)
     except ParamError as e:
@@ -62,4 +63,6 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
         "defaults": dict(SPECULATION_DEFAULTS),
         "parameters": {k: v for k, v in model.params.items() if k in SPECULATION_OPTIONS or k == "n_max"},
         "effective": plan.as_options(),
+        # where the model's speculation parameters came from (`tandem bench --apply`), per parameter
+        "tuning": dict(model.tuning),
     }

@@ -51,6 +51,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--memory-mb", type=int, default=1024, help="address-space limit of a test program (default 1024)")
     q.add_argument("--no-humaneval", action="store_true", help="skip HumanEval")
     q.add_argument("--no-prose", action="store_true", help="skip the prose likelihood measurement")
+    a = p.add_argument_group("apply (write the best setting into the model, through the server)")
+    a.add_argument("--apply", action="store_true",
+                   help="after the sweep, write the best lossless setting of the measured temperature into the "
+                        "model as PARAMETERs, with where they came from (one temperature: see README)")
+    a.add_argument("--as", dest="apply_as", metavar="NEW",
+                   help="with --apply: create NEW (from MODEL plus the setting) instead of replacing MODEL")
+    a.add_argument("--allow-lossy", action="store_true",
+                   help="with --apply: apply the overall best even when it is lossy (relaxed_top_n above 0)")
     o = p.add_argument_group("output")
     o.add_argument("--json", metavar="FILE", help="write the full report (every measurement) as JSON")
     o.add_argument("--plots", metavar="DIR", help="write PNG plots to this folder")
@@ -138,6 +146,10 @@ def run_bench(args: argparse.Namespace) -> None:
     if args.runs < 1 or args.warmup < 0 or args.num_predict < 1:
         raise BenchError("--runs and --num-predict must be at least 1, --warmup at least 0")
     temps = _floats(args.temperature or ("0.6" if args.quality else "0,0.6"), "--temperature")
+    if (args.apply_as or args.allow_lossy) and not args.apply:
+        raise BenchError("--as and --allow-lossy only go with --apply")
+    if args.apply and args.quality:
+        raise BenchError("--apply goes with the speed sweep, not --quality")
     settings = _settings(args)
     try:
         prompts = load_prompts(args.prompts) if args.prompts else builtin_prompts()
@@ -150,8 +162,17 @@ def run_bench(args: argparse.Namespace) -> None:
         try:
             version = client.version()
             drafter = _effective_drafter(client, args.model)
+            shown = client.show(args.model) if args.apply else {}
         except APIError as e:
             raise BenchError(str(e)) from None
+        apply_temp = None
+        if args.apply:
+            from .apply import ApplyError, apply_temperature
+
+            try:
+                apply_temp = apply_temperature(temps, shown)  # refuses before anything is measured
+            except ApplyError as e:
+                raise BenchError(str(e)) from None
         if drafter == "none":
             dropped = [s.name for s in settings if s.kind != "plain" and s.needs_draft_model]
             settings = [s for s in settings if s.name not in dropped]
@@ -175,6 +196,8 @@ def run_bench(args: argparse.Namespace) -> None:
                 _quality(args, client, console, report, settings, temps, prose or builtin_prose())
             else:
                 _speed(args, client, console, report, settings, temps, prompts)
+                if apply_temp is not None:
+                    _apply(args, client, console, report, settings, apply_temp, shown)
         except APIError as e:
             raise BenchError(str(e)) from None
     finally:
@@ -226,6 +249,22 @@ def _speed(args, client, console, report, settings, temps, prompts) -> None:
 
         report["plots"] = write_speed_plots(report, args.plots)
         console.print(f"plots: {', '.join(report['plots'])}", soft_wrap=True)
+
+
+def _apply(args, client, console, report, settings, temperature, shown) -> None:
+    from .apply import ApplyError, apply_best
+
+    if report.get("interrupted"):
+        console.print("--apply: the sweep was interrupted; nothing applied")
+        return
+    try:
+        applied = apply_best(client, report, settings, temperature, shown, source=args.model,
+                             target=args.apply_as or args.model, allow_lossy=args.allow_lossy,
+                             say=lambda text: console.print(text, soft_wrap=True))
+    except ApplyError as e:
+        raise BenchError(str(e)) from None
+    report["applied"] = {"model": applied.model, "temperature": temperature, "parameters": applied.options}
+    console.print(applied.message, soft_wrap=True)
 
 
 def _quality(args, client, console, report, settings, temps, prose) -> None:
