@@ -164,7 +164,7 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
     if nextn is not None and "mtp" not in drafters:
         drafters["mtp"] = MtpDrafter(load_nextn_head(target, f, nextn, fmt), num_ctx)
         if f.packs is not None:
-            f.packs.save()  # the head's packed weights join the target's
+            f.packs.save(background=True)  # the head's packed weights join the target's
 
     memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
     toks = tokenizer.token_strings()

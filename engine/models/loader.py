@@ -288,7 +288,7 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
             f.packs = PackCache(pack_dir, f.path, fmt)
         model = _build_model(f, config, fmt, dtype, device)
         if f.packs is not None:
-            f.packs.save()
+            f.packs.save(background=True)  # ``f.packs.wait()`` to know it is on disk
     except BaseException:
         if owned:
             f.close()

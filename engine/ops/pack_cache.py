@@ -20,6 +20,8 @@ import logging
 import os
 import re
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -29,6 +31,7 @@ log = logging.getLogger("tandem.engine")
 # Bump whenever engine.ops.linear's qdot packing (pack_codes, pack_group_values) or the kernel's
 # reading of it changes: every older cache file then stops matching and is rebuilt.
 LAYOUT_VERSION = 1
+STALE_TEMP_SECONDS = 3600  # a temp file this old belongs to a writer that died
 
 _DIGEST = re.compile(r"sha256-([0-9a-f]{64})$")
 
@@ -58,6 +61,7 @@ class PackCache:
         self._entries: dict[str, dict[str, torch.Tensor]] = {}
         self._built: dict[str, dict[str, torch.Tensor]] = {}
         self.hits = self.misses = 0
+        self._writer: threading.Thread | None = None
         self._open()
 
     def _open(self) -> None:
@@ -88,22 +92,48 @@ class PackCache:
     def put(self, key: str, tensors: dict[str, torch.Tensor]) -> None:
         self._built[key] = tensors
 
-    def save(self) -> None:
-        """Write every entry this load used, if any had to be built (atomically: temp file, then rename)."""
+    def save(self, background: bool = False) -> None:
+        """Write every entry this load used, if any had to be built (atomically: temp file, then rename).
+
+        ``background``: in a thread of its own, so the load it follows is not slowed by the write (about
+        2.5 s for the 1.5B's 1 GB); the thread is not a daemon, so an engine that exits normally finishes
+        it first. A killed one leaves at most a temp file, removed by a later save."""
+        self.wait()
         if not self.misses:
             return
+        entries, self.misses = dict(self._built), 0
+        if background:
+            self._writer = threading.Thread(target=self._write, args=(entries,), name="tandem-pack-cache")
+            self._writer.start()
+        else:
+            self._write(entries)
+
+    def wait(self) -> None:
+        """Until a background save has finished."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+
+    def _write(self, entries: dict[str, dict[str, torch.Tensor]]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        for old in self.directory.glob(".pack-*.tmp"):  # left by an engine killed mid-write
+            try:
+                if time.time() - old.stat().st_mtime > STALE_TEMP_SECONDS:
+                    old.unlink()
+            except OSError:
+                pass
         fd, tmp = tempfile.mkstemp(prefix=".pack-", suffix=".tmp", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as fh:
-                torch.save({"identity": self.identity, "entries": self._built}, fh)
+                torch.save({"identity": self.identity, "entries": entries}, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)
-        except BaseException:
+        except BaseException as e:
             try:
                 os.unlink(tmp)
             except OSError:
                 pass
-            raise
-        self.misses = 0
+            if not isinstance(e, OSError):
+                raise
+            log.warning("could not write the packed-weight cache %s: %s", self.path, e)

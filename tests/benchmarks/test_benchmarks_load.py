@@ -15,7 +15,7 @@ def test_table(tmp_path):
     gguf = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", dtype="Q8_0"))
     out = tmp_path / "load.md"
     bench.main([str(gguf), "--rounds", "1", "--threads", "1", "--markdown", str(out)])
-    rows = [line.split("|") for line in out.read_text().splitlines() if line.startswith("| cold") or
-            line.startswith("| warm")]
-    assert [r[1].strip() for r in rows] == ["cold", "warm"]
-    assert all(r[5].strip() == "qdot" and float(r[2].split()[0]) > 0 for r in rows)
+    rows = [line.split("|") for line in out.read_text().splitlines()
+            if line.startswith(("| no cache", "| cold", "| warm"))]
+    assert [r[1].strip() for r in rows] == ["no cache", "cold", "warm"]
+    assert all(r[6].strip() == "qdot" and float(r[2].split()[0]) > 0 and float(r[4].split()[0]) > 0 for r in rows)

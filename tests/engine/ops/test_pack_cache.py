@@ -27,6 +27,14 @@ def _logits(model) -> torch.Tensor:
     return model(IDS, model.new_cache(16))
 
 
+def _load(path, fmt: str = "qdot", packs=None):
+    """load_model, then wait for its cache write (it runs in the background)."""
+    model = load_model(path, fmt, pack_dir=packs)
+    if model.gguf.packs is not None:
+        model.gguf.packs.wait()
+    return model
+
+
 def _no_packing(monkeypatch):
     def fail(srcs):
         raise AssertionError(f"packed {srcs[0].name} again instead of mapping the cache")
@@ -35,11 +43,11 @@ def _no_packing(monkeypatch):
 
 def test_a_second_load_maps_the_packed_weights(gguf, tmp_path, monkeypatch):
     packs = tmp_path / "packed"
-    cold = load_model(gguf, "qdot", pack_dir=packs)
+    cold = _load(gguf, "qdot", packs)
     [saved] = list(packs.glob("*.pt"))
     assert cold.gguf.packs.hits == 0 and not list(packs.glob(".pack-*"))  # written atomically, no temp left
     _no_packing(monkeypatch)
-    warm = load_model(gguf, "qdot", pack_dir=packs)
+    warm = _load(gguf, "qdot", packs)
     assert warm.gguf.packs.hits > 0 and warm.gguf.packs.misses == 0
     assert torch.equal(_logits(warm), _logits(cold))
     assert list(packs.glob("*.pt")) == [saved]  # nothing rewritten when everything was found
@@ -48,7 +56,7 @@ def test_a_second_load_maps_the_packed_weights(gguf, tmp_path, monkeypatch):
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "stale layout", "wrong shape"])
 def test_a_bad_cache_is_rebuilt_not_trusted(gguf, tmp_path, monkeypatch, damage):
     packs = tmp_path / "packed"
-    want = _logits(load_model(gguf, "qdot", pack_dir=packs))
+    want = _logits(_load(gguf, "qdot", packs))
     [path] = list(packs.glob("*.pt"))
     if damage == "garbage":
         path.write_bytes(b"not a cache")
@@ -61,17 +69,17 @@ def test_a_bad_cache_is_rebuilt_not_trusted(gguf, tmp_path, monkeypatch, damage)
         key = next(iter(data["entries"]))
         data["entries"][key]["codes"] = data["entries"][key]["codes"][:1]
         torch.save(data, path)
-    model = load_model(gguf, "qdot", pack_dir=packs)
+    model = _load(gguf, "qdot", packs)
     assert model.gguf.packs.misses == 0  # saved again after the rebuild
     assert torch.equal(_logits(model), want)
     _no_packing(monkeypatch)
-    again = load_model(gguf, "qdot", pack_dir=packs)  # and the rebuilt file serves the next load
+    again = _load(gguf, "qdot", packs)  # and the rebuilt file serves the next load
     assert again.gguf.packs.hits > 0 and torch.equal(_logits(again), want)
 
 
 def test_other_formats_and_no_directory_pack_as_before(gguf, tmp_path):
     assert load_model(gguf, "qdot").gguf.packs is None
-    load_model(gguf, "int8", pack_dir=tmp_path / "packed")
+    _load(gguf, "int8", tmp_path / "packed")
     assert not list((tmp_path / "packed").glob("*.pt"))  # only the qdot layout is cached
 
 
@@ -83,7 +91,7 @@ def test_removing_the_blob_removes_its_packed_weights(tmp_path):
     digest, _ = store.add_file(write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", dtype="Q8_0", seed=3)))
     create_model(store, CreateRequest(model="q", files={"m.gguf": digest}))
     packs = store.root / store.DERIVED_DIR
-    load_model(store.blob_path(digest), "qdot", pack_dir=packs)
+    _load(store.blob_path(digest), "qdot", packs)
     [path] = list(packs.glob("*.pt"))
     assert path.name.startswith(digest.split(":")[1][:16] + "-")
     store.delete("q")
