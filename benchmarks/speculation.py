@@ -56,6 +56,9 @@ CONFIGS: list[Config] = [
     Config("strict-n16-pmin0.8", _fixed(16, draft_p_min=0.8)),
     *[Config(f"relaxed{N}-n{n}", _fixed(n, relaxed_top_n=N)) for n in (2, 4) for N in (1, 2, 5, 20)],
     Config("adaptive", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive")),
+    # the copy drafts the rounds that copy the context (draft_copy), the model the rest
+    Config("strict-n4-copy", _fixed(4, draft_copy=True)),
+    Config("adaptive-copy", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive", draft_copy=True)),
     Config("ngram-n4", dict(drafter="ngram", draft_num_predict=4, draft_schedule="fixed"), needs_draft=False),
     Config("ngram-adaptive", dict(drafter="ngram", draft_num_predict=8, draft_schedule="adaptive"),
            needs_draft=False),

@@ -84,6 +84,10 @@ class Options:
         request set it (``engine.speculative.plan``).
     ``draft_n_min``
         Fixed schedule: skip verification when fewer tokens than this were drafted (>= 0).
+    ``draft_copy``
+        In rounds where the output is copying its context (the n-gram drafter's copy cursor agrees
+        with 6 of the last 8 tokens), draft the copy (free) instead of asking the draft model or MTP
+        head; elsewhere they draft as usual. Lossless either way.
     ``draft_p_min``
         Stop drafting when the drafter's top probability falls below this ([0, 1]).
     ``relaxed_top_n``
@@ -137,6 +141,7 @@ class Options:
     draft_num_predict: int = _speculation(4, max=MAX_DRAFT_NUM_PREDICT)  # <= 0: no speculation
     draft_n_min: int = _speculation(0, min=0)
     draft_p_min: float = _speculation(0.0, min=0, max=1)
+    draft_copy: bool = _speculation(False)
     relaxed_top_n: int = _speculation(0, min=0)
     relaxed_scope: RelaxedScope = _speculation("all")
     draft_schedule: DraftSchedule = _speculation("adaptive")

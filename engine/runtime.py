@@ -31,6 +31,7 @@ from engine.process.protocol import (
 )
 from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
+from engine.speculative.copy_first import CopyFirstDrafter
 from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
@@ -172,6 +173,8 @@ class ModelRuntime:
             raise EngineError("drafter 'mtp' was requested but this model has no MTP (NextN) head", 400)
         if kind == "none":
             return NullDrafter(), 0
+        if plan.copy and kind in ("model", "mtp"):
+            return CopyFirstDrafter(self.drafters[kind], self.drafters["ngram"]), plan.cap
         return self.drafters[kind], plan.cap
 
     def controller(self, kind: str, schedule: str, n_min: int) -> DepthController:

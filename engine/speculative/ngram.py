@@ -56,6 +56,7 @@ class NgramDrafter(Drafter):
         # (docs/measurements.md, "N-gram drafter").
         self.cursor_agreement = cursor_agreement
         self._index: list[dict[tuple[int, ...], int]] = [{} for _ in range(n_max + 1)]
+        self.last_agreement = 0  # of the last proposal's source: how many of the last window tokens agree
         self._clear_alignment()
 
     def _clear_alignment(self) -> None:
@@ -138,6 +139,7 @@ class NgramDrafter(Drafter):
             cursor_score = self._score(cursor)
             if cursor_score >= self.cursor_agreement and cursor_score > score:
                 source, score = cursor, cursor_score
+        self.last_agreement = max(score, 0)  # how sure this round's source is (engine.speculative.copy_first)
         if source is None:
             self._cursor = None
             return EMPTY

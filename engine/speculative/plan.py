@@ -30,10 +30,12 @@ class SpeculationPlan:
     relaxed_top_n: int
     trace: bool  # the draft_trace option (the engine also honours TANDEM_DRAFT_TRACE)
     relaxed_scope: RelaxedScope = "all"  # where relaxed_top_n applies: everywhere or the reasoning only
+    copy: bool = False  # draft_copy: rounds that copy the context draft the copy (model and mtp drafters)
 
     def as_options(self) -> dict[str, Any]:
         """The plan under the option names, in :data:`SPECULATION_DEFAULTS` order (/api/show)."""
         values = {"draft_num_predict": self.cap, "draft_n_min": self.n_min, "draft_p_min": self.p_min,
+                  "draft_copy": self.copy,
                   "relaxed_top_n": self.relaxed_top_n, "relaxed_scope": self.relaxed_scope,
                   "draft_schedule": self.schedule,
                   "drafter": self.drafter, "draft_trace": self.trace, "draft_acceptance": self.rule}
@@ -68,4 +70,5 @@ def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: b
     return SpeculationPlan(drafter=drafter, cap=cap, rule=options.draft_acceptance,  # type: ignore[arg-type]
                            schedule=options.draft_schedule, p_min=options.draft_p_min,
                            n_min=options.draft_n_min, relaxed_top_n=options.relaxed_top_n,
-                           trace=options.draft_trace, relaxed_scope=options.relaxed_scope)
+                           trace=options.draft_trace, relaxed_scope=options.relaxed_scope,
+                           copy=options.draft_copy)

@@ -39,7 +39,7 @@ def test_option_types_table():
             "num_gpu", "num_thread", "draft_num_predict", "main_gpu", "draft_n_min", "relaxed_top_n"}
     floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
               "frequency_penalty", "draft_p_min"}
-    bools = {"use_mmap", "draft_trace"}
+    bools = {"use_mmap", "draft_trace", "draft_copy"}
     strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope", "weight_format"}
     assert {k for k, v in OPTION_TYPES.items() if v is int} == ints
     assert {k for k, v in OPTION_TYPES.items() if v is float} == floats
@@ -66,7 +66,7 @@ def test_speculation_defaults():
     assert SPECULATION_DEFAULTS == {
         "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
         "relaxed_scope": "all", "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
-        "draft_acceptance": "strict"}
+        "draft_acceptance": "strict", "draft_copy": False}
     # every default passes its own validation
     typed = coerce_options(SPECULATION_DEFAULTS)
     assert typed == SPECULATION_DEFAULTS
@@ -243,11 +243,12 @@ def test_plan_from_merged_layers():
 def test_plan_carries_the_tunables():
     options = Options.from_map({"drafter": "ngram", "draft_schedule": "fixed", "draft_p_min": 0.5,
                                 "draft_n_min": 2, "relaxed_top_n": 3, "draft_trace": True,
-                                "draft_acceptance": "match", "relaxed_scope": "thinking"})
+                                "draft_acceptance": "match", "relaxed_scope": "thinking", "draft_copy": True})
     plan = plan_speculation(options, has_draft_layer=False, has_mtp_head=False)
     assert plan == SpeculationPlan(drafter="ngram", cap=4, rule="match", schedule="fixed", p_min=0.5,
-                                   n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking")
+                                   n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking", copy=True)
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
-        "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "ngram", "draft_trace": True, "draft_acceptance": "match"}
+        "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "ngram", "draft_trace": True, "draft_acceptance": "match",
+        "draft_copy": True}
     assert list(plan.as_options()) == list(SPECULATION_DEFAULTS)

@@ -1,0 +1,55 @@
+"""``draft_copy``: rounds where the output copies its context draft the copy; the others ask the draft model.
+Lossless (greedy output unchanged, sampled output keeps the target's distribution), the copy takes the rounds
+of a rewrite, and free text still goes to the model."""
+
+from __future__ import annotations
+
+import pytest
+
+import tests.engine.speculative.test_speculation as ts
+from tests.engine.speculative.test_speculation import GREEDY, chi_square_pvalue, exact_first_tokens, generate, \
+    load_engine, spec_opts, write_model
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("copy")
+    return {"target": write_model(d, "target", 0), "self": write_model(d, "self", 0),
+            "random": write_model(d, "random", 3), "bigram": write_model(d, "bigram", 1, bigram=True)}
+
+
+def test_a_repeating_text_is_drafted_by_the_copy_and_output_is_unchanged(models):
+    """The bigram target's greedy text cycles; an unrelated draft model guesses it badly, the copy well."""
+    engine = load_engine(models["bigram"], models["random"])
+    plain = generate(engine, **GREEDY, drafter="none")
+    model = generate(engine, **GREEDY, **spec_opts("model", 4))
+    copy = generate(engine, **GREEDY, **spec_opts("model", 4), draft_copy=True)
+    assert copy.tokens == model.tokens == plain.tokens
+    assert copy.spec.drafter == "model+copy"
+    assert copy.spec.draft_n_accepted > 2 * max(model.spec.draft_n_accepted, 5)
+    assert copy.spec.target_forwards < model.spec.target_forwards
+
+
+def test_free_text_still_goes_to_the_model(models):
+    """Where nothing is being copied the model drafts: with a perfect drafter, as many accepted as without."""
+    self_engine = load_engine(models["target"], models["self"])
+    model = generate(self_engine, **GREEDY, **spec_opts("model", 4))
+    copy = generate(self_engine, **GREEDY, **spec_opts("model", 4), draft_copy=True)
+    assert copy.tokens == model.tokens
+    assert copy.spec.acceptance_rate >= 0.9 * model.spec.acceptance_rate
+
+
+def test_sampling_keeps_the_target_distribution(tmp_path):
+    """A drafter that is the target with a perturbed head (as test_speculation's): sampled output keeps the
+    target's distribution whether a round was drafted by the copy or by the model."""
+    small = dict(n_layer=1, n_embd=32, n_head=2, n_head_kv=1)
+    dist_engine = load_engine(write_model(tmp_path, "t", 0, **small), write_model(tmp_path, "d", 0, noise=0.3, **small),
+                              num_ctx=64)
+    opts = {**ts.DIST_OPTS, "draft_copy": True}
+    exact = exact_first_tokens(dist_engine, ts.DIST_PROMPT, opts, 3)
+    saved, ts.DIST_OPTS = ts.DIST_OPTS, opts  # chi_square_pvalue samples with these options
+    try:
+        pvalue, acceptance = chi_square_pvalue(dist_engine, exact, ts.DIST_RUNS)
+    finally:
+        ts.DIST_OPTS = saved
+    assert 0.05 < acceptance < 0.95 and pvalue > 1e-3
