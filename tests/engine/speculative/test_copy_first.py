@@ -8,7 +8,7 @@ import pytest
 
 import tests.engine.speculative.test_speculation as ts
 from tests.engine.speculative.test_speculation import GREEDY, chi_square_pvalue, exact_first_tokens, generate, \
-    load_engine, spec_opts, write_model
+    load_engine, make_dist_engine, spec_opts, write_model
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +40,10 @@ def test_free_text_still_goes_to_the_model(models):
 
 
 def test_sampling_keeps_the_target_distribution(tmp_path):
-    """A drafter that is the target with a perturbed head (as test_speculation's): sampled output keeps the
-    target's distribution whether a round was drafted by the copy or by the model."""
-    small = dict(n_layer=1, n_embd=32, n_head=2, n_head_kv=1)
-    dist_engine = load_engine(write_model(tmp_path, "t", 0, **small), write_model(tmp_path, "d", 0, noise=0.3, **small),
-                              num_ctx=64)
+    """With test_speculation's perturbed drafter, sampled output keeps the target's distribution whether a
+    round was drafted by the copy or by the model."""
+    dist_engine = make_dist_engine(tmp_path)
     opts = {**ts.DIST_OPTS, "draft_copy": True}
     exact = exact_first_tokens(dist_engine, ts.DIST_PROMPT, opts, 3)
-    saved, ts.DIST_OPTS = ts.DIST_OPTS, opts  # chi_square_pvalue samples with these options
-    try:
-        pvalue, acceptance = chi_square_pvalue(dist_engine, exact, ts.DIST_RUNS)
-    finally:
-        ts.DIST_OPTS = saved
+    pvalue, acceptance = chi_square_pvalue(dist_engine, exact, ts.DIST_RUNS, opts)
     assert 0.05 < acceptance < 0.95 and pvalue > 1e-3

@@ -306,12 +306,15 @@ def test_paired_rule_acceptance_is_measured_on_the_same_drafts(self_engine, dist
     assert other.strict_accept_sum >= other.match_accept_sum
 
 
-@pytest.fixture(scope="module")
-def dist_engine(tmp_path_factory):
+def make_dist_engine(d: Path) -> ModelRuntime:
     """A 1-layer target and a drafter that is the target with a perturbed head (q overlaps p, differs)."""
-    d = tmp_path_factory.mktemp("dist")
     small = dict(n_layer=1, n_embd=32, n_head=2, n_head_kv=1)
     return load_engine(write_model(d, "t", 0, **small), write_model(d, "d", 0, noise=0.3, **small), num_ctx=64)
+
+
+@pytest.fixture(scope="module")
+def dist_engine(tmp_path_factory):
+    return make_dist_engine(tmp_path_factory.mktemp("dist"))
 
 
 def exact_first_tokens(engine: ModelRuntime, prompt: str, opts: dict, n: int) -> dict[tuple[int, ...], float]:
@@ -339,11 +342,13 @@ def exact_first_tokens(engine: ModelRuntime, prompt: str, opts: dict, n: int) ->
     return out
 
 
-def chi_square_pvalue(engine: ModelRuntime, exact: dict, runs: int) -> tuple[float, float]:
+def chi_square_pvalue(engine: ModelRuntime, exact: dict, runs: int,
+                      options: dict | None = None) -> tuple[float, float]:
+    """Sample ``runs`` seeded generations with ``options`` (default DIST_OPTS) and test them against ``exact``."""
     counts: dict[tuple[int, ...], int] = {}
     drafted = accepted = 0
     for seed in range(runs):
-        run = generate(engine, DIST_PROMPT, **DIST_OPTS, seed=seed)
+        run = generate(engine, DIST_PROMPT, **(options or DIST_OPTS), seed=seed)
         key = tuple(run.tokens)
         assert key in exact, f"sampled {key}, which the target gives probability 0"
         counts[key] = counts.get(key, 0) + 1
