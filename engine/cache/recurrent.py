@@ -43,6 +43,7 @@ class HybridCache(KVCache):
         self.conv_shape, self.ssm_shape, self.state_dtype = tuple(conv_shape), tuple(ssm_shape), state_dtype
         self.max_records, self.max_checkpoints = max_records, max_checkpoints
         self.states: list[State] = [self._zero() for _ in range(n_recurrent)]
+        self._position_bytes = n_recurrent * sum(t.numel() * t.element_size() for t in self.states[0])
         self._staged: dict[int, dict[int, State]] = {}
         self._records: dict[int, list[State]] = {}  # position -> every recurrent layer's state there
         self._checkpoints: dict[int, list[State]] = {}
@@ -103,11 +104,14 @@ class HybridCache(KVCache):
 
     def snapshot_bytes(self) -> int:
         """Bytes of the recorded states and checkpoints beyond the committed state: what speculation and
-        prefix reuse cost in memory (references the forwards made anyway, held until a truncate)."""
-        committed = {id(t) for pair in self.states for t in pair}
-        held = {id(t): t for group in (*self._records.values(), *self._checkpoints.values())
-                for pair in group for t in pair if id(t) not in committed}
-        return sum(t.numel() * t.element_size() for t in held.values())
+        prefix reuse cost in memory (references the forwards made anyway, held until a truncate).
+
+        Called after every commit, so counted per position, not per tensor: a record holds every recurrent
+        layer's state after one position of one forward (its first layer's ssm tensor names it; a
+        checkpoint shares its record's), and every such set has the same size."""
+        held = {id(group[0][1]) for group in (*self._records.values(), *self._checkpoints.values())}
+        held.discard(id(self.states[0][1]))
+        return len(held) * self._position_bytes
 
     def reset_snapshot_peak(self) -> None:
         self.snapshot_peak = self.snapshot_bytes()
