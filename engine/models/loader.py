@@ -33,8 +33,8 @@ from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, load_linear
-from engine.ops.pack_cache import PackCache
 from engine.ops.linear import default_format as linear_default_format
+from engine.ops.pack_cache import PackCache
 
 EMBEDDING = "token_embd.weight"
 OUTPUT = "output.weight"
@@ -267,9 +267,9 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
                dtype: torch.dtype | None = None, *, role: str = "target", pack_dir: str | os.PathLike | None = None) -> Model:
     """Load a GGUF into a ``Model``.
 
-    ``fmt``: weight format of the linear layers ('f32', 'bf16', 'bf16-packed', 'int8', 'int4', 'auto-int4');
-    'auto' asks ``engine.ops.linear.default_format(role, weight types)`` on CPU (auto-int4 for Q4 files,
-    bf16-packed otherwise, for a target) and is dense bf16 elsewhere. ``dtype``: compute dtype of activations and of the KV
+    ``fmt``: weight format of the linear layers (``engine.ops.linear.FORMATS``); 'auto' asks
+    ``engine.ops.linear.default_format(role, weight types)`` on CPU (a float target at its stored precision,
+    a quantized one in its own codes where the qdot kernel builds) and is dense bf16 elsewhere. ``dtype``: compute dtype of activations and of the KV
     cache; default f32 on CPU (norms, RoPE and attention in f32 as llama.cpp does; the linears cast
     internally) and bf16 on CUDA unless fmt is 'f32'. ``pack_dir``: where packed kernel layouts are cached
     (``engine.ops.pack_cache``): a later load of the same file maps them instead of rebuilding them; the

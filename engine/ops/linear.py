@@ -453,10 +453,8 @@ def _qdot_layout(srcs: Sequence[_Source]) -> tuple[int, int, int | None]:
     return bits, group, offset
 
 
-def _qdot_shapes(srcs: Sequence[_Source]) -> dict[str, tuple[int, ...]]:
-    """The shapes of the packed tensors ``_qdot_weight`` builds for ``srcs``."""
-    k, n = srcs[0].k, sum(s.n for s in srcs)
-    bits, group, offset = _qdot_layout(srcs)
+def _qdot_shapes(k: int, n: int, bits: int, group: int, offset: int | None) -> dict[str, tuple[int, ...]]:
+    """The shapes of the packed tensors ``_qdot_weight`` builds for n rows of k values in this layout."""
     blocks = -(-n // QDOT_BLOCK_ROWS)
     return {"codes": (blocks, 2 * k * bits), "scales": (blocks, k // group, QDOT_BLOCK_ROWS),
             "zeros": (blocks if offset is None else 0, k // group, QDOT_BLOCK_ROWS)}
@@ -512,7 +510,7 @@ def _build_cached(f: GGUFFile, key: str, srcs: Sequence[_Source], bias: torch.Te
     key = f"{fmt}|{key}"
     bits, group, offset = _qdot_layout(srcs)
     n = sum(s.n for s in srcs)
-    saved = packs.get(key, _qdot_shapes(srcs))
+    saved = packs.get(key, _qdot_shapes(srcs[0].k, n, bits, group, offset))
     if saved is not None:
         return QDotLinear(saved["codes"], saved["scales"], saved["zeros"], bits, group, offset or 0, n, bias)
     codes, scales, zeros, *_ = _qdot_weight(srcs)
