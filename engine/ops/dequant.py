@@ -207,12 +207,16 @@ def _q4k_scale_min(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return sc, mn
 
 
+def _q4k_factors(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_K/Q5_K block -> (d f32 [n, 1], dmin f32 [n, 1], sc uint8 [n, 8], m uint8 [n, 8])."""
+    sc, mn = _q4k_scale_min(blocks[:, 4:16])
+    return _f16(blocks, 0, 2), _f16(blocks, 2, 4), sc, mn
+
+
 def _q4k_scales(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_K/Q5_K block -> (d*sc f32 [n, 8, 1], dmin*m f32 [n, 8, 1])."""
     nb = blocks.shape[0]
-    d = _f16(blocks, 0, 2)
-    dmin = _f16(blocks, 2, 4)
-    sc, mn = _q4k_scale_min(blocks[:, 4:16])
+    d, dmin, sc, mn = _q4k_factors(blocks)
     return (d * sc.float()).reshape(nb, 8, 1), (dmin * mn.float()).reshape(nb, 8, 1)
 
 
@@ -416,6 +420,12 @@ class IntegerCodes:
     scales: torch.Tensor  # f32 [N, K // group]
     zeros: torch.Tensor | None  # f32 [N, K // group]
     offset: int
+    # K-quants' own two-level factors (None for other types): scales = supers[..., 0] * scale_codes and
+    # zeros = supers[..., 1] * zero_codes, per super-block of 256 values (what ggml stores; the qdot
+    # kernel reads these rather than f16 products, so that it reads the file's bytes per weight).
+    scale_codes: torch.Tensor | None = None  # int16 [N, K // group]: Q6_K int8, Q4_K/Q5_K 6-bit
+    zero_codes: torch.Tensor | None = None  # int16 [N, K // group]: Q4_K/Q5_K 6-bit mins
+    supers: torch.Tensor | None = None  # f32 [N, K // 256, S]: d (S = 1) and -dmin (S = 2)
 
     def dequantize(self) -> torch.Tensor:
         """f32 weights from the codes (the tests' check of the mapping)."""
@@ -436,6 +446,12 @@ INTEGER_CODE_LAYOUTS: dict[int, tuple[int, int, int | None]] = {
 }
 
 
+# K-quants whose group scales are small codes times per-super-block factors (256 values): type -> S,
+# the factors per super-block (d; or d and -dmin).
+SUPER_BLOCK = 256
+TWO_LEVEL_TYPES: dict[int, int] = {Q4_K: 2, Q5_K: 2, Q6_K: 1}
+
+
 # Every other type is requantized to Q8_0's rule (requantize_q8): this layout.
 REQUANTIZED_LAYOUT = (8, 32, 128)
 
@@ -443,6 +459,15 @@ REQUANTIZED_LAYOUT = (8, 32, 128)
 def code_layout(ggml_type: int) -> tuple[int, int, int | None]:
     """(bits, group, offset) the qdot format holds a tensor of this type in."""
     return INTEGER_CODE_LAYOUTS.get(ggml_type, REQUANTIZED_LAYOUT)
+
+
+def _two_level_blocks(blocks: torch.Tensor, ggml_type: int):
+    """One chunk of K-quant blocks -> (scale codes [nb, groups], zero codes [nb, groups] | None,
+    supers [nb, S])."""
+    if ggml_type == Q6_K:
+        return blocks[:, 192:208].contiguous().view(torch.int8).to(torch.int16), None, _f16(blocks, 208, 210)
+    d, dmin, sc, mn = _q4k_factors(blocks)
+    return sc.to(torch.int16), mn.to(torch.int16), torch.cat([d, -dmin], dim=1)
 
 
 def _integer_blocks(blocks: torch.Tensor, ggml_type: int):
@@ -487,15 +512,29 @@ def integer_codes(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> 
     scales = torch.empty(n, g, dtype=torch.float32)
     zeros = None if offset is not None else torch.empty(n, g, dtype=torch.float32)
     _, _, block_bytes = GGML_TYPES[ggml_type]
+    two_level = TWO_LEVEL_TYPES.get(ggml_type)
+    if two_level:
+        scale_codes = torch.empty(n, g, dtype=torch.int16)
+        zero_codes = torch.empty(n, g, dtype=torch.int16) if zeros is not None else None
+        supers = torch.empty(n, k // SUPER_BLOCK, two_level, dtype=torch.float32)
     chunk = max(1, CHUNK_ELEMS // k)
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
-        q, s, z = _integer_blocks(raw2[r0:r1].reshape(-1, block_bytes), ggml_type)
+        blocks = raw2[r0:r1].reshape(-1, block_bytes)
+        q, s, z = _integer_blocks(blocks, ggml_type)
         codes[r0:r1] = q.reshape(r1 - r0, k)
         scales[r0:r1] = s.reshape(r1 - r0, g)
         if zeros is not None:
             zeros[r0:r1] = z.reshape(r1 - r0, g)
-    return IntegerCodes(codes, bits, group, scales, zeros, offset or 0)
+        if two_level:
+            sc, zc, sup = _two_level_blocks(blocks, ggml_type)
+            scale_codes[r0:r1] = sc.reshape(r1 - r0, g)
+            if zero_codes is not None:
+                zero_codes[r0:r1] = zc.reshape(r1 - r0, g)
+            supers[r0:r1] = sup.reshape(r1 - r0, k // SUPER_BLOCK, two_level)
+    if not two_level:
+        return IntegerCodes(codes, bits, group, scales, zeros, offset or 0)
+    return IntegerCodes(codes, bits, group, scales, zeros, offset or 0, scale_codes, zero_codes, supers)
 
 
 def requantize_q8(w: torch.Tensor) -> IntegerCodes:

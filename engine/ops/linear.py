@@ -195,14 +195,16 @@ class QDotLinear(Linear):
     """GGUF integer codes dotted against int8-quantized activations (``engine/kernels/qdot.cpp``).
 
     ``codes`` uint8 [ceil(N/16), 2 K bits] in the kernel's layout (:func:`pack_codes`; bits 4, 5, 6
-    or 8); ``scales``/``zeros`` f16 [ceil(N/16), K/group, 16] (:func:`pack_group_values`); ``zeros``
-    is empty when every group uses ``w = scale * (code - offset)``. Activations and output are f32:
-    the kernel quantizes each row to int8 per 32 values itself."""
+    or 8); ``scales``/``zeros`` [ceil(N/16), K/group, 16] (:func:`pack_group_values`): f16 values,
+    or for K-quants their 8-bit codes (int8 Q6_K scales, uint8 Q4_K/Q5_K scales and mins) with
+    ``supers`` f16 [ceil(N/16), K/256, S, 16] (:func:`pack_supers`; empty otherwise) holding each
+    super-block's d (and -dmin); ``zeros`` is empty when every group uses ``w = scale * (code - offset)``.
+    Activations and output are f32: the kernel quantizes each row to int8 per 32 values itself."""
 
     format = "qdot"
 
     def __init__(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int, group: int,
-                 offset: int, out_features: int, bias: torch.Tensor | None):
+                 offset: int, out_features: int, bias: torch.Tensor | None, supers: torch.Tensor | None = None):
         super().__init__(codes.shape[1] // (2 * bits), out_features, torch.float32)
         self.bits, self.group, self.offset = bits, group, offset
         self._op = load_qdot()
@@ -211,10 +213,11 @@ class QDotLinear(Linear):
         self.register_buffer("codes", codes)
         self.register_buffer("scales", scales)
         self.register_buffer("zeros", zeros)
+        self.register_buffer("supers", torch.empty(0, dtype=torch.float16) if supers is None else supers)
         self.register_buffer("bias", None if bias is None else bias.float())
 
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
-        return self._op(x2, self.codes, self.scales, self.zeros, self.bits, self.group, self.offset,
+        return self._op(x2, self.codes, self.scales, self.zeros, self.supers, self.bits, self.group, self.offset,
                         self.out_features, self.bias)
 
     def extra_repr(self) -> str:
@@ -266,6 +269,11 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def pack_group_values(values: torch.Tensor) -> torch.Tensor:
     """Per-group scales or zeros [N, K/G] -> the kernel's [ceil(N/16), K/G, 16] (padding rows 0)."""
     return _blocks_of_rows(values).transpose(1, 2).contiguous()
+
+
+def pack_supers(supers: torch.Tensor) -> torch.Tensor:
+    """Super-block factors [N, K/256, S] -> the kernel's f16 [ceil(N/16), K/256, S, 16] (padding rows 0)."""
+    return _blocks_of_rows(supers.to(torch.float16)).permute(0, 2, 3, 1).contiguous()
 
 
 class SplitLinear(Linear):
@@ -453,34 +461,58 @@ def _qdot_layout(srcs: Sequence[_Source]) -> tuple[int, int, int | None]:
     return bits, group, offset
 
 
-def _qdot_shapes(k: int, n: int, bits: int, group: int, offset: int | None) -> dict[str, tuple[int, ...]]:
-    """The shapes of the packed tensors ``_qdot_weight`` builds for n rows of k values in this layout."""
+def _qdot_supers(srcs: Sequence[_Source]) -> int:
+    """How many super-block factors the fused sources' packed layout keeps per super-block: S (1 or 2)
+    when they are all one K-quant type (their 8-bit scale codes are kept), else 0 (f16 scales)."""
+    types = {s.ggml_type for s in srcs}
+    return dq.TWO_LEVEL_TYPES.get(types.pop(), 0) if len(types) == 1 else 0
+
+
+def _qdot_specs(k: int, n: int, bits: int, group: int, offset: int | None,
+                supers: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The shapes and dtypes of the packed tensors ``_qdot_weight`` builds for n rows of k values."""
     blocks = -(-n // QDOT_BLOCK_ROWS)
-    return {"codes": (blocks, 2 * k * bits), "scales": (blocks, k // group, QDOT_BLOCK_ROWS),
-            "zeros": (blocks if offset is None else 0, k // group, QDOT_BLOCK_ROWS)}
+    scale_dtype = torch.float16 if not supers else torch.int8 if supers == 1 else torch.uint8
+    zero_dtype = torch.float16 if not supers else torch.uint8
+    per_group = (k // group, QDOT_BLOCK_ROWS)
+    return {"codes": ((blocks, 2 * k * bits), torch.uint8),
+            "scales": ((blocks, *per_group), scale_dtype),
+            "zeros": ((blocks if offset is None else 0, *per_group), zero_dtype),
+            "supers": ((blocks, k // dq.SUPER_BLOCK, supers, QDOT_BLOCK_ROWS) if supers else (0,), torch.float16)}
 
 
-def _qdot_weight(srcs: Sequence[_Source]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int, int, int]:
-    """Codes, f16 scales and zeros for the fused sources in the kernel's layout, built window by
-    window (windows of whole 16-row blocks)."""
+def _qdot_weight(srcs: Sequence[_Source]) -> dict[str, torch.Tensor]:
+    """Codes, scales, zeros and super-block factors for the fused sources in the kernel's layout,
+    built window by window (windows of whole 16-row blocks)."""
     k = srcs[0].k
     n = sum(s.n for s in srcs)
     bits, group, offset = _qdot_layout(srcs)
-    blocks = -(-n // QDOT_BLOCK_ROWS)
-    codes = torch.empty(blocks, 2 * k * bits, dtype=torch.uint8)
-    scales = torch.empty(blocks, k // group, QDOT_BLOCK_ROWS, dtype=torch.float16)
-    zeros = torch.empty(blocks if offset is None else 0, k // group, QDOT_BLOCK_ROWS, dtype=torch.float16)
+    supers = _qdot_supers(srcs)
+    out = {name: torch.empty(shape, dtype=dtype)
+           for name, (shape, dtype) in _qdot_specs(k, n, bits, group, offset, supers).items()}
     step = _window_rows(k, QDOT_BLOCK_ROWS)
     for r0 in range(0, n, step):
         r1 = min(n, r0 + step)
         b0, b1 = r0 // QDOT_BLOCK_ROWS, -(-r1 // QDOT_BLOCK_ROWS)
         parts = [_qdot_rows(s, a, b) for s, a, b in _windows(srcs, r0, r1)]
-        codes[b0:b1] = pack_codes(torch.cat([p.codes for p in parts]), bits)
-        scales[b0:b1] = pack_group_values(_to_f16(torch.cat([p.scales for p in parts]), srcs[0].name))
+        out["codes"][b0:b1] = pack_codes(torch.cat([p.codes for p in parts]), bits)
+        if supers:  # the file's own codes and factors: exact, and as many bytes as the file
+            out["scales"][b0:b1] = pack_group_values(torch.cat([p.scale_codes for p in parts]).to(out["scales"].dtype))
+            if offset is None:
+                out["zeros"][b0:b1] = pack_group_values(torch.cat([p.zero_codes for p in parts]).to(torch.uint8))
+            out["supers"][b0:b1] = pack_supers(torch.cat([p.supers for p in parts]))
+            continue
+        out["scales"][b0:b1] = pack_group_values(_to_f16(torch.cat([p.scales for p in parts]), srcs[0].name))
         if offset is None:
             z = torch.cat([p.zeros if p.zeros is not None else -p.offset * p.scales for p in parts])
-            zeros[b0:b1] = pack_group_values(_to_f16(z, srcs[0].name))
-    return codes, scales, zeros, bits, group, offset or 0, n
+            out["zeros"][b0:b1] = pack_group_values(_to_f16(z, srcs[0].name))
+    return out
+
+
+def _qdot_linear(srcs: Sequence[_Source], packed: dict[str, torch.Tensor], bias: torch.Tensor | None) -> QDotLinear:
+    bits, group, offset = _qdot_layout(srcs)
+    return QDotLinear(packed["codes"], packed["scales"], packed["zeros"], bits, group, offset or 0,
+                      sum(s.n for s in srcs), bias, supers=packed["supers"])
 
 
 def _bias(f: GGUFFile, srcs: Sequence[_Source], bias_names: Sequence[str | None] | None,
@@ -510,12 +542,12 @@ def _build_cached(f: GGUFFile, key: str, srcs: Sequence[_Source], bias: torch.Te
     key = f"{fmt}|{key}"
     bits, group, offset = _qdot_layout(srcs)
     n = sum(s.n for s in srcs)
-    saved = packs.get(key, _qdot_shapes(srcs[0].k, n, bits, group, offset))
+    saved = packs.get(key, _qdot_specs(srcs[0].k, n, bits, group, offset, _qdot_supers(srcs)))
     if saved is not None:
-        return QDotLinear(saved["codes"], saved["scales"], saved["zeros"], bits, group, offset or 0, n, bias)
-    codes, scales, zeros, *_ = _qdot_weight(srcs)
-    packs.put(key, {"codes": codes, "scales": scales, "zeros": zeros})
-    return QDotLinear(codes, scales, zeros, bits, group, offset or 0, n, bias)
+        return _qdot_linear(srcs, saved, bias)
+    packed = _qdot_weight(srcs)
+    packs.put(key, packed)
+    return _qdot_linear(srcs, packed, bias)
 
 
 def _build(srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Linear:
@@ -532,7 +564,7 @@ def _build(srcs: Sequence[_Source], bias: torch.Tensor | None, fmt: str) -> Line
         packed, scale_zeros, n = _int4_weight(srcs)
         return Int4Linear(packed, scale_zeros, n, bias)
     if fmt.startswith("qdot"):
-        return QDotLinear(*_qdot_weight(srcs), bias)
+        return _qdot_linear(srcs, _qdot_weight(srcs), bias)
     raise ValueError(f"unknown linear format {fmt!r}")
 
 

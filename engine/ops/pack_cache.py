@@ -30,7 +30,7 @@ log = logging.getLogger("tandem.engine")
 
 # Bump whenever engine.ops.linear's qdot packing (pack_codes, pack_group_values) or the kernel's
 # reading of it changes: every older cache file then stops matching and is rebuilt.
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: K-quants keep their 8-bit scale codes and f16 super-block factors
 STALE_TEMP_SECONDS = 3600  # a temp file this old belongs to a writer that died
 
 _DIGEST = re.compile(r"sha256-([0-9a-f]{64})$")
@@ -78,11 +78,12 @@ class PackCache:
             return
         self._entries = data["entries"]
 
-    def get(self, key: str, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor] | None:
-        """The tensors saved under ``key``, if each has the shape the caller expects."""
+    def get(self, key: str, specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor] | None:
+        """The tensors saved under ``key``, if each has the shape and dtype the caller expects."""
         entry = self._entries.get(key)
-        if entry is not None and set(entry) >= set(shapes) and \
-                all(tuple(entry[name].shape) == tuple(shape) for name, shape in shapes.items()):
+        if entry is not None and set(entry) >= set(specs) and \
+                all(tuple(entry[name].shape) == tuple(shape) and entry[name].dtype == dtype
+                    for name, (shape, dtype) in specs.items()):
             self.hits += 1
             self._built[key] = entry
             return entry

@@ -20,7 +20,14 @@
 //          = first slot, high = second), then the high bits of each slot: 5 bits, 8 bytes per slot
 //          (bit i = bit 4 of slot byte i); 6 bits, 16 bytes per slot (byte i holds bits 4-5 of slot
 //          bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7).
-//   scales, zeros  float16 [N/16, K/G, 16]: one value per (block, group, row). Padding rows: 0.
+//   scales, zeros  one value per (block, group, row) [N/16, K/G, 16], in one of two kinds:
+//          f16 values (the group's scale and zero themselves), or, for K-quants (Q4_K, Q5_K, Q6_K),
+//          the GGUF's own small integer codes (int8 scales for Q6_K, uint8 scales and mins for
+//          Q4_K/Q5_K) with
+//   supers float16 [N/16, K/256, S, 16]: each row's super-block factors (S = 1: d; S = 2: d, -dmin),
+//          scale = d * sc, zero = -dmin * m, as ggml computes them. This keeps the bytes read per
+//          token at the GGUF's own (Q4_K 4.625 bits a weight against its 4.5, Q6_K 6.5625 as the
+//          file) instead of 5 and 7 with f16 per-group values. Padding rows: 0.
 //
 // Prompts go through the same integer path, four activation rows per pass over a weight block
 // (measured 2x faster at 128 rows than dequantizing to f32 for MKL's GEMM, and every width then
@@ -67,14 +74,41 @@ float half_to_float(uint16_t h) {
   return c10::detail::fp16_ieee_to_fp32_value(h);
 }
 
+// How a block's group scales are stored (the template parameter SC of the kernels).
+constexpr int kScaleF16 = 0;    // scales (and zeros) are f16 values
+constexpr int kScaleInt8 = 1;   // scales are int8 codes times the super-block's d (Q6_K)
+constexpr int kScaleUint8 = 2;  // scales and zeros are uint8 codes times d and -dmin (Q4_K, Q5_K)
+constexpr int64_t kSuper = 256;  // values per super-block along K
+
+// One block of 16 weight rows' group scales: pointers into scales, zeros and supers.
+struct BlockScales {
+  const void* s;          // [K/G, 16] f16 values or 8-bit codes
+  const void* z;          // [K/G, 16] like s (uint8 codes for kScaleUint8), or nullptr: offset
+  const uint16_t* sup;    // [K/256, S, 16] f16, or nullptr (kScaleF16)
+  int64_t sup_stride;     // S * 16
+};
+
 // Scale and zero of one (row, group) entry i of a block's scales/zeros: w = scale * code + zero.
 struct ScaleZero {
   float scale, zero;
 };
 
-inline ScaleZero scale_zero(const uint16_t* s_block, const uint16_t* z_block, int64_t i, int64_t offset) {
-  const float sc = half_to_float(s_block[i]);
-  return {sc, z_block ? half_to_float(z_block[i]) : -static_cast<float>(offset) * sc};
+template <int SC, int G>
+inline ScaleZero scale_zero(const BlockScales& b, int64_t i, int64_t offset) {
+  float sc, zero = 0.f;
+  if constexpr (SC == kScaleF16) {
+    sc = half_to_float(static_cast<const uint16_t*>(b.s)[i]);
+    if (b.z) zero = half_to_float(static_cast<const uint16_t*>(b.z)[i]);
+  } else {
+    const int64_t g = i / 16, r = i % 16;
+    const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride;
+    const float code = SC == kScaleInt8 ? static_cast<float>(static_cast<const int8_t*>(b.s)[i])
+                                        : static_cast<float>(static_cast<const uint8_t*>(b.s)[i]);
+    sc = half_to_float(sup[r]) * code;
+    if (b.z) zero = half_to_float(sup[16 + r]) * static_cast<float>(static_cast<const uint8_t*>(b.z)[i]);
+  }
+  if (!b.z) zero = -static_cast<float>(offset) * sc;
+  return {sc, zero};
 }
 
 QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, int64_t group) {
@@ -153,8 +187,33 @@ inline __m512i broadcast4(const int8_t* x) {
 
 // MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
 // without bias.
-template <int BITS, int G, int MB>
-inline void block_dots(const uint8_t* w_block, const uint16_t* s_block, const uint16_t* z_block, int64_t offset,
+// The 16 rows' scale and zero of group g: vector form of scale_zero.
+template <int SC, int G>
+inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offset, __m512& sv, __m512& zv) {
+  if constexpr (SC == kScaleF16) {
+    sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.s) + g * 16)));
+    if (b.z) {
+      zv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.z) + g * 16)));
+      return;
+    }
+  } else {
+    const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride;
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + g * 16));
+    const __m512i wide = SC == kScaleInt8 ? _mm512_cvtepi8_epi32(codes) : _mm512_cvtepu8_epi32(codes);
+    sv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup))),
+                       _mm512_cvtepi32_ps(wide));
+    if (b.z) {
+      const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.z) + g * 16));
+      zv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 16))),
+                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
+      return;
+    }
+  }
+  zv = _mm512_mul_ps(sv, neg_offset);
+}
+
+template <int BITS, int G, int SC, int MB>
+inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                        const QuantizedActivations& a, int64_t m0, float* out) {
   constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
   const int64_t dx_per_row = a.k / kActGroup;
@@ -186,9 +245,8 @@ inline void block_dots(const uint8_t* w_block, const uint16_t* s_block, const ui
         sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
       }
     }
-    const __m512 sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s_block + g * 16)));
-    const __m512 zv = z_block ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(z_block + g * 16)))
-                              : _mm512_mul_ps(sv, neg_offset);
+    __m512 sv, zv;
+    group_scales<SC, G>(bs, g, neg_offset, sv, zv);
     for (int i = 0; i < MB; ++i) {
       const __m512 scale = _mm512_mul_ps(sv, _mm512_set1_ps(dx[i][g * G / kActGroup]));
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum0[i], sum1[i])), scale, acc[i]);
@@ -198,14 +256,14 @@ inline void block_dots(const uint8_t* w_block, const uint16_t* s_block, const ui
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * 16, acc[i]);
 }
 
-template <int BITS, int G>
-inline void dispatch_rows(int mb, const uint8_t* w_block, const uint16_t* s_block, const uint16_t* z_block,
-                          int64_t offset, const QuantizedActivations& a, int64_t m0, float* out) {
+template <int BITS, int G, int SC>
+inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs, int64_t offset,
+                          const QuantizedActivations& a, int64_t m0, float* out) {
   switch (mb) {
-    case 4: block_dots<BITS, G, 4>(w_block, s_block, z_block, offset, a, m0, out); break;
-    case 3: block_dots<BITS, G, 3>(w_block, s_block, z_block, offset, a, m0, out); break;
-    case 2: block_dots<BITS, G, 2>(w_block, s_block, z_block, offset, a, m0, out); break;
-    default: block_dots<BITS, G, 1>(w_block, s_block, z_block, offset, a, m0, out); break;
+    case 4: block_dots<BITS, G, SC, 4>(w_block, bs, offset, a, m0, out); break;
+    case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
+    case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
+    default: block_dots<BITS, G, SC, 1>(w_block, bs, offset, a, m0, out); break;
   }
 }
 
@@ -232,8 +290,8 @@ inline int32_t code_at(const uint8_t* w_block, int64_t r, int64_t k) {
 }
 
 // Portable reference of the same sums (used where the vector path is not compiled in).
-template <int BITS, int G>
-void block_dots_scalar(const uint8_t* w_block, const uint16_t* s_block, const uint16_t* z_block, int64_t offset,
+template <int BITS, int G, int SC>
+void block_dots_scalar(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                        const QuantizedActivations& a, int64_t m0, int mb, float* out) {
   for (int i = 0; i < mb; ++i) {
     const int8_t* xq = a.q.data() + (m0 + i) * a.k;
@@ -243,7 +301,7 @@ void block_dots_scalar(const uint8_t* w_block, const uint16_t* s_block, const ui
       for (int64_t g = 0; g < a.n_groups; ++g) {
         int32_t sum = 0;
         for (int64_t k = g * G; k < (g + 1) * G; ++k) sum += code_at<BITS>(w_block, r, k) * xq[k];
-        const ScaleZero sz = scale_zero(s_block, z_block, g * 16 + r, offset);
+        const ScaleZero sz = scale_zero<SC, G>(bs, g * 16 + r, offset);
         acc += sz.scale * dx[g * G / kActGroup] * static_cast<float>(sum);
         acc += sz.zero * a.group_term[(m0 + i) * a.n_groups + g];
       }
@@ -252,27 +310,42 @@ void block_dots_scalar(const uint8_t* w_block, const uint16_t* s_block, const ui
   }
 }
 
-template <int BITS, int G>
-void run(const QuantizedActivations& a, const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros,
-         int64_t offset, const float* bias, int64_t n, float* y) {
+// A packed weight's storage (see the header): raw pointers, checked by check_weights.
+struct PackedWeights {
+  const uint8_t* codes;
+  const void* scales;
+  const void* zeros;       // nullptr: offset
+  const uint16_t* supers;  // nullptr: f16 scales
+  int64_t scale_bytes;     // 2 (f16) or 1 (codes)
+  int64_t sup_stride;      // S * 16
+
+  BlockScales block(int64_t b, int64_t k, int64_t group) const {
+    const int64_t per_block = (k / group) * kBlockRows * scale_bytes;
+    return {static_cast<const uint8_t*>(scales) + b * per_block,
+            zeros ? static_cast<const uint8_t*>(zeros) + b * per_block : nullptr,
+            supers ? supers + b * (k / kSuper) * sup_stride : nullptr, sup_stride};
+  }
+};
+
+template <int BITS, int G, int SC>
+void run(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
+         float* y) {
   const int64_t block_bytes = 2 * a.k * BITS;
-  const int64_t block_scales = a.n_groups * kBlockRows;
   const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
   // Enough blocks per task that scheduling costs stay small next to the work (~64k weights).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (a.k * kBlockRows));
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
     float dots[kMaxRows * kBlockRows];
     for (int64_t b = begin; b < end; ++b) {
-      const uint8_t* w_block = codes + b * block_bytes;
-      const uint16_t* s_block = scales + b * block_scales;
-      const uint16_t* z_block = zeros ? zeros + b * block_scales : nullptr;
+      const uint8_t* w_block = w.codes + b * block_bytes;
+      const BlockScales bs = w.block(b, a.k, G);
       const int64_t n0 = b * kBlockRows, rows = std::min(kBlockRows, n - n0);
       for (int64_t m0 = 0; m0 < a.m; m0 += kMaxRows) {
         const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, a.m - m0));
 #if QDOT_AVX512_VNNI
-        dispatch_rows<BITS, G>(mb, w_block, s_block, z_block, offset, a, m0, dots);
+        dispatch_rows<BITS, G, SC>(mb, w_block, bs, offset, a, m0, dots);
 #else
-        block_dots_scalar<BITS, G>(w_block, s_block, z_block, offset, a, m0, mb, dots);
+        block_dots_scalar<BITS, G, SC>(w_block, bs, offset, a, m0, mb, dots);
 #endif
         for (int i = 0; i < mb; ++i) {
           float* yr = y + (m0 + i) * n + n0;
@@ -284,15 +357,12 @@ void run(const QuantizedActivations& a, const uint8_t* codes, const uint16_t* sc
 }
 
 // Weight rows [r0, r1) (r0 a multiple of 16) as f32 [r1 - r0, K]: the tests' check of the layout.
-template <int BITS, int G>
-void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_t* zeros, int64_t offset, int64_t k,
-                     int64_t r0, int64_t r1, float* out) {
+template <int BITS, int G, int SC>
+void dequantize_rows(const PackedWeights& w, int64_t offset, int64_t k, int64_t r0, int64_t r1, float* out) {
   const int64_t block_bytes = 2 * k * BITS;
-  const int64_t n_groups = k / G;
   for (int64_t b = r0 / kBlockRows; b * kBlockRows < r1; ++b) {
-    const uint8_t* w_block = codes + b * block_bytes;
-    const uint16_t* s_block = scales + b * n_groups * kBlockRows;
-    const uint16_t* z_block = zeros ? zeros + b * n_groups * kBlockRows : nullptr;
+    const uint8_t* w_block = w.codes + b * block_bytes;
+    const BlockScales bs = w.block(b, k, G);
     const int64_t rows = std::min(kBlockRows, r1 - b * kBlockRows);
     float* o = out + (b * kBlockRows - r0) * k;
 #if QDOT_AVX512_VNNI
@@ -304,7 +374,7 @@ void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_
       _mm512_store_si512(slots + 64, w1);
       const int64_t g = k0 / G;
       for (int64_t r = 0; r < rows; ++r) {
-        const ScaleZero sz = scale_zero(s_block, z_block, g * 16 + r, offset);
+        const ScaleZero sz = scale_zero<SC, G>(bs, g * 16 + r, offset);
         for (int half = 0; half < 2; ++half) {
           int32_t four;
           std::memcpy(&four, slots + half * 64 + r * 4, 4);
@@ -316,7 +386,7 @@ void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_
 #else
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t kk = 0; kk < k; ++kk) {
-        const ScaleZero sz = scale_zero(s_block, z_block, (kk / G) * 16 + r, offset);
+        const ScaleZero sz = scale_zero<SC, G>(bs, (kk / G) * 16 + r, offset);
         o[r * k + kk] = static_cast<float>(code_at<BITS>(w_block, r, kk)) * sz.scale + sz.zero;
       }
     }
@@ -324,17 +394,16 @@ void dequantize_rows(const uint8_t* codes, const uint16_t* scales, const uint16_
   }
 }
 
-void dequantize_dispatch(int64_t bits, int64_t group, const uint8_t* c, const uint16_t* s, const uint16_t* z,
-                         int64_t offset, int64_t k, int64_t r0, int64_t r1, float* out) {
-  if (bits == 4) dequantize_rows<4, 32>(c, s, z, offset, k, r0, r1, out);
-  else if (bits == 5) dequantize_rows<5, 32>(c, s, z, offset, k, r0, r1, out);
-  else if (bits == 6) dequantize_rows<6, 16>(c, s, z, offset, k, r0, r1, out);
-  else dequantize_rows<8, 32>(c, s, z, offset, k, r0, r1, out);
+// The scale kind of a packed weight, from its tensors' dtypes (check_weights has checked them).
+int scale_kind(const at::Tensor& scales) {
+  if (scales.scalar_type() == at::kHalf) return kScaleF16;
+  return scales.scalar_type() == at::kChar ? kScaleInt8 : kScaleUint8;
 }
 
-// Checks shared by the ops: codes [ceil(n/16), 2 K bits], scales (and zeros) [ceil(n/16), K/G, 16].
-void check_weights(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
-                   int64_t group, int64_t n, int64_t k) {
+// Checks shared by the ops: codes [ceil(n/16), 2 K bits], scales (and zeros) [ceil(n/16), K/G, 16],
+// supers [ceil(n/16), K/256, S, 16] (S = 1 + zeros given) with 8-bit scale codes, empty with f16 scales.
+PackedWeights check_weights(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
+                            const at::Tensor& supers, int64_t bits, int64_t group, int64_t n, int64_t k) {
   TORCH_CHECK((bits == 4 && group == 32) || (bits == 5 && group == 32) || (bits == 6 && group == 16) ||
               (bits == 8 && group == 32), "qdot: (bits, group) must be (4, 32), (5, 32), (6, 16) or (8, 32)");
   TORCH_CHECK(k > 0 && k % kActGroup == 0, "qdot: K must be a multiple of 32, got ", k);
@@ -342,52 +411,101 @@ void check_weights(const at::Tensor& codes, const at::Tensor& scales, const at::
   TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2 && codes.size(0) == blocks,
               "qdot: codes must be contiguous uint8 [ceil(N/16), 2 K bits]");
   TORCH_CHECK(codes.size(1) == 2 * k * bits, "qdot: codes have ", codes.size(1), " bytes per block of 16 rows for K = ", k);
-  TORCH_CHECK(scales.scalar_type() == at::kHalf && scales.is_contiguous() && scales.dim() == 3 && scales.size(0) == blocks &&
-              scales.size(1) == k / group && scales.size(2) == kBlockRows, "qdot: scales must be contiguous f16 [ceil(N/16), K/G, 16]");
-  if (zeros.numel() > 0) {
-    TORCH_CHECK(zeros.scalar_type() == at::kHalf && zeros.is_contiguous() && zeros.sizes() == scales.sizes(),
-                "qdot: zeros must be contiguous f16 like scales");
+  const auto st = scales.scalar_type();
+  TORCH_CHECK((st == at::kHalf || st == at::kChar || st == at::kByte) && scales.is_contiguous() && scales.dim() == 3 &&
+              scales.size(0) == blocks && scales.size(1) == k / group && scales.size(2) == kBlockRows,
+              "qdot: scales must be contiguous f16, int8 or uint8 [ceil(N/16), K/G, 16]");
+  const bool has_zeros = zeros.numel() > 0;
+  if (has_zeros) {
+    TORCH_CHECK(zeros.scalar_type() == (st == at::kHalf ? at::kHalf : at::kByte) && zeros.is_contiguous() &&
+                zeros.sizes() == scales.sizes(), "qdot: zeros must be contiguous like scales (uint8 with 8-bit scales)");
+  }
+  PackedWeights w{codes.data_ptr<uint8_t>(), scales.data_ptr(), has_zeros ? zeros.data_ptr() : nullptr, nullptr,
+                  st == at::kHalf ? 2 : 1, 0};
+  if (st == at::kHalf) {
+    TORCH_CHECK(supers.numel() == 0, "qdot: f16 scales take no super-block factors");
+  } else {
+    TORCH_CHECK(k % kSuper == 0, "qdot: 8-bit scale codes need K a multiple of 256, got ", k);
+    TORCH_CHECK(st == at::kByte || !has_zeros, "qdot: int8 scale codes take no zeros");
+    const int64_t s_count = has_zeros ? 2 : 1;
+    TORCH_CHECK(supers.scalar_type() == at::kHalf && supers.is_contiguous() && supers.dim() == 4 &&
+                supers.size(0) == blocks && supers.size(1) == k / kSuper && supers.size(2) == s_count &&
+                supers.size(3) == kBlockRows, "qdot: supers must be contiguous f16 [ceil(N/16), K/256, ", s_count, ", 16]");
+    w.supers = reinterpret_cast<const uint16_t*>(supers.data_ptr<at::Half>());
+    w.sup_stride = s_count * kBlockRows;
+  }
+  return w;
+}
+
+// Calls F<BITS, G, SC>::call(args...) for a checked layout.
+template <template <int, int, int> class F, typename... Args>
+void dispatch_layout(int64_t bits, int sc, Args&&... args) {
+  if (bits == 4) {
+    if (sc == kScaleUint8) F<4, 32, kScaleUint8>::call(args...);
+    else F<4, 32, kScaleF16>::call(args...);
+  } else if (bits == 5) {
+    if (sc == kScaleUint8) F<5, 32, kScaleUint8>::call(args...);
+    else F<5, 32, kScaleF16>::call(args...);
+  } else if (bits == 6) {
+    if (sc == kScaleInt8) F<6, 16, kScaleInt8>::call(args...);
+    else F<6, 16, kScaleF16>::call(args...);
+  } else {
+    F<8, 32, kScaleF16>::call(args...);
   }
 }
 
+template <int BITS, int G, int SC>
+struct RunLayout {
+  static void call(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
+                   float* y) {
+    run<BITS, G, SC>(a, w, offset, bias, n, y);
+  }
+};
+
+template <int BITS, int G, int SC>
+struct DequantizeLayout {
+  static void call(const PackedWeights& w, int64_t offset, int64_t k, int64_t r0, int64_t r1, float* out) {
+    dequantize_rows<BITS, G, SC>(w, offset, k, r0, r1, out);
+  }
+};
+
+void check_scale_kind(int64_t bits, int sc) {
+  TORCH_CHECK(sc == kScaleF16 || (sc == kScaleUint8 && (bits == 4 || bits == 5)) || (sc == kScaleInt8 && bits == 6),
+              "qdot: 8-bit scale codes are uint8 for 4- and 5-bit codes (Q4_K, Q5_K) and int8 for 6-bit ones (Q6_K)");
+}
+
 at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                       const at::Tensor& zeros, int64_t bits, int64_t group, int64_t offset, int64_t n,
-                       const std::optional<at::Tensor>& bias) {
+                       const at::Tensor& zeros, const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset,
+                       int64_t n, const std::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "qdot: x must be contiguous f32 [M, K]");
   const int64_t m = x.size(0), k = x.size(1);
-  check_weights(codes, scales, zeros, bits, group, n, k);
-  const bool has_zeros = zeros.numel() > 0;
+  const PackedWeights w = check_weights(codes, scales, zeros, supers, bits, group, n, k);
+  const int sc = scale_kind(scales);
+  check_scale_kind(bits, sc);
   const float* bias_ptr = nullptr;
   if (bias.has_value() && bias->defined()) {
     TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "qdot: bias must be f32 [N]");
     bias_ptr = bias->data_ptr<float>();
   }
-  const uint8_t* c = codes.data_ptr<uint8_t>();
-  const auto* s = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
-  const auto* z = has_zeros ? reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::Half>()) : nullptr;
   at::Tensor y = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return y;
   const QuantizedActivations a = quantize_activations(x.data_ptr<float>(), m, k, group);
-  float* out = y.data_ptr<float>();
-  if (bits == 4) run<4, 32>(a, c, s, z, offset, bias_ptr, n, out);
-  else if (bits == 5) run<5, 32>(a, c, s, z, offset, bias_ptr, n, out);
-  else if (bits == 6) run<6, 16>(a, c, s, z, offset, bias_ptr, n, out);
-  else run<8, 32>(a, c, s, z, offset, bias_ptr, n, out);
+  dispatch_layout<RunLayout>(bits, sc, a, w, offset, bias_ptr, n, y.data_ptr<float>());
   return y;
 }
 
 // The weights as f32 [N, K], straight from the kernel's layout (tests and debugging).
-at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros, int64_t bits,
-                           int64_t group, int64_t offset, int64_t n) {
+at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
+                           const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset, int64_t n) {
   TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "qdot: bits must be 4, 5, 6 or 8");
   TORCH_CHECK(codes.dim() == 2, "qdot: codes must be 2-D");
   const int64_t k = codes.size(1) / (2 * bits);
-  check_weights(codes, scales, zeros, bits, group, n, k);
+  const PackedWeights w = check_weights(codes, scales, zeros, supers, bits, group, n, k);
+  const int sc = scale_kind(scales);
+  check_scale_kind(bits, sc);
   at::Tensor out = at::empty({n, k}, codes.options().dtype(at::kFloat));
   if (n == 0) return out;
-  dequantize_dispatch(bits, group, codes.data_ptr<uint8_t>(), reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>()),
-                      zeros.numel() ? reinterpret_cast<const uint16_t*>(zeros.data_ptr<at::Half>()) : nullptr, offset, k,
-                      0, n, out.data_ptr<float>());
+  dispatch_layout<DequantizeLayout>(bits, sc, w, offset, k, int64_t{0}, n, out.data_ptr<float>());
   return out;
 }
 
@@ -405,8 +523,8 @@ std::string qdot_isa() {
 #endif
 
 TORCH_LIBRARY(QDOT_NAMESPACE, m) {
-  m.def("qdot_linear(Tensor x, Tensor codes, Tensor scales, Tensor zeros, int bits, int group, int offset, int n, Tensor? bias) -> Tensor");
-  m.def("qdot_dequantize(Tensor codes, Tensor scales, Tensor zeros, int bits, int group, int offset, int n) -> Tensor");
+  m.def("qdot_linear(Tensor x, Tensor codes, Tensor scales, Tensor zeros, Tensor supers, int bits, int group, int offset, int n, Tensor? bias) -> Tensor");
+  m.def("qdot_dequantize(Tensor codes, Tensor scales, Tensor zeros, Tensor supers, int bits, int group, int offset, int n) -> Tensor");
   m.def("qdot_isa() -> str", &qdot_isa);
 }
 

@@ -29,6 +29,7 @@ GT = gguf.GGMLQuantizationType
 pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"qdot kernel not available here: {qdot_status().detail}")
 
+NO_SUPERS = torch.empty(0, dtype=torch.half)  # f16 group scales take no super-block factors
 CODE_TYPES = [GT.Q4_0, GT.Q4_1, GT.Q4_K, GT.Q5_0, GT.Q5_1, GT.Q5_K, GT.Q6_K, GT.Q8_0]
 K_QUANTS = (GT.Q4_K, GT.Q5_K, GT.Q6_K)
 
@@ -109,7 +110,7 @@ def test_kernel_matches_definition(bits, group, with_zeros, k, n):
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         x[0, :32] = 0.0  # an all-zero activation group (dx = 0)
         for b in (None, bias):
-            y = op(x, packed, ps, pz, bits, group, offset, n, b)
+            y = op(x, packed, ps, pz, NO_SUPERS, bits, group, offset, n, b)
             ref = reference(x, codes, bits, group, scales, zeros, offset, b)
             assert y.shape == (m, n) and y.dtype == torch.float32
             err = float((y.double() - ref).abs().max() / ref.abs().max())
@@ -122,9 +123,105 @@ def test_dequantize_reads_the_layout(bits, group, with_zeros):
     n, k = 300, 96
     codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=9)
     offset = 2 ** (bits - 1)
-    w = torch.ops.tandem.qdot_dequantize(packed, ps, pz, bits, group, offset, n)
+    w = torch.ops.tandem.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, offset, n)
     w_ref = reference_weight(codes, group, scales, zeros, offset)
     assert torch.allclose(w.double(), w_ref, rtol=0, atol=float(w_ref.abs().max()) * 2e-7)  # f32 rounding
+
+
+# -- K-quants' two-level scales: 8-bit codes times per-super-block f16 factors ----------------------
+
+TWO_LEVEL = [(4, 32, True), (5, 32, True), (6, 16, False)]  # Q4_K, Q5_K (uint8 sc and m), Q6_K (int8 sc)
+
+
+def random_two_level(n, k, bits, group, with_zeros, seed=0):
+    """Random codes and K-quant-style factors, and the same packed: (codes, packed, packed scale codes,
+    packed zero codes, packed supers, scales, zeros) where scales/zeros are the f32 products."""
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 2 ** bits, (n, k), generator=g, dtype=torch.uint8)
+    groups, supers_n = k // group, k // 256
+    if with_zeros:
+        sc = torch.randint(0, 64, (n, groups), generator=g, dtype=torch.int16)
+        mc = torch.randint(0, 64, (n, groups), generator=g, dtype=torch.int16)
+        sup = torch.stack([torch.rand(n, supers_n, generator=g) * 1e-3,
+                           -torch.rand(n, supers_n, generator=g) * 1e-3], -1).half().float()
+    else:
+        sc = torch.randint(-128, 128, (n, groups), generator=g, dtype=torch.int16)
+        mc = None
+        sup = (torch.rand(n, supers_n, 1, generator=g) * 1e-3).half().float()
+    per_super = 256 // group
+    d = sup[..., 0].repeat_interleave(per_super, dim=1)
+    scales = d * sc.float()
+    zeros = sup[..., 1].repeat_interleave(per_super, dim=1) * mc.float() if with_zeros else torch.empty(0, groups)
+    ps = L.pack_group_values(sc.to(torch.uint8 if with_zeros else torch.int8))
+    pz = L.pack_group_values(mc.to(torch.uint8)) if with_zeros else torch.empty(0, dtype=torch.uint8)
+    return codes, L.pack_codes(codes, bits), ps, pz, L.pack_supers(sup), scales, zeros
+
+
+@pytest.mark.parametrize("bits,group,with_zeros", TWO_LEVEL)
+@pytest.mark.parametrize("k,n", [(512, 37), (256, 16)])
+def test_two_level_kernel_matches_definition(bits, group, with_zeros, k, n):
+    op = load_qdot()
+    codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, bits, group, with_zeros, seed=k + bits)
+    offset = 32 if bits == 6 else 0
+    bias = torch.randn(n)
+    for m in (1, 3, 4, 9):
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+        for b in (None, bias):
+            y = op(x, packed, ps, pz, sup, bits, group, offset, n, b)
+            ref = reference(x, codes, bits, group, scales, zeros, offset, b)
+            err = float((y.double() - ref).abs().max() / ref.abs().max())
+            assert err < 2e-6, (m, err)
+    w = torch.ops.tandem.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n)
+    w_ref = reference_weight(codes, group, scales, zeros, offset)
+    assert torch.allclose(w.double(), w_ref, rtol=0, atol=float(w_ref.abs().max()) * 2e-7)
+
+
+@pytest.mark.parametrize("bits,group,with_zeros", TWO_LEVEL)
+def test_two_level_portable_path_agrees(bits, group, with_zeros):
+    portable = load_qdot(portable=True)
+    if portable is None:
+        pytest.skip(f"portable build failed: {qdot_status(True).detail}")
+    op = load_qdot()
+    k, n = 512, 29
+    codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, bits, group, with_zeros, seed=3)
+    offset = 32 if bits == 6 else 0
+    x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
+    a = op(x, packed, ps, pz, sup, bits, group, offset, n, None)
+    b = portable(x, packed, ps, pz, sup, bits, group, offset, n, None)
+    assert float((a - b).abs().max() / b.abs().max()) < 2e-6
+    assert torch.equal(torch.ops.tandem.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n),
+                       torch.ops.tandem_portable.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n))
+
+
+def test_two_level_kernel_refuses_mismatched_factors():
+    op = load_qdot()
+    codes, packed, ps, pz, sup, scales, zeros = random_two_level(16, 256, 4, 32, True)
+    x = torch.randn(1, 256)
+    with pytest.raises(RuntimeError, match="supers must be"):
+        op(x, packed, ps, pz, NO_SUPERS, 4, 32, 0, 16, None)  # codes without their factors
+    with pytest.raises(RuntimeError, match="supers must be"):
+        op(x, packed, ps, pz, sup[:, :, :1].contiguous(), 4, 32, 0, 16, None)  # d without -dmin
+    with pytest.raises(RuntimeError, match="uint8 for 4- and 5-bit"):
+        op(x, packed, ps.view(torch.int8), torch.empty(0, dtype=torch.uint8), sup[:, :, :1].contiguous(),
+           4, 32, 0, 16, None)
+    with pytest.raises(RuntimeError, match="take no super-block"):
+        op(x, packed, ps.half(), pz.half(), sup, 4, 32, 0, 16, None)
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+def test_k_quant_factors_give_the_group_scales(qtype):
+    """The codes and factors a K-quant keeps (what the kernel reads) multiply to ggml's scales exactly."""
+    n, k = 24, 512
+    raw = torch.from_numpy(quantized(qtype, n, k).reshape(-1).copy())
+    ic = dq.integer_codes(raw, int(qtype), (n, k))
+    per_super = 256 // ic.group
+    d = ic.supers[..., 0].repeat_interleave(per_super, dim=1)
+    assert torch.equal(d * ic.scale_codes.float(), ic.scales)
+    if ic.zeros is not None:
+        assert torch.equal(ic.supers[..., 1].repeat_interleave(per_super, dim=1) * ic.zero_codes.float(), ic.zeros)
+        assert int(ic.scale_codes.min()) >= 0 and int(ic.scale_codes.max()) < 64
+    else:
+        assert ic.zero_codes is None and ic.supers.shape == (n, k // 256, 1)
 
 
 def test_a_row_does_not_depend_on_the_batch():
@@ -133,8 +230,8 @@ def test_a_row_does_not_depend_on_the_batch():
     op = load_qdot()
     codes, packed, ps, pz, scales, zeros = random_layout(40, 256, 4, 32, True, seed=4)
     x = torch.randn(60, 256, generator=torch.Generator().manual_seed(8))
-    whole = op(x, packed, ps, pz, 4, 32, 8, 40, None)
-    rows = torch.cat([op(x[i:i + 1], packed, ps, pz, 4, 32, 8, 40, None) for i in range(60)])
+    whole = op(x, packed, ps, pz, NO_SUPERS, 4, 32, 8, 40, None)
+    rows = torch.cat([op(x[i:i + 1], packed, ps, pz, NO_SUPERS, 4, 32, 8, 40, None) for i in range(60)])
     assert torch.equal(whole, rows)
 
 
@@ -148,11 +245,11 @@ def test_portable_path_agrees_with_vector_path(bits, group, with_zeros):
     k, n = 320, 29
     codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=3)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
-    a = op(x, packed, ps, pz, bits, group, 8, n, None)
-    b = portable(x, packed, ps, pz, bits, group, 8, n, None)
+    a = op(x, packed, ps, pz, NO_SUPERS, bits, group, 8, n, None)
+    b = portable(x, packed, ps, pz, NO_SUPERS, bits, group, 8, n, None)
     assert float((a - b).abs().max() / b.abs().max()) < 2e-6
-    wa = torch.ops.tandem.qdot_dequantize(packed, ps, pz, bits, group, 8, n)
-    wb = torch.ops.tandem_portable.qdot_dequantize(packed, ps, pz, bits, group, 8, n)
+    wa = torch.ops.tandem.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, 8, n)
+    wb = torch.ops.tandem_portable.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, 8, n)
     assert torch.equal(wa, wb)
 
 
@@ -160,13 +257,13 @@ def test_kernel_refuses_bad_shapes():
     op = load_qdot()
     codes, packed, ps, pz, scales, zeros = random_layout(8, 128, 4, 32, True)
     with pytest.raises(RuntimeError, match="multiple of 32"):
-        op(torch.randn(1, 100), packed, ps, pz, 4, 32, 8, 8, None)
+        op(torch.randn(1, 100), packed, ps, pz, NO_SUPERS, 4, 32, 8, 8, None)
     with pytest.raises(RuntimeError, match="bytes per block"):
-        op(torch.randn(1, 96), packed, ps, pz, 4, 32, 8, 8, None)
+        op(torch.randn(1, 96), packed, ps, pz, NO_SUPERS, 4, 32, 8, 8, None)
     with pytest.raises(RuntimeError, match=r"ceil\(N/16\)"):
-        op(torch.randn(1, 128), packed, ps, pz, 4, 32, 8, 40, None)  # wrong row count
+        op(torch.randn(1, 128), packed, ps, pz, NO_SUPERS, 4, 32, 8, 40, None)  # wrong row count
     with pytest.raises(RuntimeError, match="f32"):
-        op(torch.randn(1, 128).bfloat16(), packed, ps, pz, 4, 32, 8, 8, None)
+        op(torch.randn(1, 128).bfloat16(), packed, ps, pz, NO_SUPERS, 4, 32, 8, 8, None)
 
 
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
@@ -261,13 +358,19 @@ def test_linear_close_to_f32(f, name):
 def test_exact_sources_keep_their_codes(f):
     lin = L.load_linear(f, "q6k.weight", "qdot")
     assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (6, 16, 32, 0)
-    assert lin.weight_nbytes() == 32 * 256 * 6 // 8 + 32 * 16 * 2  # 6-bit codes, f16 scale per 16
+    # 6-bit codes, an int8 scale per 16 and one f16 d per 256: exactly Q6_K's 210 bytes per 256 values
+    assert lin.weight_nbytes() == 32 * 210 and lin.scales.dtype == torch.int8
     lin = L.load_linear(f, "q50.weight", "qdot")
     assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (5, 32, 16, 0)
     lin = L.load_linear(f, "q4k.weight", "qdot")
     assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (3, 8, 16)  # 3 blocks of 16 rows
-    # Q4_K's weight bytes: 4-bit codes plus f16 scale and zero per 32 = 5 bits a weight
-    assert lin.weight_nbytes() == 48 * 256 // 2 + 2 * 48 * 8 * 2
+    # Q4_K: 4-bit codes, uint8 scale and min per 32, f16 d and -dmin per 256 = 4.625 bits a weight
+    # (the file's 6-bit scales pack to 4.5)
+    assert lin.weight_nbytes() == 48 * 256 * 4.625 / 8 and lin.zeros.dtype == torch.uint8
+    # two Q4_K tensors fuse and keep their codes; Q4_0 has none to keep (f16 group scales)
+    fused = L.load_linear(f, ["q4k.weight", "q4k2.weight"], "qdot")
+    assert fused.format == "qdot" and fused.scales.dtype == torch.uint8 and fused.supers.shape == (6, 1, 2, 16)
+    assert L.load_linear(f, "q40.weight", "qdot").scales.dtype == torch.float16
 
 
 def test_fusion_and_bias(f):
@@ -280,7 +383,10 @@ def test_fusion_and_bias(f):
     assert matmul_error(lin, ref_weight(f, names), bias) < 3e-2
     x = torch.randn(3, 256)
     separate = torch.cat([L.load_linear(f, n, "qdot", bias_names=[b])(x) for n, b in zip(names, bias_names)], -1)
-    assert torch.allclose(lin(x), separate, rtol=0, atol=1e-5 * float(separate.abs().max()))
+    # fused with Q4_0/Q4_1, Q4_K's scales are f16 products (d * sc rounded); alone it keeps d and sc
+    assert torch.allclose(lin(x), separate, rtol=0, atol=2e-3 * float(separate.abs().max()))
+    same = L.load_linear(f, ["q40.weight", "q41.weight"], "qdot")(x)
+    assert torch.allclose(same, separate[:, 48:112], rtol=0, atol=1e-5 * float(same.abs().max()))
 
 
 def test_k_not_multiple_of_32_falls_back(f):
