@@ -20,6 +20,7 @@ from engine.cache.kv import KVCache
 from engine.cache.layered import LayeredKVCache
 from engine.cache.recurrent import HybridCache
 from engine.models.config import ModelConfig
+from engine.models.fused_stack import FusedStack, build_fused_stack
 from engine.models.layers import Block, ForwardStep, RMSNorm, RotaryEmbedding
 from engine.models.per_layer import PerLayerInput
 from engine.ops.linear import Linear
@@ -76,14 +77,29 @@ class Model(nn.Module):
         self._embed_scale = cfg.embed_scale
         self.per_layer_input = per_layer_input
         self.block_ops = _block_ops_for(device, dtype)
+        # The blocks as one native call (engine.models.fused_stack), built on first use: False = not yet.
+        self._fused_stack: FusedStack | None | bool = False
         # Set by engine.models.loader: the file the weights came from, kept open while the model lives
         # (the embedding reads its rows from the mapping), and its path.
         self.gguf: GGUFFile | None = None
         self.source_path: str | None = None
 
     def use_block_ops(self, enabled: bool) -> None:
-        """Switch the fused block ops on (when this device and dtype can use them) or off."""
+        """Switch the fused block ops and the native block stack on (when this device and dtype can use
+        them) or off: off, every block runs its PyTorch ops from Python."""
         self.block_ops = _block_ops_for(self.device, self.dtype) if enabled else None
+        self._fused_stack = False if enabled else None
+
+    def fused_stack(self) -> FusedStack | None:
+        """The native stack over this model's blocks, if they are a shape it runs and it is switched on."""
+        if self._fused_stack is False:
+            native = None
+            if self.block_ops is not None:
+                from engine.ops.kernels import decoder_stack_class
+
+                native = decoder_stack_class()
+            self._fused_stack = build_fused_stack(self.config, list(self.layers), native)
+        return self._fused_stack
 
     @property
     def device(self) -> torch.device:
@@ -153,8 +169,12 @@ class Model(nn.Module):
             x = x * torch.tensor(self._embed_scale, dtype=self.dtype)
         if self.per_layer_input is not None:
             step.per_layer = self.per_layer_input(ids, x)
-        for layer in self.layers:
-            x = layer(x, cache, step, self._ropes[layer.attn.kind])
+        fused = self.fused_stack() if type(cache) is KVCache and step.per_layer is None else None
+        if fused is not None:  # the same blocks, one native call
+            x = fused.forward(x, cache, start, rope["global"], masks["global"])
+        else:
+            for layer in self.layers:
+                x = layer(x, cache, step, self._ropes[layer.attn.kind])
         cache.commit(token_list)
 
         hidden = self.norm(x, self.block_ops)

@@ -1,8 +1,10 @@
 """Native CPU kernels, compiled on first use with torch's C++ extension builder.
 
-One library holds them all: ``qdot.cpp`` (the quantized matmul, ``torch.ops.tandem.qdot_linear``)
-and ``blockops.cpp`` (a decoder block's small ops fused: RMSNorm and RoPE); each file's header
-says what it computes. ``load_qdot()`` and ``load_block_ops()`` hand them out. The build takes
+One library holds them all: ``qdot.cpp`` (the quantized matmul, ``torch.ops.tandem.qdot_linear``),
+``blockops.cpp`` (a decoder block's small ops fused: RMSNorm and RoPE), ``decoder.cpp`` (a stack of
+decoder blocks run by one call, ``torch.classes.tandem.DecoderStack``) and ``probe.cpp`` (the
+read-bandwidth probe); each file's header says what it computes. ``load_qdot()``, ``load_block_ops()``
+and ``decoder_stack_class()`` hand them out. The build takes
 20-60 s once and is cached under torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), keyed by the sources and this machine's CPU features because it is
 compiled with ``-march=native``.
@@ -29,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-_SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp", "probe.cpp")]
+_SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp", "decoder.cpp", "probe.cpp")]
+_HEADERS = [Path(__file__).with_name("native.h")]  # part of the build's key, not compiled on their own
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,8 @@ def qdot_status(portable: bool = False) -> KernelStatus:
     arch = "-march=x86-64-v2" if portable else "-march=native"
     # The sources' text and place: the build records the source paths, so two checkouts sharing one
     # build directory would rebuild it whenever the other one loaded last.
-    source_key = hashlib.sha256(b"".join(p.read_bytes() + str(p.resolve()).encode() for p in _SOURCES)).hexdigest()[:8]
+    source_key = hashlib.sha256(b"".join(p.read_bytes() + str(p.resolve()).encode()
+                                         for p in _SOURCES + _HEADERS)).hexdigest()[:8]
     name = f"{namespace}_qdot_{'generic' if portable else _cpu_key()}_{source_key}"
     try:
         from torch.utils import cpp_extension
@@ -125,6 +129,12 @@ def load_block_ops(portable: bool = False):
     else ``None``."""
     status = qdot_status(portable)
     return getattr(torch.ops, status.namespace) if status.available else None
+
+
+def decoder_stack_class(portable: bool = False):
+    """The native ``DecoderStack`` class (``decoder.cpp``) when the library is available, else ``None``."""
+    status = qdot_status(portable)
+    return getattr(torch.classes, status.namespace).DecoderStack if status.available else None
 
 
 def qdot_fast() -> bool:

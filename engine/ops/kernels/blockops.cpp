@@ -20,9 +20,7 @@
 
 #include <cmath>
 
-#ifndef QDOT_NAMESPACE
-#define QDOT_NAMESPACE tandem
-#endif
+#include "native.h"
 
 namespace {
 
@@ -31,6 +29,10 @@ void check_f32(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.scalar_type() == at::kFloat, what, " must be float32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, what, " must be contiguous in its last dimension");
 }
+
+}  // namespace
+
+namespace QDOT_NAMESPACE::native {
 
 at::Tensor block_rms_norm(const at::Tensor& x_in, const at::Tensor& w_in, double eps) {
   const at::Tensor x = x_in.contiguous();
@@ -102,7 +104,10 @@ at::Tensor block_rope(const at::Tensor& x, const at::Tensor& cos_in, const at::T
   return out;
 }
 
-}  // namespace
+}  // namespace QDOT_NAMESPACE::native
+
+using QDOT_NAMESPACE::native::block_rms_norm;
+using QDOT_NAMESPACE::native::block_rope;
 
 TORCH_LIBRARY_FRAGMENT(QDOT_NAMESPACE, m) {
   m.def("block_rms_norm(Tensor x, Tensor w, float eps) -> Tensor");

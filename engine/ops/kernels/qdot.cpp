@@ -42,6 +42,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "native.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -474,6 +476,10 @@ void check_scale_kind(int64_t bits, int sc) {
               "qdot: 8-bit scale codes are uint8 for 4- and 5-bit codes (Q4_K, Q5_K) and int8 for 6-bit ones (Q6_K)");
 }
 
+}  // namespace
+
+namespace QDOT_NAMESPACE::native {
+
 at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& zeros, const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset,
                        int64_t n, const std::optional<at::Tensor>& bias) {
@@ -509,6 +515,10 @@ at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, co
   return out;
 }
 
+}  // namespace QDOT_NAMESPACE::native
+
+namespace {
+
 // Which code path this build runs: the loader reports it and picks defaults from it.
 std::string qdot_isa() {
   return QDOT_AVX512_VNNI ? "avx512vnni" : "scalar";
@@ -516,11 +526,8 @@ std::string qdot_isa() {
 
 }  // namespace
 
-// The op namespace: "tandem" normally; the portable test build (no AVX-512) gets its own so that
-// both can be loaded into one process and compared.
-#ifndef QDOT_NAMESPACE
-#define QDOT_NAMESPACE tandem
-#endif
+using QDOT_NAMESPACE::native::qdot_dequantize;
+using QDOT_NAMESPACE::native::qdot_linear;
 
 TORCH_LIBRARY(QDOT_NAMESPACE, m) {
   m.def("qdot_linear(Tensor x, Tensor codes, Tensor scales, Tensor zeros, Tensor supers, int bits, int group, int offset, int n, Tensor? bias) -> Tensor");

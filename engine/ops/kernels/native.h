@@ -1,0 +1,29 @@
+// The library's functions that its other files call directly (one C++ call, no dispatcher): the
+// decoder stack (decoder.cpp) runs a block with exactly the kernels the Python path calls as ops.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+// The op namespace: "tandem" normally; the portable test build (no AVX-512) gets its own so that
+// both can be loaded into one process and compared. It also names the C++ namespace below, so that
+// the two builds' functions never resolve to each other.
+#ifndef QDOT_NAMESPACE
+#define QDOT_NAMESPACE tandem
+#endif
+
+namespace QDOT_NAMESPACE::native {
+
+// qdot.cpp: y [M, N] = x [M, K] times the packed weight (+ bias); see its header for the layout.
+at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                       const at::Tensor& zeros, const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset,
+                       int64_t n, const std::optional<at::Tensor>& bias);
+at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
+                           const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset, int64_t n);
+
+// blockops.cpp
+at::Tensor block_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+at::Tensor block_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool neox);
+
+}  // namespace QDOT_NAMESPACE::native

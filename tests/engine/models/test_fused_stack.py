@@ -1,0 +1,122 @@
+"""The native decoder stack (engine/ops/kernels/decoder.cpp via engine.models.fused_stack).
+
+It must be invisible in results: a forward through it gives the very bits the Python blocks give
+(logits and the KV cache it writes), for prompts, single tokens and verification widths, on the
+shapes it takes (qwen2 with qkv biases and a Q4_K_M mix of Q4_K and Q6_K linears, so some fused
+linears are split; qwen3 with q/k norms; llama); and models it does not take keep the Python blocks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.cache.kv import KVCache
+from engine.models.loader import load_model
+from engine.ops.kernels import qdot_status
+from engine.ops.linear import SplitLinear
+from importer.quantize import parse_quant_type, quantize_gguf
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
+
+pytestmark = pytest.mark.skipif(not qdot_status().available,
+                                reason=f"native kernels not available: {qdot_status().detail}")
+
+
+def _q4_k_m(tmp_path, spec: TinySpec):
+    src = write_tiny_gguf(tmp_path / f"{spec.arch}-f32.gguf", spec)
+    dst = tmp_path / f"{spec.arch}-q4_k_m.gguf"
+    quantize_gguf(src, dst, parse_quant_type("q4_K_M"))
+    return dst
+
+
+SPECS = {  # K-quants need rows of 256 values: n_embd and n_ff multiples of 256
+    "qwen2": TinySpec(arch="qwen2", n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, seed=1),
+    "qwen3": TinySpec(arch="qwen3", n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, seed=2),
+    "llama": TinySpec(arch="llama", n_layer=2, n_embd=256, n_ff=768, n_head=8, n_head_kv=8, seed=3),
+}
+
+
+@pytest.fixture(scope="module", params=list(SPECS))
+def model(request, tmp_path_factory):
+    path = _q4_k_m(tmp_path_factory.mktemp("fused"), SPECS[request.param])
+    m = load_model(path, fmt="qdot")
+    yield m
+    m.close()
+
+
+def _run(model, python_blocks: bool):
+    """Logits of a prompt, then single tokens and verification widths with a rollback between, and the
+    cache they leave."""
+    model.use_block_ops(True)
+    if python_blocks:
+        model._fused_stack = None
+    try:
+        cache = model.new_cache(128)
+        outs = [model.forward(list(range(5, 40)), cache, logits_for="all")]
+        for feed in ([7], [9, 11, 13, 15], [17]):
+            outs.append(model.forward(feed, cache, logits_for="all"))
+        cache.truncate(cache.length - 3)  # a rejected draft
+        outs.append(model.forward([19, 21], cache, logits_for="all"))
+        return outs, cache
+    finally:
+        model.use_block_ops(True)
+
+
+def test_the_stack_gives_the_python_blocks_bits(model):
+    fused, fused_cache = _run(model, python_blocks=False)
+    assert model.fused_stack() is not None  # the model is a shape the stack runs
+    plain, plain_cache = _run(model, python_blocks=True)
+    for a, b in zip(fused, plain):
+        assert torch.equal(a, b)
+    n = fused_cache.length
+    assert n == plain_cache.length
+    assert torch.equal(fused_cache.k[:, :, :n], plain_cache.k[:, :, :n])
+    assert torch.equal(fused_cache.v[:, :, :n], plain_cache.v[:, :, :n])
+
+
+def test_the_q4_k_m_mix_splits_some_linears(tmp_path):
+    """The stack takes split linears (Q4_K q/k with a Q6_K v): the fixture's qwen2 has them, as the real
+    Qwen2.5 Q4_K_M files do."""
+    m = load_model(_q4_k_m(tmp_path, SPECS["qwen2"]), fmt="qdot")
+    try:
+        assert any(isinstance(b.attn.wqkv, SplitLinear) for b in m.layers)
+        assert m.fused_stack() is not None
+    finally:
+        m.close()
+
+
+def test_a_stack_it_does_not_take_keeps_the_python_blocks(tmp_path):
+    gemma = load_model(write_tiny_gguf(tmp_path / "g.gguf", TinySpec(arch="gemma3", tokenizer="llama", seed=4)),
+                       fmt="qdot")
+    f32 = load_model(write_tiny_gguf(tmp_path / "q.gguf", TinySpec(arch="qwen2", seed=5)), fmt="f32")
+    try:
+        assert gemma.fused_stack() is None  # sliding windows and post norms
+        assert f32.fused_stack() is None  # dense f32 linears
+        # and they still run
+        assert gemma.forward([1, 2, 3], gemma.new_cache(16)).shape[0] == 3
+        assert f32.forward([1, 2, 3], f32.new_cache(16)).shape[0] == 3
+    finally:
+        gemma.close()
+        f32.close()
+
+
+def test_switching_block_ops_off_switches_the_stack_off(model):
+    model.use_block_ops(False)
+    try:
+        assert model.fused_stack() is None
+    finally:
+        model.use_block_ops(True)
+    assert model.fused_stack() is not None
+
+
+def test_a_cache_it_does_not_know_runs_the_python_blocks(model):
+    """Only the plain KVCache's layout is the stack's: a subclass (a hybrid or layered cache, or any
+    other) goes through the Python blocks, with the same results."""
+
+    class OtherCache(KVCache):
+        pass
+
+    c = model.config
+    other = OtherCache(c.n_layer, c.n_head_kv, c.head_dim, 64)
+    plain = model.new_cache(64)
+    assert torch.equal(model.forward([3, 4, 5], other), model.forward([3, 4, 5], plain))
