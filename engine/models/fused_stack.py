@@ -33,12 +33,12 @@ class FusedStack:
         self._native = native
         self.n_layer = n_layer
 
-    def forward(self, x: torch.Tensor, cache: KVCache, start: int, rope: tuple[torch.Tensor, torch.Tensor],
-                mask: torch.Tensor | None) -> torch.Tensor:
-        """x [n, D] after every block; writes the blocks' keys and values at ``start ..`` (room checked
-        by the caller, committed by it)."""
+    def forward(self, x: torch.Tensor, cache: KVCache, start: int,
+                rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """x [n, D] after every block, causal over the cache; writes the blocks' keys and values at
+        ``start ..`` (room checked by the caller, committed by it)."""
         cos, sin = rope
-        return self._native.forward(x, cache.k, cache.v, start, cos, sin, mask)
+        return self._native.forward(x, cache.k, cache.v, start, cos, sin)
 
 
 def _config_reason(cfg: ModelConfig) -> str | None:
@@ -94,7 +94,7 @@ def build_fused_stack(cfg: ModelConfig, blocks: Sequence[Block], native_class) -
         return None
     attn0 = blocks[0].attn
     native = native_class(cfg.n_head, cfg.n_head_kv, cfg.head_dim, float(cfg.rms_eps), cfg.rope_style == "neox",
-                          None if attn0.scale is None else float(attn0.scale))
+                          float(attn0.scale))
     for i, block in enumerate(blocks):
         attn = block.attn
         q_norm = None if attn.q_norm is None else attn.q_norm.weight

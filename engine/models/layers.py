@@ -197,8 +197,13 @@ class Attention(nn.Module):
                 n: int) -> torch.Tensor:
         """Attention of queries q [n, H, D] over keys/values [Hkv, S, D] under the step's mask, projected."""
         H, Hkv, D = self.n_head, self.n_head_kv, self.head_dim
-        q = q.transpose(0, 1)  # [H, n, D]
         mask = step.mask[self.kind]
+        if step.ops is not None and self.softcap is None and step.key_end is None and \
+                (mask is None or (self.kind == "global" and step.key_start["global"] == 0)):
+            # one query, or causal from position 0: the queries are the last n keys, the fused op's case
+            o = step.ops.block_attention(q, keys, values, self.scale)
+            return self.wo(o.view(n, H * D))
+        q = q.transpose(0, 1)  # [H, n, D]
         if self.softcap is None:
             o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
                                                scale=self.scale, enable_gqa=(H != Hkv))[0]

@@ -171,7 +171,7 @@ class Model(nn.Module):
             step.per_layer = self.per_layer_input(ids, x)
         fused = self.fused_stack() if type(cache) is KVCache and step.per_layer is None else None
         if fused is not None:  # the same blocks, one native call
-            x = fused.forward(x, cache, start, rope["global"], masks["global"])
+            x = fused.forward(x, cache, start, rope["global"])
         else:
             for layer in self.layers:
                 x = layer(x, cache, step, self._ropes[layer.attn.kind])

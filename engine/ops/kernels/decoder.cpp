@@ -4,15 +4,15 @@
 // attention, SiLU, adds), each paying interpreter and dispatcher time, and the memory bus that the
 // matmuls keep busy idles meanwhile: a decode step of Qwen2.5-Coder-1.5B spent about a fifth of its
 // time there (docs/bench). Here the same kernels run in the same order (qdot_linear, block_rms_norm,
-// block_rope, ATen's scaled_dot_product_attention, silu, mul, add) from one call, so the results are
-// bit-identical to engine.models.layers.Block's (tests/engine/models/test_fused_stack.py).
+// block_rope, block_attention, ATen's silu, mul, add) from one call, so the results are bit-identical
+// to engine.models.layers.Block's with the fused block ops (tests/engine/models/test_fused_stack.py).
 //
-//   DecoderStack(n_head, n_head_kv, head_dim, eps, neox, scale)    scale: the query scale, or None
+//   DecoderStack(n_head, n_head_kv, head_dim, eps, neox, scale)    scale: the query scale
 //   .add_layer(attn_norm, ffn_norm, q_norm?, k_norm?)               one per block, in order
 //   .add_part(layer, which, codes, scales, zeros, supers, bias?, bits, group, offset, n)
 //        which: "qkv" | "o" | "gate_up" | "down"; a linear of several parts concatenates their outputs
-//   .forward(x [n, D], k_cache, v_cache [L, Hkv, capacity, head_dim], start, cos, sin [n, 1, hd/2],
-//            mask [n, start + n] bool or None) -> x after every block
+//   .forward(x [n, D], k_cache, v_cache [L, Hkv, capacity, head_dim], start, cos, sin [n, 1, hd/2])
+//        -> x after every block; position start + i attends to positions [0, start + i] (causal)
 //
 // Layer l reads and writes cache layer l at positions [0, start + n): the caller checks room first.
 #include <ATen/ATen.h>
@@ -60,7 +60,7 @@ struct Layer {
 
 class DecoderStack : public torch::CustomClassHolder {
  public:
-  DecoderStack(int64_t n_head, int64_t n_head_kv, int64_t head_dim, double eps, bool neox, std::optional<double> scale)
+  DecoderStack(int64_t n_head, int64_t n_head_kv, int64_t head_dim, double eps, bool neox, double scale)
       : n_head_(n_head), n_head_kv_(n_head_kv), head_dim_(head_dim), eps_(eps), neox_(neox), scale_(scale) {
     TORCH_CHECK(n_head > 0 && n_head_kv > 0 && n_head % n_head_kv == 0 && head_dim > 0 && head_dim % 2 == 0,
                 "DecoderStack: bad head geometry");
@@ -88,7 +88,7 @@ class DecoderStack : public torch::CustomClassHolder {
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
   at::Tensor forward(at::Tensor x, at::Tensor k_cache, at::Tensor v_cache, int64_t start, at::Tensor cos,
-                     at::Tensor sin, std::optional<at::Tensor> mask) const {
+                     at::Tensor sin) const {
     at::NoGradGuard no_grad;
     const int64_t L = static_cast<int64_t>(layers_.size());
     TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) >= L && v_cache.sizes() == k_cache.sizes() &&
@@ -96,14 +96,14 @@ class DecoderStack : public torch::CustomClassHolder {
                 "DecoderStack: caches must be [layers, n_head_kv, capacity, head_dim]");
     const int64_t n = x.size(0);
     TORCH_CHECK(start >= 0 && start + n <= k_cache.size(2), "DecoderStack: positions beyond the cache");
-    for (int64_t i = 0; i < L; ++i) x = block(layers_[i], x, k_cache[i], v_cache[i], start, cos, sin, mask);
+    for (int64_t i = 0; i < L; ++i) x = block(layers_[i], x, k_cache[i], v_cache[i], start, cos, sin);
     return x;
   }
 
  private:
   // engine.models.layers.Block.forward with Attention.forward and FeedForward.forward, op for op.
   at::Tensor block(const Layer& l, const at::Tensor& x, const at::Tensor& kc, const at::Tensor& vc, int64_t start,
-                   const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& mask) const {
+                   const at::Tensor& cos, const at::Tensor& sin) const {
     const int64_t n = x.size(0), H = n_head_, Hkv = n_head_kv_, D = head_dim_;
     const at::Tensor qkv = l.qkv(native::block_rms_norm(x, l.attn_norm, eps_));
     const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({n, Hkv, D});
@@ -120,9 +120,8 @@ class DecoderStack : public torch::CustomClassHolder {
     kc.slice(1, start, start + n).copy_(k.transpose(0, 1));
     vc.slice(1, start, start + n).copy_(v.transpose(0, 1));
     const at::Tensor keys = kc.slice(1, 0, start + n), values = vc.slice(1, 0, start + n);
-    const at::Tensor o = at::scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), keys.unsqueeze(0),
-                                                          values.unsqueeze(0), mask, 0.0, false, scale_, H != Hkv)[0];
-    const at::Tensor h = x + l.o(o.transpose(0, 1).reshape({n, H * D}));
+    const at::Tensor o = native::block_attention(q, keys, values, scale_);  // causal: [n, H, D]
+    const at::Tensor h = x + l.o(o.view({n, H * D}));
     const std::vector<at::Tensor> gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_)).chunk(2, -1);
     return h + l.down(at::silu(gate_up[0]) * gate_up[1]);
   }
@@ -130,7 +129,7 @@ class DecoderStack : public torch::CustomClassHolder {
   int64_t n_head_, n_head_kv_, head_dim_;
   double eps_;
   bool neox_;
-  std::optional<double> scale_;
+  double scale_;
   std::vector<Layer> layers_;
 };
 
@@ -138,7 +137,7 @@ class DecoderStack : public torch::CustomClassHolder {
 
 TORCH_LIBRARY_FRAGMENT(QDOT_NAMESPACE, m) {
   m.class_<DecoderStack>("DecoderStack")
-      .def(torch::init<int64_t, int64_t, int64_t, double, bool, std::optional<double>>())
+      .def(torch::init<int64_t, int64_t, int64_t, double, bool, double>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("add_part", &DecoderStack::add_part)
       .def("size", &DecoderStack::size)

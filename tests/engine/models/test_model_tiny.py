@@ -88,7 +88,7 @@ def test_chunks_with_rejection(pair, model):
 
 
 def test_fused_block_ops_match_pytorch_ops(pair, model):
-    """With the native library built, an f32 CPU model runs RMSNorm and RoPE through the fused ops
+    """With the native library built, an f32 CPU model runs RMSNorm, RoPE and attention through the fused ops
     (so every HF-oracle test above checks them); switched off, PyTorch's own ops give the same logits."""
     from engine.ops.kernels import qdot_status
 
@@ -103,7 +103,8 @@ def test_fused_block_ops_match_pytorch_ops(pair, model):
         plain = model(torch.tensor(ids), model.new_cache())
     finally:
         model.use_block_ops(True)
-    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    # float rounding only: the fused attention sums keys in another order than PyTorch's flash kernel
+    torch.testing.assert_close(fused, plain, rtol=1e-4, atol=1e-4)
     bf16 = load_model(pair.path, fmt="bf16", dtype=torch.bfloat16)
     assert bf16.block_ops is None  # the ops are f32-only
 

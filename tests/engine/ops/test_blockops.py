@@ -53,3 +53,50 @@ def test_bad_input_is_refused(ops):
         ops.block_rms_norm(torch.ones(2, 5), torch.ones(4), 1e-6)
     with pytest.raises(RuntimeError, match="cos/sin"):
         ops.block_rope(torch.ones(2, 3, 8), torch.ones(2, 1, 3), torch.ones(2, 1, 3), True)
+
+
+def _attention_reference(q, keys, values, scale):
+    """The fused op's definition in float64: query i (of n) sees keys [0, S - n + i]; GQA by repetition."""
+    n, H, D = q.shape
+    Hkv, S, _ = keys.shape
+    rep = H // Hkv
+    k = keys.double().repeat_interleave(rep, dim=0)
+    v = values.double().repeat_interleave(rep, dim=0)
+    s = torch.einsum("nhd,hsd->hns", q.double(), k) * scale
+    visible = torch.arange(S)[None, :] <= (S - n + torch.arange(n))[:, None]
+    s = s.masked_fill(~visible, float("-inf"))
+    return torch.einsum("hns,hsd->nhd", torch.softmax(s, dim=-1), v)
+
+
+@pytest.mark.parametrize("n,S,H,Hkv,D", [(1, 1, 4, 2, 64), (1, 150, 12, 2, 128), (5, 40, 4, 4, 64),
+                                         (16, 16, 6, 2, 32), (3, 300, 14, 2, 64)])
+def test_attention_matches_causal_softmax(ops, n, S, H, Hkv, D):
+    g = torch.Generator().manual_seed(n + S)
+    # q a strided view inside a wider tensor (as after the fused qkv and RoPE), the cache a slice
+    q = torch.randn(n, H + Hkv, D, generator=g)[:, :H]
+    cache_k = torch.randn(Hkv, S + 7, D, generator=g)
+    cache_v = torch.randn(Hkv, S + 7, D, generator=g)
+    keys, values = cache_k[:, :S], cache_v[:, :S]
+    out = ops.block_attention(q, keys, values, D ** -0.5)
+    assert out.shape == (n, H, D) and out.is_contiguous()
+    torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, D ** -0.5), rtol=1e-5, atol=1e-5)
+
+
+def test_attention_rows_do_not_depend_on_the_batch(ops):
+    """A prompt attended in one call gives the values it gives token by token (prefix reuse relies on it)."""
+    g = torch.Generator().manual_seed(7)
+    n, H, Hkv, D = 9, 4, 2, 64
+    q = torch.randn(n, H, D, generator=g)
+    keys = torch.randn(Hkv, n, D, generator=g)
+    values = torch.randn(Hkv, n, D, generator=g)
+    whole = ops.block_attention(q, keys, values, 0.125)
+    rows = torch.cat([ops.block_attention(q[i:i + 1], keys[:, :i + 1], values[:, :i + 1], 0.125) for i in range(n)])
+    assert torch.equal(whole, rows)
+
+
+def test_attention_refuses_bad_shapes(ops):
+    q = torch.randn(2, 4, 64)
+    with pytest.raises(RuntimeError, match="key heads"):
+        ops.block_attention(q, torch.randn(3, 8, 64), torch.randn(3, 8, 64), 1.0)
+    with pytest.raises(RuntimeError, match="queries over"):
+        ops.block_attention(q, torch.randn(2, 1, 64), torch.randn(2, 1, 64), 1.0)
