@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-ctx", type=int, default=2048)
     ap.add_argument("--weight-format", default="auto")
     ap.add_argument("--draft-weight-format", default="auto")
+    ap.add_argument("--draft-vocab", type=int, default=0,
+                    help="keep only this many tokens in the draft model's head (0 = all)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--raw", action="store_true", help="do not wrap prompts in ChatML")
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     engine = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.draft, num_ctx=args.num_ctx,
                                   device=args.device, weight_format=args.weight_format,
-                                  draft_weight_format=args.draft_weight_format))
+                                  draft_weight_format=args.draft_weight_format, draft_vocab=args.draft_vocab))
     load_s = time.perf_counter() - t0
     prompts = {k: render_prompt(engine, PROMPTS[k], args.raw) for k in args.prompts.split(",") if k}
     temps = [t for t in args.temps.split(",") if t]
@@ -271,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "model": args.model, "draft": args.draft, "tokens": args.tokens, "runs": args.runs,
         "warmup": args.warmup, "device": engine.facts.device, "weight_format": engine.facts.weight_format,
-        "draft_weight_format": engine.facts.draft_weight_format, "threads": torch.get_num_threads(),
+        "draft_weight_format": engine.facts.draft_weight_format, "draft_vocab": args.draft_vocab, "threads": torch.get_num_threads(),
         "load_seconds": round(load_s, 2), "target_width_ms": widths, "draft_width_ms": draft_widths,
         "adaptive_state": {k: c.snapshot() for k, c in engine.controllers.items()},
         "match_vs_strict": match_vs_strict(rows), "results": rows,

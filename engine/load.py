@@ -22,6 +22,7 @@ from engine.models.loader import (
     load_nextn_head,
     nextn_hidden_size,
 )
+from engine.models.pruned_head import prune_output_head
 from engine.models.transformer import Model
 from engine.ops.memory import model_bytes
 from engine.process.protocol import EngineError, LoadSpec, ModelFacts
@@ -30,6 +31,7 @@ from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter
 from engine.speculative.mtp import MtpDrafter
 from engine.speculative.ngram import NgramDrafter
+from engine.text.token_frequency import frequent_tokens, token_counts
 from engine.text.tokenizer import Tokenizer, TokenizerError
 
 
@@ -158,6 +160,11 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
                 raise EngineError(f"draft model: {e}", 400) from None
             draft_fmt = draft.fmt
             draft_arch = draft.config.arch
+            if 0 < spec.draft_vocab < draft.config.vocab_size and device.type == "cpu":
+                counts = token_counts(tokenizer, spec.pack_dir)
+                prune_output_head(draft, torch.from_numpy(frequent_tokens(tokenizer, spec.draft_vocab, counts)))
+                if df.packs is not None:
+                    df.packs.save(background=True)  # the pruned head's packed rows join the drafter's
             drafters["model"] = DraftModelDrafter(draft, num_ctx, vocab)
             draft_kind = "model"
     nextn = find_nextn_block(f.tensors)

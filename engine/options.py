@@ -86,10 +86,14 @@ class Options:
         Fixed schedule: skip verification when fewer tokens than this were drafted (>= 0).
     ``draft_copy``
         In rounds where the output is copying its context (the n-gram drafter's copy cursor agrees
-        with 6 of the last 8 tokens), draft the copy (free) instead of asking the draft model or MTP
+        with all of the last 8 tokens), draft the copy (free) instead of asking the draft model or MTP
         head; elsewhere they draft as usual. Lossless either way.
     ``draft_p_min``
         Stop drafting when the drafter's top probability falls below this ([0, 1]).
+    ``draft_vocab``
+        Load-time: the draft model's output head keeps only this many tokens, the most frequent in a
+        reference text (``engine.models.pruned_head``); 0 = the whole vocabulary. Cuts the drafter's
+        reads; lossless either way (a token it cannot propose is still sampled by the target).
     ``relaxed_top_n``
         0 = strict, lossless acceptance; N > 0 also accepts a draft ranked among the target's top
         N filtered candidates (lossy).
@@ -148,6 +152,7 @@ class Options:
     drafter: DrafterChoice = _speculation("auto")
     draft_trace: bool = _speculation(False)
     draft_acceptance: AcceptanceRule = _speculation("strict")
+    draft_vocab: int = _speculation(0, min=0)  # load-time: a change reloads the engine
 
     explicit: frozenset[str] = field(default=frozenset(), repr=False)
 

@@ -52,6 +52,8 @@ threads at once.
 
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence, get_args
 
@@ -640,6 +642,16 @@ def load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
                                    kern))
         off += n
     return SplitLinear(parts)
+
+
+def load_linear_rows(f: GGUFFile, name: str, fmt: str, ids: torch.Tensor) -> Linear:
+    """A linear over the rows ``ids`` (int64, any order) of one GGUF weight, on the CPU: output j is
+    row ``ids[j]``'s (a pruned output head). ``fmt`` as for :func:`load_linear`."""
+    src = _source(f, name)
+    ids = ids.to(torch.long)
+    sub = _Source(name, src.raw.index_select(0, ids), src.ggml_type, len(ids), src.k)
+    digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
+    return _build_cached(f, f"{name}[rows {digest}]", [sub], None, kernel_for(sub.ggml_type, fmt, sub.k))
 
 
 # ============================================================================================

@@ -31,12 +31,19 @@ class DraftModelDrafter(Drafter):
         self.vocab_size = vocab_size
         self.prefill_chunk = prefill_chunk
 
+    def _include(self, tokens: Sequence[int]) -> None:
+        """A pruned head (``draft_vocab``) scores the request's own tokens too."""
+        include = getattr(self.model.output, "include", None)
+        if include is not None:
+            include(tokens)
+
     def _sync(self) -> None:
         n = min(self.cache.common_prefix(self.tokens), max(len(self.tokens) - 1, 0))
         self.cache.truncate(n)
 
     def begin(self, tokens: Sequence[int]) -> None:
         super().begin(tokens)
+        self._include(tokens)
         # A new request keeps what the cache can resume from: a recurrent cache (engine.cache.recurrent)
         # only at the lengths it recorded, so not necessarily the whole common prefix.
         self.cache.reuse_prefix(self.tokens)
@@ -45,6 +52,7 @@ class DraftModelDrafter(Drafter):
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         super().commit(tokens_committed, n_total, target)
+        self._include(tokens_committed)
         self._sync()
 
     def _forward_tail(self, upto: int, want_logits: bool) -> Tensor | None:

@@ -472,6 +472,10 @@ class Tokenizer:
         """The vocabulary as the GGUF spells it (byte-level tokens in GPT-2's alphabet, ``▁`` for SPM spaces)."""
         return list(self._tokens)
 
+    def special_ids(self) -> list[int]:
+        """Every token that is not a normal text piece (control, user-defined, byte, unknown tokens)."""
+        return np.flatnonzero(self._types != TOKEN_NORMAL).tolist()
+
     def is_control(self, token_id: int) -> bool:
         return token_id in self._control
 

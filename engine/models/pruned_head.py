@@ -1,0 +1,93 @@
+"""A draft model's output head cut to the tokens that occur (``draft_vocab``), plus the request's own.
+
+The drafter then reads only those rows of its head (Qwen2.5-Coder-0.5B at 32k of its 151,936 tokens:
+a fifth of them) and gives every other token the logit -inf: its distribution is the full head's
+renormalised over the kept tokens. Which tokens are kept: the most frequent in a reference text
+(``engine.text.token_frequency``), and every token of the requests it drafts for (``include``: the
+prompt, and what the target generates), whose rows it dequantizes on first sight. A prompt's own
+words (a function's name, a topic) are the rare tokens an answer repeats most, and no fixed list has
+them all.
+
+Speculation stays lossless whatever the drafter proposes (strict acceptance samples from the target's
+distribution either way); what pruning can cost is acceptance, when the target picks a token the
+drafter cannot propose.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+
+from engine.models.loader import EMBEDDING, OUTPUT
+from engine.models.transformer import Model
+from engine.ops import dequant as dq
+from engine.ops.linear import Linear, load_linear_rows
+
+# Rows dequantized for requests' tokens, at most: past it they start over from the current request's.
+MAX_EXTRA_ROWS = 4096
+
+
+class PrunedHead(Linear):
+    """Logits for the rows ``ids`` of a head (and for tokens added by ``include``), -inf for the rest."""
+
+    format = "pruned"
+
+    def __init__(self, head: Linear, ids: torch.Tensor, vocab_size: int,
+                 rows: Callable[[torch.Tensor], torch.Tensor]):
+        """``head``: a linear over the rows ``ids``; ``rows(ids)``: f32 [len(ids), K] rows of the full head."""
+        super().__init__(head.in_features, vocab_size, head.compute_dtype)
+        self.head = head
+        self.register_buffer("ids", ids.to(torch.long))
+        self._rows = rows
+        self._kept = torch.zeros(vocab_size, dtype=torch.bool)
+        self._kept[self.ids] = True
+        self.extra_ids = torch.empty(0, dtype=torch.long)
+        self.extra_rows = torch.empty(0, head.in_features, dtype=head.compute_dtype)
+
+    def include(self, tokens: Iterable[int]) -> None:
+        """Score these tokens too from now on (those not kept yet get their dequantized rows)."""
+        t = torch.as_tensor(list(tokens), dtype=torch.long)
+        t = t[(t >= 0) & (t < self.out_features)]
+        new = torch.unique(t[~self._kept[t]])
+        if not len(new):
+            return
+        if len(self.extra_ids) + len(new) > MAX_EXTRA_ROWS:
+            self._kept[self.extra_ids] = False
+            self._kept[self.ids] = True
+            self.extra_ids = self.extra_ids[:0]
+            self.extra_rows = self.extra_rows[:0]
+            new = torch.unique(t[~self._kept[t]])[:MAX_EXTRA_ROWS]
+        self.extra_ids = torch.cat([self.extra_ids, new])
+        self.extra_rows = torch.cat([self.extra_rows, self._rows(new).to(self.compute_dtype)])
+        self._kept[new] = True
+
+    def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        out = x2.new_full((x2.shape[0], self.out_features), float("-inf"))
+        out[:, self.ids] = self.head._matmul(x2)
+        if len(self.extra_ids):
+            out[:, self.extra_ids] = x2 @ self.extra_rows.t()
+        return out
+
+    def _storage_tensors(self) -> list[torch.Tensor]:
+        return self.head._storage_tensors() + [self.extra_rows]
+
+    def extra_repr(self) -> str:
+        return f"kept={len(self.ids)}+{len(self.extra_ids)} of {self.out_features}, head={self.head.format}"
+
+
+def prune_output_head(model: Model, ids: torch.Tensor) -> None:
+    """Replace ``model``'s output head by the rows ``ids`` of its file's head (a CPU model whose GGUF is
+    still open, as ``load_model`` leaves it)."""
+    if model.gguf is None or model.device.type != "cpu":
+        raise ValueError("a pruned head is built from the model's open GGUF, on the CPU")
+    if not 0 < len(ids) < model.config.vocab_size:
+        raise ValueError(f"a pruned head keeps between 1 and {model.config.vocab_size - 1} tokens, not {len(ids)}")
+    f = model.gguf
+    name = EMBEDDING if model.config.tied_output else OUTPUT
+    info = f.tensors[name]
+
+    def rows(which: torch.Tensor) -> torch.Tensor:
+        return dq.dequantize_rows(dq.raw_tensor(f, name), info.ggml_type, info.shape, which)
+
+    model.output = PrunedHead(load_linear_rows(f, name, model.fmt, ids), ids, model.config.vocab_size, rows)
