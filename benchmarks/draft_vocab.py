@@ -87,7 +87,7 @@ def main() -> None:
     draft_ms = {v: round(statistics.median(t[1:]), 2) for v, t in fwd.items()}
     lines = [f"# Draft head size: {', '.join(str(v or 'full') for v in sizes)}", "",
              host_line(torch.get_num_threads()), "",
-             f"Draft model forward at width 1 (median ms): "
+             "Draft model forward at width 1 (median ms): "
              + ", ".join(f"{v or 'full'}: {ms}" for v, ms in draft_ms.items()), "",
              "| prompt | config | draft vocab | tok/s | × plain (same engine, same rounds) | acceptance |",
              "|---|---|---:|---:|---:|---:|"]
