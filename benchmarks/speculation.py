@@ -224,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-ctx", type=int, default=2048)
     ap.add_argument("--weight-format", default="auto")
     ap.add_argument("--draft-weight-format", default="auto")
-    ap.add_argument("--draft-vocab", type=int, default=0,
-                    help="keep only this many tokens in the draft model's head (0 = all)")
+    ap.add_argument("--draft-vocab", type=int, default=32768,
+                    help="keep only this many tokens in the draft model's head (0 = all; default: the engine's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--raw", action="store_true", help="do not wrap prompts in ChatML")

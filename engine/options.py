@@ -92,8 +92,9 @@ class Options:
         Stop drafting when the drafter's top probability falls below this ([0, 1]).
     ``draft_vocab``
         Load-time: the draft model's output head keeps only this many tokens, the most frequent in a
-        reference text (``engine.models.pruned_head``); 0 = the whole vocabulary. Cuts the drafter's
-        reads; lossless either way (a token it cannot propose is still sampled by the target).
+        reference text and the request's own tokens (``engine.models.pruned_head``); 0 = the whole
+        vocabulary. Cuts the drafter's reads; lossless either way (a token it cannot propose is still
+        sampled by the target). Default 32768, chosen by measurement (docs/bench/draft-vocab-qwen.md).
     ``relaxed_top_n``
         0 = strict, lossless acceptance; N > 0 also accepts a draft ranked among the target's top
         N filtered candidates (lossy).
@@ -152,7 +153,7 @@ class Options:
     drafter: DrafterChoice = _speculation("auto")
     draft_trace: bool = _speculation(False)
     draft_acceptance: AcceptanceRule = _speculation("strict")
-    draft_vocab: int = _speculation(0, min=0)  # load-time: a change reloads the engine
+    draft_vocab: int = _speculation(32768, min=0)  # load-time: a change reloads the engine
 
     explicit: frozenset[str] = field(default=frozenset(), repr=False)
 

@@ -208,7 +208,7 @@ class Scheduler:
             num_ctx=max(num_ctx, 1),
             num_thread=max(num_thread, 0),
             weight_format=weight_format,
-            draft_vocab=options.draft_vocab if "draft_vocab" in options.explicit else 0,
+            draft_vocab=options.draft_vocab,
             pack_dir=str(self.pack_dir) if self.pack_dir is not None else None,
         )
 

@@ -51,7 +51,7 @@ class LoadSpec:
     weight_format: str = "auto"  # target weights: auto | f32 | bf16 | bf16-packed | int8 | int4 | auto-int4 | qdot
     draft_weight_format: str = "auto"
     # a draft model's output head keeps only this many tokens (engine.models.pruned_head); 0 = all
-    draft_vocab: int = 0
+    draft_vocab: int = 32768
     # where packed kernel layouts are cached (engine.ops.pack_cache), None = rebuilt at every load
     pack_dir: str | None = None
 

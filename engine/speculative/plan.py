@@ -31,6 +31,7 @@ class SpeculationPlan:
     trace: bool  # the draft_trace option (the engine also honours TANDEM_DRAFT_TRACE)
     relaxed_scope: RelaxedScope = "all"  # where relaxed_top_n applies: everywhere or the reasoning only
     copy: bool = False  # draft_copy: rounds that copy the context draft the copy (model and mtp drafters)
+    vocab: int = 32768  # draft_vocab: load-time (the engine's pruned draft head), shown with the rest
 
     def as_options(self) -> dict[str, Any]:
         """The plan under the option names, in :data:`SPECULATION_DEFAULTS` order (/api/show)."""
@@ -38,7 +39,8 @@ class SpeculationPlan:
                   "draft_copy": self.copy,
                   "relaxed_top_n": self.relaxed_top_n, "relaxed_scope": self.relaxed_scope,
                   "draft_schedule": self.schedule,
-                  "drafter": self.drafter, "draft_trace": self.trace, "draft_acceptance": self.rule}
+                  "drafter": self.drafter, "draft_trace": self.trace, "draft_acceptance": self.rule,
+                  "draft_vocab": self.vocab}
         return {name: values[name] for name in SPECULATION_DEFAULTS}
 
 
@@ -71,4 +73,4 @@ def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: b
                            schedule=options.draft_schedule, p_min=options.draft_p_min,
                            n_min=options.draft_n_min, relaxed_top_n=options.relaxed_top_n,
                            trace=options.draft_trace, relaxed_scope=options.relaxed_scope,
-                           copy=options.draft_copy)
+                           copy=options.draft_copy, vocab=options.draft_vocab)

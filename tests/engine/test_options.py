@@ -36,7 +36,8 @@ def set_values(options: Options) -> dict:
 
 def test_option_types_table():
     ints = {"num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx", "num_batch",
-            "num_gpu", "num_thread", "draft_num_predict", "main_gpu", "draft_n_min", "relaxed_top_n"}
+            "num_gpu", "num_thread", "draft_num_predict", "main_gpu", "draft_n_min", "relaxed_top_n",
+            "draft_vocab"}
     floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
               "frequency_penalty", "draft_p_min"}
     bools = {"use_mmap", "draft_trace", "draft_copy"}
@@ -66,7 +67,7 @@ def test_speculation_defaults():
     assert SPECULATION_DEFAULTS == {
         "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
         "relaxed_scope": "all", "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
-        "draft_acceptance": "strict", "draft_copy": False}
+        "draft_acceptance": "strict", "draft_copy": False, "draft_vocab": 32768}
     # every default passes its own validation
     typed = coerce_options(SPECULATION_DEFAULTS)
     assert typed == SPECULATION_DEFAULTS
@@ -250,5 +251,5 @@ def test_plan_carries_the_tunables():
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
         "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "ngram", "draft_trace": True, "draft_acceptance": "match",
-        "draft_copy": True}
+        "draft_copy": True, "draft_vocab": 32768}
     assert list(plan.as_options()) == list(SPECULATION_DEFAULTS)

@@ -167,7 +167,7 @@ def test_draft_vocab_prunes_the_drafter_at_load(tmp_path, monkeypatch):
     finally:
         engine.close()
     whole = ModelRuntime.load(LoadSpec(model_path=str(target), draft_path=str(draft), num_ctx=64, weight_format="f32",
-                                       draft_weight_format="f32", device="cpu"))
+                                       draft_weight_format="f32", device="cpu", draft_vocab=0))
     try:
         assert not isinstance(whole.drafters["model"].model.output, PrunedHead)
     finally:
