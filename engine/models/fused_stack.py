@@ -29,9 +29,8 @@ log = logging.getLogger("tandem.engine")
 class FusedStack:
     """The native stack over a model's blocks; ``forward`` replaces the Python loop over them."""
 
-    def __init__(self, native, n_layer: int):
+    def __init__(self, native):
         self._native = native
-        self.n_layer = n_layer
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int,
                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -104,4 +103,4 @@ def build_fused_stack(cfg: ModelConfig, blocks: Sequence[Block], native_class) -
             for p in _parts(lin):
                 native.add_part(i, which, p.codes, p.scales, p.zeros, p.supers, p.bias, p.bits, p.group, p.offset,
                                 p.out_features)
-    return FusedStack(native, len(blocks))
+    return FusedStack(native)

@@ -85,8 +85,6 @@ class DecoderStack : public torch::CustomClassHolder {
                                        std::move(bias), bits, group, offset, n});
   }
 
-  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
-
   at::Tensor forward(at::Tensor x, at::Tensor k_cache, at::Tensor v_cache, int64_t start, at::Tensor cos,
                      at::Tensor sin) const {
     at::NoGradGuard no_grad;
@@ -140,6 +138,5 @@ TORCH_LIBRARY_FRAGMENT(QDOT_NAMESPACE, m) {
       .def(torch::init<int64_t, int64_t, int64_t, double, bool, double>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("add_part", &DecoderStack::add_part)
-      .def("size", &DecoderStack::size)
       .def("forward", &DecoderStack::forward);
 }
