@@ -34,15 +34,13 @@ def measure(path: str, forwards: int, context: int, widths: list[int]) -> list[s
             times: dict[str, list[float]] = {"python": [], "native": []}
             for i in range(forwards * 2 + 2):
                 path_name = "native" if i % 2 == 0 else "python"
-                model.use_block_ops(True)
-                if path_name == "python":
-                    model._fused_stack = None  # the fused ops stay on: only the stack is off
+                model.use_fused_stack(path_name == "native")  # the fused block ops stay on either way
                 t0 = time.perf_counter()
                 model.forward([1000] * w, cache, logits_for="all")
                 if i >= 2:
                     times[path_name].append((time.perf_counter() - t0) * 1e3)
                 cache.truncate(base)
-            model.use_block_ops(True)
+            model.use_fused_stack(True)
             med = {k: statistics.median(v) for k, v in times.items()}
 
             def spread(v: list[float]) -> str:

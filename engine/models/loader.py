@@ -51,6 +51,12 @@ _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.eh_proj\.weight$")
 # ------------------------------------------------------------------------------------------------
 # config
 # ------------------------------------------------------------------------------------------------
+
+def output_weight_name(cfg: ModelConfig) -> str:
+    """The GGUF tensor the output head reads: the embedding table itself when the model ties them."""
+    return EMBEDDING if cfg.tied_output else OUTPUT
+
+
 def weight_layout(f: GGUFFile) -> WeightLayout:
     """The config's facts that come from which tensors ``f`` holds."""
     emb = f.tensors.get(EMBEDDING)
@@ -250,7 +256,7 @@ def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, de
             blocks.append(Block(cfg, i, load_block_weights(f, cfg, i, fmt, device)))
         f.release_pages()  # this layer's source bytes are converted: keep peak memory near the result
     norm = load_tensor(f, OUTPUT_NORM)
-    output = load_linear(f, EMBEDDING if cfg.tied_output else OUTPUT, fmt, device=device)
+    output = load_linear(f, output_weight_name(cfg), fmt, device=device)
     f.release_pages()
     rope_freqs = load_tensor(f, ROPE_FREQS) if ROPE_FREQS in f.tensors else None
     per_layer = None

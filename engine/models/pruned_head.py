@@ -19,7 +19,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from engine.models.loader import EMBEDDING, OUTPUT
+from engine.models.loader import output_weight_name
 from engine.models.transformer import Model
 from engine.ops import dequant as dq
 from engine.ops.linear import Linear, load_linear_rows
@@ -84,7 +84,7 @@ def prune_output_head(model: Model, ids: torch.Tensor) -> None:
     if not 0 < len(ids) < model.config.vocab_size:
         raise ValueError(f"a pruned head keeps between 1 and {model.config.vocab_size - 1} tokens, not {len(ids)}")
     f = model.gguf
-    name = EMBEDDING if model.config.tied_output else OUTPUT
+    name = output_weight_name(model.config)
     info = f.tensors[name]
 
     def rows(which: torch.Tensor) -> torch.Tensor:

@@ -90,6 +90,10 @@ class Model(nn.Module):
         self.block_ops = _block_ops_for(self.device, self.dtype) if enabled else None
         self._fused_stack = False if enabled else None
 
+    def use_fused_stack(self, enabled: bool) -> None:
+        """Switch the native block stack alone on or off (the fused block ops stay as they are)."""
+        self._fused_stack = False if enabled and self.block_ops is not None else None
+
     def fused_stack(self) -> FusedStack | None:
         """The native stack over this model's blocks, if they are a shape it runs and it is switched on."""
         if self._fused_stack is False:

@@ -47,9 +47,7 @@ def model(request, tmp_path_factory):
 def _run(model, python_blocks: bool):
     """Logits of a prompt, then single tokens and verification widths with a rollback between, and the
     cache they leave."""
-    model.use_block_ops(True)
-    if python_blocks:
-        model._fused_stack = None
+    model.use_fused_stack(not python_blocks)
     try:
         cache = model.new_cache(128)
         outs = [model.forward(list(range(5, 40)), cache, logits_for="all")]
@@ -59,7 +57,7 @@ def _run(model, python_blocks: bool):
         outs.append(model.forward([19, 21], cache, logits_for="all"))
         return outs, cache
     finally:
-        model.use_block_ops(True)
+        model.use_fused_stack(True)
 
 
 def test_the_stack_gives_the_python_blocks_bits(model):
@@ -104,9 +102,16 @@ def test_switching_block_ops_off_switches_the_stack_off(model):
     model.use_block_ops(False)
     try:
         assert model.fused_stack() is None
+        model.use_fused_stack(True)  # the stack calls the fused ops: without them it stays off
+        assert model.fused_stack() is None
     finally:
         model.use_block_ops(True)
     assert model.fused_stack() is not None
+    model.use_fused_stack(False)
+    try:
+        assert model.fused_stack() is None and model.block_ops is not None
+    finally:
+        model.use_fused_stack(True)
 
 
 def test_a_cache_it_does_not_know_runs_the_python_blocks(model):
