@@ -10,7 +10,9 @@ from benchmarks.decode import cpu_info
 
 def host_line(threads: int) -> str:
     cpu = cpu_info()
-    isa = ", ".join(k for k in ("avx512_vnni", "avx512_bf16", "amx") if cpu[k]) or "no AVX-512 VNNI"
+    isa = ", ".join(k for k in ("avx512_vnni", "avx512_bf16", "amx") if cpu[k]) or \
+        ("AVX2, no AVX-512" if cpu["avx2"] else "no AVX2")
+    isa += f"; qdot {cpu['qdot_isa'] or 'not built'}"
     return f"{cpu['cpu_model']} ({isa}), {threads} threads, torch {cpu['torch']}."
 
 

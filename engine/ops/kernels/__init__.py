@@ -7,7 +7,9 @@ read-bandwidth probe); each file's header says what it computes. ``load_qdot()``
 and ``decoder_stack_class()`` hand them out. The build takes
 20-60 s once and is cached under torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), keyed by the sources and this machine's CPU features because it is
-compiled with ``-march=native``.
+compiled with ``-march=native``. Other builds of the same sources (:data:`VARIANTS`) live under their
+own op namespaces so that the tests can run each vector path this CPU can execute against the
+portable one.
 
 Concurrent engine processes build under one ``fcntl`` lock on the build directory. Torch's own lock
 file outlives a builder that was killed (every later build then waits on it forever); under our lock no
@@ -36,11 +38,41 @@ _HEADERS = [Path(__file__).with_name("native.h")]  # part of the build's key, no
 
 
 @dataclass(frozen=True)
+class KernelVariant:
+    """One build of the kernel library: its compiler target and the op namespace it registers."""
+
+    namespace: str
+    march: str
+    cpu_flags: tuple[str, ...] = ()  # /proc/cpuinfo flags the build's code needs at run time
+
+
+# "native" is what the engine runs; "avx2" is x86-64-v3 (the AVX2 path, also built on AVX-512 hosts
+# so their tests cover it); "portable" is the plain C++ loop.
+VARIANTS = {
+    "native": KernelVariant("tandem", "-march=native"),
+    "avx2": KernelVariant("tandem_avx2", "-march=x86-64-v3", ("avx2", "fma", "f16c")),
+    "portable": KernelVariant("tandem_portable", "-march=x86-64-v2"),
+}
+
+
+@dataclass(frozen=True)
 class KernelStatus:
     available: bool
-    isa: str  # "avx512vnni" (the vector path was compiled in), "scalar", or "" when not available
+    isa: str  # the vector path compiled in: "avx512vnni", "avx2" or "scalar"; "" when not available
     detail: str  # the library name when available, else why not
     namespace: str = "tandem"
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as /proc/cpuinfo names them (empty where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
 
 
 def _cpu_key() -> str:
@@ -78,22 +110,26 @@ def build_directory(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def qdot_status(portable: bool = False) -> KernelStatus:
-    """Build (once per process) and load the qdot kernel; never raises.
+def qdot_status(variant: str = "native") -> KernelStatus:
+    """Build (once per process) and load one variant of the kernel library; never raises.
 
-    ``portable=True`` builds the plain-C++ path (no AVX-512) under the op namespace
-    ``tandem_portable``: the tests compare it with the vector path."""
-    namespace = "tandem_portable" if portable else "tandem"
+    ``"native"`` is the engine's; the others (:data:`VARIANTS`) register under their own namespaces
+    for the tests to compare, and are reported unavailable on a CPU that cannot run them."""
+    spec = VARIANTS[variant]
+    namespace = spec.namespace
     if os.environ.get("TANDEM_NATIVE_KERNELS", "1") == "0":
         return KernelStatus(False, "", "disabled by TANDEM_NATIVE_KERNELS=0", namespace)
     if platform.machine() not in ("x86_64", "AMD64"):
         return KernelStatus(False, "", f"no native kernel for {platform.machine()}", namespace)
-    arch = "-march=x86-64-v2" if portable else "-march=native"
+    missing = sorted(set(spec.cpu_flags) - cpu_flags())
+    if missing:
+        return KernelStatus(False, "", f"this CPU lacks {', '.join(missing)}", namespace)
     # The sources' text and place: the build records the source paths, so two checkouts sharing one
     # build directory would rebuild it whenever the other one loaded last.
     source_key = hashlib.sha256(b"".join(p.read_bytes() + str(p.resolve()).encode()
                                          for p in _SOURCES + _HEADERS)).hexdigest()[:8]
-    name = f"{namespace}_qdot_{'generic' if portable else _cpu_key()}_{source_key}"
+    target = _cpu_key() if spec.march == "-march=native" else spec.march.removeprefix("-march=")
+    name = f"{namespace}_qdot_{target}_{source_key}".replace("-", "_")
     try:
         from torch.utils import cpp_extension
 
@@ -105,7 +141,7 @@ def qdot_status(portable: bool = False) -> KernelStatus:
             cpp_extension.load(
                 name=name,
                 sources=[str(p) for p in _SOURCES],
-                extra_cflags=["-O3", arch, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}"],
+                extra_cflags=["-O3", spec.march, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}"],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 is_python_module=False,
@@ -118,26 +154,26 @@ def qdot_status(portable: bool = False) -> KernelStatus:
     return KernelStatus(True, isa, name, namespace)
 
 
-def load_qdot(portable: bool = False):
+def load_qdot(variant: str = "native"):
     """The ``qdot_linear`` op when the kernel is available, else ``None``."""
-    status = qdot_status(portable)
+    status = qdot_status(variant)
     return getattr(torch.ops, status.namespace).qdot_linear if status.available else None
 
 
-def load_block_ops(portable: bool = False):
+def load_block_ops(variant: str = "native"):
     """The op namespace holding ``block_rms_norm`` and ``block_rope`` when the library is available,
     else ``None``."""
-    status = qdot_status(portable)
+    status = qdot_status(variant)
     return getattr(torch.ops, status.namespace) if status.available else None
 
 
-def decoder_stack_class(portable: bool = False):
+def decoder_stack_class(variant: str = "native"):
     """The native ``DecoderStack`` class (``decoder.cpp``) when the library is available, else ``None``."""
-    status = qdot_status(portable)
+    status = qdot_status(variant)
     return getattr(torch.classes, status.namespace).DecoderStack if status.available else None
 
 
 def qdot_fast() -> bool:
     """Whether the vector path is available: only then is qdot worth choosing by default."""
     status = qdot_status()
-    return status.available and status.isa == "avx512vnni"
+    return status.available and status.isa in ("avx512vnni", "avx2")

@@ -15,9 +15,9 @@ pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"native kernels not available here: {qdot_status().detail}")
 
 
-@pytest.fixture(params=[False, True], ids=["native", "portable"])
+@pytest.fixture(params=["native", "portable"])
 def ops(request):
-    found = load_block_ops(portable=request.param)
+    found = load_block_ops(request.param)
     if found is None:
         pytest.skip(f"build failed: {qdot_status(request.param).detail}")
     return found

@@ -5,7 +5,9 @@ against int8-quantized activations.
 * the kernel computes exactly (to f32 rounding) what its definition says: the f16-scaled codes
   times the activations quantized to int8 per 32 values, for 4- and 8-bit codes, groups of 16
   and 32, zeros or an offset, K with and without a last lone 64-value chunk, 1-9 rows, bias;
-* the vector (AVX512-VNNI) path and the portable C++ path agree;
+* each vector path this CPU can run (the native build: AVX512-VNNI or AVX2; and the x86-64-v3 AVX2
+  build on AVX-512 hosts) matches the definition, agrees with the portable C++ path, and does not
+  saturate on extreme codes; AVX2 and AVX-512 give the same outputs;
 * as a linear layer it stays within activation-quantization error of the f32 matmul, fuses
   sources of different types, and a whole model in qdot follows the f32 model.
 """
@@ -29,7 +31,27 @@ GT = gguf.GGMLQuantizationType
 pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"qdot kernel not available here: {qdot_status().detail}")
 
-NO_SUPERS = torch.empty(0, dtype=torch.half)  # f16 group scales take no super-block factors
+NO_SUPERS = torch.empty(0, dtype=torch.half)
+
+
+@pytest.fixture(params=["native", "avx2"])
+def ops(request):
+    """The op namespace of one vector build this CPU can run ("avx2" only where native is another ISA)."""
+    if request.param != "native" and qdot_status().isa == request.param:
+        pytest.skip(f"the native build already is the {request.param} path")
+    status = qdot_status(request.param)
+    if not status.available:
+        pytest.skip(f"{request.param} build not available: {status.detail}")
+    return getattr(torch.ops, status.namespace)
+
+
+def portable_ops():
+    status = qdot_status("portable")
+    if not status.available:
+        pytest.skip(f"portable build failed: {status.detail}")
+    assert status.isa == "scalar"
+    return getattr(torch.ops, status.namespace)
+  # f16 group scales take no super-block factors
 CODE_TYPES = [GT.Q4_0, GT.Q4_1, GT.Q4_K, GT.Q5_0, GT.Q5_1, GT.Q5_K, GT.Q6_K, GT.Q8_0]
 K_QUANTS = (GT.Q4_K, GT.Q5_K, GT.Q6_K)
 
@@ -101,8 +123,8 @@ LAYOUTS = [(4, 32, True), (4, 32, False), (5, 32, False), (5, 32, True), (6, 16,
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
 @pytest.mark.parametrize("k,n", [(256, 37), (192, 16), (96, 5)])  # n: partial, whole and lone row blocks
-def test_kernel_matches_definition(bits, group, with_zeros, k, n):
-    op = load_qdot()
+def test_kernel_matches_definition(ops, bits, group, with_zeros, k, n):
+    op = ops.qdot_linear
     codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=k + bits)
     offset = 2 ** (bits - 1)
     bias = torch.randn(n)
@@ -118,12 +140,12 @@ def test_kernel_matches_definition(bits, group, with_zeros, k, n):
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
-def test_dequantize_reads_the_layout(bits, group, with_zeros):
-    """qdot_dequantize unpacks codes with the kernel's own vector code: the packed layout round-trips."""
+def test_dequantize_reads_the_layout(ops, bits, group, with_zeros):
+    """qdot_dequantize unpacks codes with the kernel's own code: the packed layout round-trips."""
     n, k = 300, 96
     codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=9)
     offset = 2 ** (bits - 1)
-    w = torch.ops.tandem.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, offset, n)
+    w = ops.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, offset, n)
     w_ref = reference_weight(codes, group, scales, zeros, offset)
     assert torch.allclose(w.double(), w_ref, rtol=0, atol=float(w_ref.abs().max()) * 2e-7)  # f32 rounding
 
@@ -159,8 +181,8 @@ def random_two_level(n, k, bits, group, with_zeros, seed=0):
 
 @pytest.mark.parametrize("bits,group,with_zeros", TWO_LEVEL)
 @pytest.mark.parametrize("k,n", [(512, 37), (256, 16)])
-def test_two_level_kernel_matches_definition(bits, group, with_zeros, k, n):
-    op = load_qdot()
+def test_two_level_kernel_matches_definition(ops, bits, group, with_zeros, k, n):
+    op = ops.qdot_linear
     codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, bits, group, with_zeros, seed=k + bits)
     offset = 32 if bits == 6 else 0
     bias = torch.randn(n)
@@ -171,26 +193,23 @@ def test_two_level_kernel_matches_definition(bits, group, with_zeros, k, n):
             ref = reference(x, codes, bits, group, scales, zeros, offset, b)
             err = float((y.double() - ref).abs().max() / ref.abs().max())
             assert err < 2e-6, (m, err)
-    w = torch.ops.tandem.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n)
+    w = ops.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n)
     w_ref = reference_weight(codes, group, scales, zeros, offset)
     assert torch.allclose(w.double(), w_ref, rtol=0, atol=float(w_ref.abs().max()) * 2e-7)
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", TWO_LEVEL)
-def test_two_level_portable_path_agrees(bits, group, with_zeros):
-    portable = load_qdot(portable=True)
-    if portable is None:
-        pytest.skip(f"portable build failed: {qdot_status(True).detail}")
-    op = load_qdot()
+def test_two_level_portable_path_agrees(ops, bits, group, with_zeros):
+    portable = portable_ops()
     k, n = 512, 29
     codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, bits, group, with_zeros, seed=3)
     offset = 32 if bits == 6 else 0
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
-    a = op(x, packed, ps, pz, sup, bits, group, offset, n, None)
-    b = portable(x, packed, ps, pz, sup, bits, group, offset, n, None)
+    a = ops.qdot_linear(x, packed, ps, pz, sup, bits, group, offset, n, None)
+    b = portable.qdot_linear(x, packed, ps, pz, sup, bits, group, offset, n, None)
     assert float((a - b).abs().max() / b.abs().max()) < 2e-6
-    assert torch.equal(torch.ops.tandem.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n),
-                       torch.ops.tandem_portable.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n))
+    assert torch.equal(ops.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n),
+                       portable.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n))
 
 
 def test_two_level_kernel_refuses_mismatched_factors():
@@ -236,21 +255,59 @@ def test_a_row_does_not_depend_on_the_batch():
 
 
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
-def test_portable_path_agrees_with_vector_path(bits, group, with_zeros):
-    portable = load_qdot(portable=True)
-    if portable is None:
-        pytest.skip(f"portable build failed: {qdot_status(True).detail}")
-    assert qdot_status(True).isa == "scalar"
-    op = load_qdot()
+def test_portable_path_agrees_with_vector_path(ops, bits, group, with_zeros):
+    portable = portable_ops()
     k, n = 320, 29
     codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=3)
     x = torch.randn(6, k, generator=torch.Generator().manual_seed(5))
-    a = op(x, packed, ps, pz, NO_SUPERS, bits, group, 8, n, None)
-    b = portable(x, packed, ps, pz, NO_SUPERS, bits, group, 8, n, None)
+    a = ops.qdot_linear(x, packed, ps, pz, NO_SUPERS, bits, group, 8, n, None)
+    b = portable.qdot_linear(x, packed, ps, pz, NO_SUPERS, bits, group, 8, n, None)
     assert float((a - b).abs().max() / b.abs().max()) < 2e-6
-    wa = torch.ops.tandem.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, 8, n)
-    wb = torch.ops.tandem_portable.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, 8, n)
+    wa = ops.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, 8, n)
+    wb = portable.qdot_dequantize(packed, ps, pz, NO_SUPERS, bits, group, 8, n)
     assert torch.equal(wa, wb)
+
+
+@pytest.mark.parametrize("bits,group,with_zeros,two_level",
+                         [(*layout, False) for layout in LAYOUTS] + [(*layout, True) for layout in TWO_LEVEL])
+@pytest.mark.parametrize("code", ["lowest", "highest"])
+def test_extreme_codes_do_not_saturate(ops, bits, group, with_zeros, two_level, code):
+    """Every code at its lowest or highest value against activations that all round to +127 or -127:
+    the largest partial sums any path forms (AVX2 adds byte products into int16 before widening)."""
+    k, n = 512, 32
+    if two_level:
+        codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, bits, group, with_zeros, seed=1)
+    else:
+        codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=1)
+        sup = NO_SUPERS
+    codes.fill_(0 if code == "lowest" else 2 ** bits - 1)
+    packed = L.pack_codes(codes, bits)
+    offset = 0 if code == "highest" else 2 ** (bits - 1)
+    x = torch.ones(3, k)
+    x[1] = -1.0
+    x[2, ::2] = -1.0
+    y = ops.qdot_linear(x, packed, ps, pz, sup, bits, group, offset, n, None)
+    ref = reference(x, codes, bits, group, scales, zeros, offset)
+    err = float((y.double() - ref).abs().max() / ref.abs().max())
+    assert err < 2e-6, err
+
+
+def test_avx2_and_avx512_paths_give_the_same_outputs():
+    """Same integer sums, same float steps in the same order: a model gives the same tokens on an
+    AVX2 host as on an AVX-512 one."""
+    native, avx2 = qdot_status(), qdot_status("avx2")
+    if not (native.available and avx2.available and native.isa == "avx512vnni"):
+        pytest.skip("needs an AVX512-VNNI host (the native build) that also runs the AVX2 build")
+    for bits, group, with_zeros in LAYOUTS:
+        codes, packed, ps, pz, scales, zeros = random_layout(48, 512, bits, group, with_zeros, seed=bits)
+        x = torch.randn(7, 512, generator=torch.Generator().manual_seed(2))
+        args = (x, packed, ps, pz, NO_SUPERS, bits, group, 8, 48, None)
+        assert torch.equal(torch.ops.tandem.qdot_linear(*args), torch.ops.tandem_avx2.qdot_linear(*args))
+    for bits, group, with_zeros in TWO_LEVEL:
+        codes, packed, ps, pz, sup, scales, zeros = random_two_level(48, 512, bits, group, with_zeros, seed=bits)
+        x = torch.randn(7, 512, generator=torch.Generator().manual_seed(2))
+        args = (x, packed, ps, pz, sup, bits, group, 0, 48, None)
+        assert torch.equal(torch.ops.tandem.qdot_linear(*args), torch.ops.tandem_avx2.qdot_linear(*args))
 
 
 def test_kernel_refuses_bad_shapes():
