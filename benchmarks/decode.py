@@ -660,7 +660,8 @@ class Report:
             f"- command: `{self.command}`",
             f"- started {self.started}, finished {self.finished}; load average (1/5/15 min) at start "
             f"{'/'.join(f'{x:.2f}' for x in self.loadavg_start)}, at end {'/'.join(f'{x:.2f}' for x in self.loadavg_end)}",
-            f"- CPU: {env['cpu_model']} ({env['logical_cpus']} logical); AVX-512 {env['avx512']}, VNNI "
+            f"- CPU: {env['cpu_model']} ({env['logical_cpus']} logical); AVX2 {env['avx2']}, qdot path "
+            f"{env['qdot_isa'] or 'not built'}, AVX-512 {env['avx512']}, VNNI "
             f"{env['avx512_vnni']}, AVX512_BF16 {env['avx512_bf16']}, AMX {env['amx']}; torch {env['torch']} "
             f"({env['torch_cpu_capability']}), {s['threads']} threads",
             f"- llama.cpp: {self.llama_cpp.get('status')}",
@@ -758,17 +759,20 @@ def cpu_info() -> dict[str, Any]:
     except OSError:
         pass
     model = model or platform.processor() or "?"
+    from engine.ops.kernels import qdot_status
     from engine.ops.linear import cpu_has_amx
 
     return {
         "cpu_model": model,
         "logical_cpus": os.cpu_count(),
+        "avx2": "avx2" in flags,
         "avx512": "avx512f" in flags,
         "avx512_vnni": "avx512_vnni" in flags,
         "avx512_bf16": "avx512_bf16" in flags,
         "amx": any(x.startswith("amx") for x in flags),
         "amx_flags": sorted(x for x in flags if x.startswith("amx")),
         "oneDNN_amx_usable": cpu_has_amx(),
+        "qdot_isa": qdot_status().isa,
         "torch": torch.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "python": platform.python_version(),
@@ -839,6 +843,7 @@ class Settings:
     settle_s: float
     quiet_wait_s: float = 0.0
     quiet_threshold: float = 0.25
+    skipped_formats: dict[str, str] = field(default_factory=dict)  # asked for, but this CPU cannot run them
 
 
 def wait_quiet(max_wait: float, threshold: float, window: float = 0.25) -> tuple[float, float]:
@@ -1077,6 +1082,14 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     bad = [x for x in formats if x not in TANDEM_FORMATS]
     if bad or not formats:
         ap.error(f"unknown format(s) {bad}; expected some of {', '.join(TANDEM_FORMATS)}")
+    from engine.ops.linear import format_problem
+
+    skipped = {x: problem for x in formats if x != "auto" and (problem := format_problem(x)) is not None}
+    for x, problem in skipped.items():
+        print(f"skipping format {x}: {problem}", file=sys.stderr)
+    formats = tuple(x for x in formats if x not in skipped)
+    if not formats:
+        ap.error("none of the formats asked for runs on this CPU")
     widths = tuple(sorted({int(x) for x in a.widths.split(",") if x.strip()}))
     if not widths or widths[0] != 1:
         ap.error("--widths must include 1 (ratios are relative to width 1)")
@@ -1085,7 +1098,7 @@ def parse_args(argv: list[str] | None) -> tuple[Settings, argparse.Namespace]:
     s = Settings(model=a.model, formats=formats, prefill=a.prefill, tokens=a.tokens, reps=a.reps, warmup=a.warmup,
                  widths=widths, width_inner=a.width_inner, threads=a.threads or _default_threads(),
                  bw_mib=max(1, a.bw_mib), llama=not a.no_llama, settle_s=max(0.0, a.settle),
-                 quiet_wait_s=max(0.0, a.quiet_wait), quiet_threshold=a.quiet_threshold)
+                 quiet_wait_s=max(0.0, a.quiet_wait), quiet_threshold=a.quiet_threshold, skipped_formats=skipped)
     return s, a
 
 

@@ -32,7 +32,7 @@ from engine.models.nextn import NextNHead, NextNWeights
 from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
-from engine.ops.linear import Embedding, load_linear
+from engine.ops.linear import Embedding, format_problem, load_linear
 from engine.ops.linear import default_format as linear_default_format
 from engine.ops.pack_cache import PackCache
 
@@ -288,6 +288,9 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
         config = read_config(f)
         if fmt == "auto":
             fmt = default_format(f, device, role)
+        problem = format_problem(fmt, device)
+        if problem is not None:
+            raise UnsupportedModelError(problem)
         if dtype is None:
             dtype = torch.float32 if (device.type == "cpu" or fmt == "f32") else torch.bfloat16
         if pack_dir is not None and device.type == "cpu":

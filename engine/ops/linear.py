@@ -52,6 +52,7 @@ threads at once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 from dataclasses import dataclass
@@ -690,6 +691,30 @@ class Embedding:
 INT4_EXACT_TYPE_NAMES = frozenset(GGML_TYPES[t][0] for t in dq.INT4_EXACT_TYPES)
 # Types that a "4-bit" recipe (Q4_K_M, Q4_K_S, Q4_0, Q4_1) keeps next to its Q4 tensors.
 _Q4_COMPANION_TYPE_NAMES = frozenset({"Q6_K", "F32"})
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_bf16_problem() -> str | None:
+    """Why oneDNN's packed bf16 linear cannot run here (it asks for AVX512BW/VL/DQ or AVX-NE-CONVERT
+    and raises on an AVX2-only CPU), or None."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16))
+    except RuntimeError:
+        return "weight format 'bf16-packed' needs oneDNN's bf16 kernels, which this CPU cannot run " \
+               "(they need AVX512BW/VL/DQ or AVX-NE-CONVERT)"
+    return None
+
+
+def format_problem(fmt: str, device: torch.device | str = "cpu") -> str | None:
+    """Why weight format ``fmt`` cannot run on this machine, or None when it can: the load refuses it
+    with this reason instead of failing inside a kernel."""
+    if torch.device(device).type != "cpu":
+        return None  # off the CPU every format is dense bf16/f32 (see the module doc)
+    if fmt == "bf16-packed":
+        return _packed_bf16_problem()
+    if fmt.startswith("qdot") and load_qdot() is None:
+        return f"weight format {fmt!r} needs the qdot kernel, which is not available: {qdot_status().detail}"
+    return None
 
 
 def cpu_has_amx() -> bool:

@@ -14,6 +14,7 @@ from engine.cache.layered import LayeredKVCache, LayerShape  # noqa: E402
 from engine.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from tests import hf_tiny_gemma4  # noqa: E402
+from tests.cpu_formats import fmt_param
 from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 
@@ -127,7 +128,7 @@ def test_layered_cache_shares_and_rolls_back():
         LayeredKVCache([LayerShape(1, 4, 1), LayerShape(1, 4, 1)], 4)  # reads a later layer
 
 
-@pytest.mark.parametrize("fmt,dtype", [("bf16-packed", None), ("int8", None), ("bf16", torch.bfloat16),
+@pytest.mark.parametrize("fmt,dtype", [fmt_param("bf16-packed", None), ("int8", None), ("bf16", torch.bfloat16),
                                        ("qdot", None)])
 def test_weight_formats(pair, model, reference, fmt, dtype):
     """Requantized weights (and bf16 activations and cache) keep the f32 model's predictions."""

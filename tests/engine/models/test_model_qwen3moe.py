@@ -17,6 +17,7 @@ from engine.models.moe import Routing, SparseMoE  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from engine.ops.linear import QDotLinear  # noqa: E402
 from tests import hf_tiny  # noqa: E402
+from tests.cpu_formats import fmt_param
 from tests.model_checks import TOL, cached_greedy, random_ids, verify_with_rollback  # noqa: E402
 from tests.model_checks import relative_error as _close  # noqa: E402
 from tests.tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
@@ -192,7 +193,7 @@ def test_expert_tensors_that_do_not_match_the_metadata_are_refused(tmp_path):
         load_model(path, fmt="f32")
 
 
-@pytest.mark.parametrize("fmt,dtype", [("bf16-packed", None), ("bf16-packed", torch.bfloat16), ("int8", None)])
+@pytest.mark.parametrize("fmt,dtype", [fmt_param("bf16-packed", None), fmt_param("bf16-packed", torch.bfloat16), ("int8", None)])
 def test_other_formats(pair, model, fmt, dtype):
     """The experts in the bf16 and int8 formats (and bf16 activations): the router still computes in f32."""
     ids = _ids(pair, SEQ)

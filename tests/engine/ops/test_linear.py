@@ -13,6 +13,7 @@ import torch
 from engine.ops import dequant as dq
 from engine.ops import linear as L
 from engine.gguf import GGUFFile
+from tests.cpu_formats import fmt_param
 from tests.engine.ops.test_dequant import random_kquant_blocks
 
 GT = gguf.GGMLQuantizationType
@@ -109,7 +110,7 @@ TOL = {"f32": 1e-5, "bf16": 1e-2, "bf16-packed": 1e-2, "int8": 2e-2, "int4": 1e-
 TOL_INT4_LOSSY = 0.2
 
 
-@pytest.mark.parametrize("fmt", ["f32", "bf16", "bf16-packed", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["f32", "bf16", fmt_param("bf16-packed"), "int8", "int4"])
 @pytest.mark.parametrize("name", list(TENSORS))
 def test_format_matches_f32(f, fmt, name):
     lin = L.load_linear(f, name, fmt)
@@ -142,7 +143,7 @@ def test_auto_int4_picks_kernel_per_source(f):
     check_close(L.load_linear(f, "c.weight", "auto-int4"), ref_weight(f, "c.weight"), TOL["int8"])
 
 
-@pytest.mark.parametrize("fmt", ["f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4"])
+@pytest.mark.parametrize("fmt", ["f32", "bf16", fmt_param("bf16-packed"), "int8", "int4", "auto-int4"])
 def test_fused_equals_separate(f, fmt):
     names = ["a.weight", "b.weight", "q40.weight"]  # all exact-int4 sources
     fused = L.load_linear(f, names, fmt)
@@ -180,7 +181,7 @@ def test_mixed_type_fusion(f):
     check_close(mid, ref_weight(f, ["a.weight", "c.weight", "b.weight"]), TOL["int8"])
 
 
-@pytest.mark.parametrize("fmt", ["f32", "bf16", "bf16-packed", "int8", "int4"])
+@pytest.mark.parametrize("fmt", ["f32", "bf16", fmt_param("bf16-packed"), "int8", "int4"])
 def test_bias(f, fmt):
     names, bias_names = ["a.weight", "b.weight"], ["a.bias", "b.bias"]
     lin = L.load_linear(f, names, fmt, bias_names=bias_names)
@@ -192,7 +193,7 @@ def test_bias(f, fmt):
     check_close(part, ref_weight(f, names), TOL[fmt], bias=torch.cat([bias[:64], torch.zeros(32)]))
 
 
-@pytest.mark.parametrize("fmt", ["bf16-packed", "int8", "int4", "auto-int4"])
+@pytest.mark.parametrize("fmt", [fmt_param("bf16-packed"), "int8", "int4", "auto-int4"])
 def test_tied_head_from_token_embd(f, fmt):
     lin = L.load_linear(f, "token_embd.weight", fmt)
     assert (lin.out_features, lin.in_features) == (200, K)  # 200 rows: int4 pads to 208 internally
