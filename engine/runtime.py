@@ -32,7 +32,7 @@ from engine.process.protocol import (
 from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.copy_first import CopyFirstDrafter
-from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth
+from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
 from engine.speculative.loop import (
@@ -177,12 +177,20 @@ class ModelRuntime:
             return CopyFirstDrafter(self.drafters[kind], self.drafters["ngram"]), plan.cap
         return self.drafters[kind], plan.cap
 
-    def controller(self, kind: str, schedule: str, n_min: int) -> DepthController:
+    def controller(self, drafter: Drafter, schedule: str, n_min: int) -> DepthController:
         if schedule == "fixed":
             return FixedDepth(n_min=n_min)
-        if kind not in self.controllers:
-            self.controllers[kind] = AdaptiveDepth()
-        return self.controllers[kind]
+        sources = getattr(drafter, "sources", None)
+        if sources:  # a drafter that picks its source per round: each source priced on its own
+            return PerSourceDepth({src: self._adaptive(f"{drafter.kind}/{src}") for src in sources},
+                                  drafter.round_source)
+        return self._adaptive(drafter.kind)
+
+    def _adaptive(self, key: str) -> AdaptiveDepth:
+        """The adaptive controller kept for ``key`` across requests (what it learned carries over)."""
+        if key not in self.controllers:
+            self.controllers[key] = AdaptiveDepth()
+        return self.controllers[key]
 
     # ------------------------------------------------------------------------------------------
     # generate
@@ -264,7 +272,7 @@ class ModelRuntime:
             else:
                 constraint = ReasoningFirst(node, self.pieces, s.eog_ids, tags.open_id, tags.close_id,
                                             inside=tags.inside_after(prompt, False))
-        controller = self.controller(drafter.kind, s.schedule, s.n_min) if cap > 0 else FixedDepth()
+        controller = self.controller(drafter, s.schedule, s.n_min) if cap > 0 else FixedDepth()
 
         seed = req.options.seed
         if seed < 0:  # one random seed for both streams, so a request is internally consistent

@@ -284,6 +284,32 @@ class AdaptiveDepth:
         }
 
 
+@dataclass
+class PerSourceDepth:
+    """One controller per drafting source, for a drafter whose rounds come from different sources
+    (``CopyFirstDrafter``: the context copy or the draft model). Each source has its own acceptance
+    and its own drafting cost (a copy costs nothing and is mostly accepted, a model round costs a
+    forward per token), so one estimate over both would draft copy rounds too shallow and model
+    rounds too deep. ``source()`` names the coming round's source; it is asked before each choice
+    and the step's observation goes to the controller that chose."""
+
+    controllers: dict[str, DepthController]
+    source: Callable[[], str]
+    _current: str = ""
+
+    def begin_request(self) -> None:
+        for c in self.controllers.values():
+            c.begin_request()
+
+    def choose(self, cap: int) -> int:
+        self._current = self.source()
+        return self.controllers[self._current].choose(cap)
+
+    def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
+                drafting: float = 0.0) -> None:
+        self.controllers[self._current].observe(depth, n_drafted, n_accepted, seconds, drafting)
+
+
 def _estimate(measured: dict[int, RecentTimes], x: int, proportional: bool) -> float:
     """The time at ``x`` from per-``x`` measurements: measured, else interpolated between neighbours,
     else extrapolated with the slope across the measured range (never negative). A single measurement

@@ -9,6 +9,9 @@ way, with no per-kind branches:
     propose(k, ctx) -> Proposal           up to k tokens (fewer when unsure or when it has nothing)
     commit(run, n_total, target=None)     the round committed ``run`` (the log is now n_total long):
                                           drop speculative state past the committed prefix, extend
+    round_source() -> str                 what will draft the coming round (``kind``, unless the drafter
+                                          switches source by round): the adaptive depth controller
+                                          prices each source on its own
 
 ``target`` in ``commit`` is the target forward that produced the run (its pre-norm hidden states,
 starting at ``target.start``); only drafters with ``needs_hidden`` use it, and the loop only pays for
@@ -85,6 +88,10 @@ class Drafter:
 
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         return EMPTY
+
+    def round_source(self) -> str:
+        """What will draft the coming round; asked before the depth is chosen."""
+        return self.kind
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         self.tokens.extend(int(t) for t in tokens_committed)

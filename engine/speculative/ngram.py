@@ -123,11 +123,11 @@ class NgramDrafter(Drafter):
         return sum(1 for i in range(min(self.window, source + 1))
                    if toks[last - i] == self._renamed(toks[source - i]))
 
-    def propose(self, k: int, ctx: DraftContext) -> Proposal:
+    def select_source(self) -> int:
+        """Choose the source the next proposal copies from (the longest suffix match, or the cursor
+        when it agrees better) and return its agreement (``last_agreement``): how sure a copy is."""
         toks = self.tokens
         L = len(toks)
-        if k <= 0 or L == 0:
-            return EMPTY
         source = None  # the longest suffix match (the most recent of that length)
         for n in range(min(self.n_max, L), self.n_min - 1, -1):
             source = self._index[n].get(tuple(toks[L - n:]))
@@ -140,11 +140,22 @@ class NgramDrafter(Drafter):
             if cursor_score >= self.cursor_agreement and cursor_score > score:
                 source, score = cursor, cursor_score
         self.last_agreement = max(score, 0)  # how sure this round's source is (engine.speculative.copy_first)
-        if source is None:
-            self._cursor = None
-            return EMPTY
         self._cursor = source
-        if score < self.probe_below:
+        return self.last_agreement
+
+    def propose(self, k: int, ctx: DraftContext) -> Proposal:
+        if k <= 0 or not self.tokens:
+            return EMPTY
+        self.select_source()
+        return self.copy_from_source(k)
+
+    def copy_from_source(self, k: int) -> Proposal:
+        """Up to ``k`` tokens copied from the source ``select_source`` chose (none without one)."""
+        toks, source = self.tokens, self._cursor
+        L = len(toks)
+        if k <= 0 or source is None:
+            return EMPTY
+        if self.last_agreement < self.probe_below:
             k = 1  # thin evidence: a one-token probe costs next to nothing to verify
         out: list[int] = []
         for i in range(k):

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 import tests.engine.speculative.test_speculation as ts
-from tests.engine.speculative.test_speculation import GREEDY, chi_square_pvalue, exact_first_tokens, generate, \
-    load_engine, make_dist_engine, spec_opts, write_model
+from engine.speculative.depth import AdaptiveDepth, PerSourceDepth
+from tests.engine.speculative.test_speculation import GREEDY, chi_square_pvalue, exact_first_tokens, fake_cost, \
+    generate, load_engine, make_dist_engine, spec_opts, write_model
 
 
 @pytest.fixture(scope="module")
@@ -47,3 +48,38 @@ def test_sampling_keeps_the_target_distribution(tmp_path):
     exact = exact_first_tokens(dist_engine, ts.DIST_PROMPT, opts, 3)
     pvalue, acceptance = chi_square_pvalue(dist_engine, exact, ts.DIST_RUNS, opts)
     assert 0.05 < acceptance < 0.95 and pvalue > 1e-3
+
+
+def free_drafting(depth: int, n_drafted: int) -> float:
+    """A copy: drafting costs nothing, and (as in fake_cost) verification width is free."""
+    return 1.0
+
+
+def test_each_source_is_priced_on_its_own():
+    """Copy rounds that are always accepted and model rounds that never are, interleaved: each source's
+    controller learns its own depth, where a single estimate over both would settle in between."""
+    copy, model = AdaptiveDepth(cost_model=free_drafting), AdaptiveDepth(cost_model=fake_cost)
+    turns = iter(["copy", "model"] * 60)
+    ctl = PerSourceDepth({"copy": copy, "model": model}, lambda: next(turns))
+    ctl.begin_request()
+    for _ in range(60):
+        k = ctl.choose(8)
+        ctl.observe(k, k, k, 0.0)
+        k = ctl.choose(8)
+        ctl.observe(k, k, 0, 0.0)
+    assert copy.best(8) == 8 and model.best(8) == 0
+    assert copy.step == model.step == 60  # every observation went to the controller that chose
+
+
+def test_adaptive_drafts_copy_rounds_deep_and_keeps_model_rounds_shallow(models):
+    """Bigram target, unrelated draft model: once the text cycles, the copy's rounds reach the cap
+    while the useless model's estimate stays shallow; the output is plain decoding's."""
+    engine = load_engine(models["bigram"], models["random"])
+    plain = generate(engine, **GREEDY, drafter="none")
+    copy_ctl = engine.controllers["model+copy/copy"] = AdaptiveDepth(cost_model=free_drafting)
+    model_ctl = engine.controllers["model+copy/model"] = AdaptiveDepth(cost_model=fake_cost)
+    run = generate(engine, temperature=0, num_predict=120, **spec_opts("model", 8, "adaptive"), draft_copy=True)
+    assert run.tokens[:len(plain.tokens)] == plain.tokens
+    assert copy_ctl.step > 0 and model_ctl.step > 0  # both sources drafted rounds
+    assert copy_ctl.best(8) == 8 and model_ctl.best(8) <= 1
+    assert run.spec.draft_n >= 5 * run.spec.draft_rounds  # the rounds it drafted went deep
