@@ -24,7 +24,7 @@ docs/measurements.md ("Weight formats"):
                    tensors are reproduced exactly (up to bf16 scales) and Q6_K ones get 8 bits.
 * ``qdot``         every Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 tensor keeps its own integer codes (4, 5,
                    6 or 8 bits, f16 group scales) and is multiplied by tandem's native kernel
-                   (``engine/kernels/qdot.cpp``, AVX512-VNNI) against activations rounded to int8 per 32
+                   (``engine/ops/kernels/qdot.cpp``, AVX512-VNNI or AVX2) against activations rounded to int8 per 32
                    values, as llama.cpp does; other sources are requantized to 8 bits per 32 (Q8_0's
                    rule). f32 activations. Only where the kernel builds (:func:`engine.ops.kernels.qdot_status`).
 
@@ -739,8 +739,8 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
     """The weight format for a model, from its role, the GGML types of its weights and the CPU.
 
     ``source_type_names``: the type names of the model's linear weights, or (better) a mapping
-    type name -> element count. ``amx`` defaults to :func:`cpu_has_amx`, ``qdot`` to whether the
-    qdot kernel's AVX512-VNNI path is built here.
+    type name -> element count. ``amx`` defaults to :func:`cpu_has_amx`, ``qdot`` to whether one of
+    the qdot kernel's vector paths (AVX512-VNNI, AVX2) is built here.
 
     * a target stored as floats (F32, F16, BF16: an unquantized import): served at its stored precision,
       as Ollama serves a model that was not quantized at create: ``f32`` (exact for all three; MKL's
@@ -749,7 +749,8 @@ def default_format(role: str, source_type_names: Iterable[str] | Mapping[str, in
       ``weight_format`` option.
     * where qdot is available: ``qdot`` for a drafter and for a quantized target (Q4_K_M, Q8_0,
       ...) unless bf16-packed applies below. It keeps every Q4/Q5/Q6/Q8 tensor's own codes (no
-      requantization at all) and was the fastest format at widths 1-4 on AVX-512 VNNI hosts.
+      requantization at all) and was the fastest format at widths 1-4 on AVX-512 VNNI hosts, and 2.6x
+      ``auto-int4`` at width 1 on an AVX2-only one.
       Without it the rules below apply.
 
     * drafter: always ``auto-int4``. A drafter runs at width 1, where the int kernels are the
