@@ -280,7 +280,8 @@ class AdaptiveDepth:
             "acceptance": [round(a, 4) for a in self.acceptances(len(self._succ))],
             "verify_ms": {w: round(r.estimate() * 1e3, 3) for w, r in sorted(self._verify.items())},
             "drafting_ms": {n: round(self.drafting_cost(n) * 1e3, 3) for n in sorted(self._drafting)},
-            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self._verify, default=1))},
+            # nothing before the first observation (a source of PerSourceDepth that never drafted)
+            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self._verify, default=0))},
         }
 
 

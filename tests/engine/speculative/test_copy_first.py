@@ -83,3 +83,10 @@ def test_adaptive_drafts_copy_rounds_deep_and_keeps_model_rounds_shallow(models)
     assert copy_ctl.step > 0 and model_ctl.step > 0  # both sources drafted rounds
     assert copy_ctl.best(8) == 8 and model_ctl.best(8) <= 1
     assert run.spec.draft_n >= 5 * run.spec.draft_rounds  # the rounds it drafted went deep
+
+
+def test_a_source_that_never_drafted_reports_an_empty_state():
+    """On text with nothing to copy the copy's controller never observes a round; the benchmark's and
+    the logs' snapshot of it is empty, not an error."""
+    assert AdaptiveDepth().snapshot() == {"step": 0, "acceptance": [], "verify_ms": {}, "drafting_ms": {},
+                                          "cost_ms": {}}
