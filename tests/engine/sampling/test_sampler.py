@@ -265,6 +265,24 @@ def test_temperature_zero_is_point_mass_on_lowest_id_argmax() -> None:
     assert process(big, [], [], opts(temperature=0.0)).argmax().tolist() == [3]
 
 
+def test_argmax_lowest_id_matches_its_definition_with_and_without_ties() -> None:
+    """The fast path (unique maxima) and the exact one (ties, -inf rows, NaN-free) give the lowest id
+    among a row's maxima, for plain rows and for candidate rows in an arbitrary id order."""
+    from engine.sampling.sampler import argmax_lowest_id
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(50):
+        v = torch.randint(0, 6, (4, 40), generator=g).float()  # few distinct values: ties are common
+        if trial % 2:
+            v += torch.rand(4, 40, generator=g) * 1e-3  # unique maxima: the fast path
+        v[3] = float("-inf") if trial % 5 == 0 else v[3]
+        ids = torch.stack([torch.randperm(40, generator=g) for _ in range(4)])
+        want = [min(i for i in range(40) if v[r, i] == v[r].max()) for r in range(4)]
+        assert argmax_lowest_id(v).tolist() == want
+        want_ids = [min(int(ids[r, i]) for i in range(40) if v[r, i] == v[r].max()) for r in range(4)]
+        assert argmax_lowest_id(v, ids).tolist() == want_ids
+
+
 def test_top_k_one_is_greedy_at_any_temperature() -> None:
     logits = torch.tensor([0.1, 0.3, 0.2])
     d = process(logits, [], [], opts(temperature=1.5, top_k=1))
