@@ -200,8 +200,6 @@ inline __m512i broadcast4(const int8_t* x) {
   return _mm512_set1_epi32(v);
 }
 
-// MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
-// without bias.
 // The 16 rows' scale and zero of group g: vector form of scale_zero.
 template <int SC, int G>
 inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offset, __m512& sv, __m512& zv) {
@@ -227,6 +225,8 @@ inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offs
   zv = _mm512_mul_ps(sv, neg_offset);
 }
 
+// MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
+// without bias.
 template <int BITS, int G, int SC, int MB>
 inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                        const QuantizedActivations& a, int64_t m0, float* out) {
