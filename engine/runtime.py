@@ -180,9 +180,8 @@ class ModelRuntime:
     def controller(self, drafter: Drafter, schedule: str, n_min: int) -> DepthController:
         if schedule == "fixed":
             return FixedDepth(n_min=n_min)
-        sources = getattr(drafter, "sources", None)
-        if sources:  # a drafter that picks its source per round: each source priced on its own
-            return PerSourceDepth({src: self._adaptive(f"{drafter.kind}/{src}") for src in sources},
+        if drafter.sources:  # a drafter that picks its source per round: each source priced on its own
+            return PerSourceDepth({src: self._adaptive(f"{drafter.kind}/{src}") for src in drafter.sources},
                                   drafter.round_source)
         return self._adaptive(drafter.kind)
 

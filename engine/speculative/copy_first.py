@@ -31,10 +31,7 @@ class CopyFirstDrafter(Drafter):
         self.min_agreement = min_agreement  # of the copy's window (8): what "certain" means here
         self.copied_rounds = 0
         self._copy_round: bool | None = None  # the coming round's decision, once made
-
-    @property
-    def sources(self) -> tuple[str, str]:
-        return ("copy", self.primary.kind)
+        self.sources = ("copy", primary.kind)
 
     def round_source(self) -> str:
         if self._copy_round is None:

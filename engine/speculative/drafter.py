@@ -75,6 +75,7 @@ class TargetOutput:
 class Drafter:
     kind = "none"
     needs_hidden = False
+    sources: tuple[str, ...] = ()  # what ``round_source`` may name, for a drafter that switches by round
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # the committed log as this drafter knows it
