@@ -466,6 +466,9 @@ template <int BITS, int G, int SC>
 inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                           const QuantizedActivations& a, int64_t m0, float* out) {
   switch (mb) {
+#if QDOT_AVX2
+    case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
+#endif
     case 4: block_dots<BITS, G, SC, 4>(w_block, bs, offset, a, m0, out); break;
     case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
     case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
@@ -533,6 +536,16 @@ struct PackedWeights {
   }
 };
 
+// Activation rows in one pass over a weight block: up to kMaxRows, except that the AVX2 path takes a
+// last five in one pass (a verification of four drafts; measured 4 % faster for 4-bit codes and 14 %
+// for 6-bit than four rows and then one; six and eight in one pass were no faster, or slower).
+inline int64_t rows_in_pass(int64_t left) {
+#if QDOT_AVX2
+  if (left == kMaxRows + 1) return left;
+#endif
+  return std::min<int64_t>(kMaxRows, left);
+}
+
 template <int BITS, int G, int SC>
 void run(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
          float* y) {
@@ -541,13 +554,13 @@ void run(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, 
   // Enough blocks per task that scheduling costs stay small next to the work (~64k weights).
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (a.k * kBlockRows));
   at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-    float dots[kMaxRows * kBlockRows];
+    float dots[(kMaxRows + 1) * kBlockRows];
     for (int64_t b = begin; b < end; ++b) {
       const uint8_t* w_block = w.codes + b * block_bytes;
       const BlockScales bs = w.block(b, a.k, G);
       const int64_t n0 = b * kBlockRows, rows = std::min(kBlockRows, n - n0);
-      for (int64_t m0 = 0; m0 < a.m; m0 += kMaxRows) {
-        const int mb = static_cast<int>(std::min<int64_t>(kMaxRows, a.m - m0));
+      for (int64_t m0 = 0; m0 < a.m;) {
+        const int mb = static_cast<int>(rows_in_pass(a.m - m0));
 #if QDOT_AVX512_VNNI || QDOT_AVX2
         dispatch_rows<BITS, G, SC>(mb, w_block, bs, offset, a, m0, dots);
 #else
@@ -557,6 +570,7 @@ void run(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, 
           float* yr = y + (m0 + i) * n + n0;
           for (int64_t r = 0; r < rows; ++r) yr[r] = bias ? dots[i * 16 + r] + bias[n0 + r] : dots[i * 16 + r];
         }
+        m0 += mb;
       }
     }
   });
