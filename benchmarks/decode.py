@@ -747,20 +747,17 @@ class Report:
 # the run
 # ================================================================================================
 def cpu_info() -> dict[str, Any]:
-    flags: set[str] = set()
+    from engine.ops.kernels import cpu_flags, qdot_status
+    from engine.ops.linear import cpu_has_amx
+
+    flags = cpu_flags()
     model = ""
     try:
         with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("flags") and not flags:
-                    flags = set(line.split(":", 1)[1].split())
-                elif line.startswith("model name") and not model:
-                    model = line.split(":", 1)[1].strip()
+            model = next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), "")
     except OSError:
         pass
     model = model or platform.processor() or "?"
-    from engine.ops.kernels import qdot_status
-    from engine.ops.linear import cpu_has_amx
 
     return {
         "cpu_model": model,
