@@ -4,8 +4,11 @@
 // attention, SiLU, adds), each paying interpreter and dispatcher time, and the memory bus that the
 // matmuls keep busy idles meanwhile: a decode step of Qwen2.5-Coder-1.5B spent about a fifth of its
 // time there (docs/bench). Here the same kernels run in the same order (qdot_linear, block_rms_norm,
-// block_rope, block_attention, ATen's silu, mul, add) from one call, so the results are bit-identical
+// block_rope, block_attention, ATen's silu and mul) from one call, so the results are bit-identical
 // to engine.models.layers.Block's with the fused block ops (tests/engine/models/test_fused_stack.py).
+// What is left between the matmuls is trimmed further: a split projection's parts run in one
+// parallel pass into one output (no concatenation), the residual adds happen in the o and down
+// projections' own stores (the same float additions), and the cache rows are plain copies.
 //
 //   DecoderStack(n_head, n_head_kv, head_dim, eps, neox, scale)    scale: the query scale
 //   .add_layer(attn_norm, ffn_norm, q_norm?, k_norm?)               one per block, in order
@@ -19,6 +22,7 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -28,27 +32,13 @@ namespace {
 
 namespace native = QDOT_NAMESPACE::native;
 
-struct LinearPart {
-  at::Tensor codes, scales, zeros, supers;
-  std::optional<at::Tensor> bias;
-  int64_t bits = 0, group = 0, offset = 0, n = 0;
-};
-
-// One engine.ops.linear.QDotLinear, or a SplitLinear of them (outputs concatenated, as it does).
+// One engine.ops.linear.QDotLinear, or a SplitLinear of them (outputs concatenated, as it does), run
+// as one parallel pass over all its parts; with a residual, y = linear(x) + residual in the same pass.
 struct Linear {
-  std::vector<LinearPart> parts;
+  std::vector<native::QDotPart> parts;
 
-  at::Tensor operator()(const at::Tensor& x_in) const {
-    const at::Tensor x = x_in.contiguous();
-    if (parts.size() == 1) return apply(parts[0], x);
-    std::vector<at::Tensor> ys;
-    ys.reserve(parts.size());
-    for (const LinearPart& p : parts) ys.push_back(apply(p, x));
-    return at::cat(ys, -1);
-  }
-
-  static at::Tensor apply(const LinearPart& p, const at::Tensor& x) {
-    return native::qdot_linear(x, p.codes, p.scales, p.zeros, p.supers, p.bits, p.group, p.offset, p.n, p.bias);
+  at::Tensor operator()(const at::Tensor& x, const std::optional<at::Tensor>& residual = std::nullopt) const {
+    return native::qdot_linear_parts(x.contiguous(), parts, residual);
   }
 };
 
@@ -81,8 +71,8 @@ class DecoderStack : public torch::CustomClassHolder {
     Linear* target = which == "qkv" ? &l.qkv : which == "o" ? &l.o : which == "gate_up" ? &l.gate_up
                      : which == "down" ? &l.down : nullptr;
     TORCH_CHECK(target != nullptr, "DecoderStack: unknown linear ", which);
-    target->parts.push_back(LinearPart{std::move(codes), std::move(scales), std::move(zeros), std::move(supers),
-                                       std::move(bias), bits, group, offset, n});
+    target->parts.push_back(native::QDotPart{std::move(codes), std::move(scales), std::move(zeros), std::move(supers),
+                                             std::move(bias), bits, group, offset, n});
   }
 
   at::Tensor forward(at::Tensor x, at::Tensor k_cache, at::Tensor v_cache, int64_t start, at::Tensor cos,
@@ -92,6 +82,8 @@ class DecoderStack : public torch::CustomClassHolder {
     TORCH_CHECK(k_cache.dim() == 4 && k_cache.size(0) >= L && v_cache.sizes() == k_cache.sizes() &&
                 k_cache.size(1) == n_head_kv_ && k_cache.size(3) == head_dim_,
                 "DecoderStack: caches must be [layers, n_head_kv, capacity, head_dim]");
+    TORCH_CHECK(k_cache.scalar_type() == at::kFloat && v_cache.scalar_type() == at::kFloat &&
+                k_cache.stride(3) == 1 && v_cache.stride(3) == 1, "DecoderStack: caches must be float32 rows");
     const int64_t n = x.size(0);
     TORCH_CHECK(start >= 0 && start + n <= k_cache.size(2), "DecoderStack: positions beyond the cache");
     for (int64_t i = 0; i < L; ++i) x = block(layers_[i], x, k_cache[i], v_cache[i], start, cos, sin);
@@ -113,15 +105,25 @@ class DecoderStack : public torch::CustomClassHolder {
     } else {
       qk = qkv.slice(1, 0, (H + Hkv) * D).view({n, H + Hkv, D});
     }
-    const at::Tensor rotated = native::block_rope(qk, cos, sin, neox_);
-    const at::Tensor q = rotated.slice(1, 0, H), k = rotated.slice(1, H, H + Hkv);
-    kc.slice(1, start, start + n).copy_(k.transpose(0, 1));
-    vc.slice(1, start, start + n).copy_(v.transpose(0, 1));
+    const at::Tensor rotated = native::block_rope(qk, cos, sin, neox_);  // contiguous [n, H + Hkv, D]
+    const at::Tensor q = rotated.slice(1, 0, H);
+    write_cache(kc, rotated.data_ptr<float>() + H * D, (H + Hkv) * D, start, n);
+    write_cache(vc, v.data_ptr<float>(), qkv.stride(0), start, n);
     const at::Tensor keys = kc.slice(1, 0, start + n), values = vc.slice(1, 0, start + n);
     const at::Tensor o = native::block_attention(q, keys, values, scale_);  // causal: [n, H, D]
-    const at::Tensor h = x + l.o(o.view({n, H * D}));
+    const at::Tensor h = l.o(o.view({n, H * D}), x);  // x + o(...)
     const std::vector<at::Tensor> gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_)).chunk(2, -1);
-    return h + l.down(at::silu(gate_up[0]) * gate_up[1]);
+    return l.down(at::silu(gate_up[0]) * gate_up[1], h);  // h + down(...)
+  }
+
+  // Cache rows [start, start + n) of one layer ([Hkv, capacity, D]) from n rows of Hkv heads x D
+  // floats at src, row i at src + i * row_stride (a plain copy, without a tensor op's setup).
+  void write_cache(const at::Tensor& cache, const float* src, int64_t row_stride, int64_t start, int64_t n) const {
+    float* dst = cache.data_ptr<float>();
+    const int64_t s0 = cache.stride(0), s1 = cache.stride(1), D = head_dim_;
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t g = 0; g < n_head_kv_; ++g)
+        std::memcpy(dst + g * s0 + (start + i) * s1, src + i * row_stride + g * D, D * sizeof(float));
   }
 
   int64_t n_head_, n_head_kv_, head_dim_;

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <vector>
 
 // The op namespace: "tandem" normally; the portable test build (no AVX-512) gets its own so that
 // both can be loaded into one process and compared. It also names the C++ namespace below, so that
@@ -16,6 +17,15 @@
 namespace QDOT_NAMESPACE::native {
 
 // qdot.cpp: y [M, N] = x [M, K] times the packed weight (+ bias); see its header for the layout.
+// One part of a linear whose outputs are concatenated (q, k, v stored in different types).
+struct QDotPart {
+  at::Tensor codes, scales, zeros, supers;
+  std::optional<at::Tensor> bias;
+  int64_t bits = 0, group = 0, offset = 0, n = 0;
+};
+// y [M, sum of the parts' N] (+ residual [M, that N], added last) in one parallel pass over the parts.
+at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& parts,
+                             const std::optional<at::Tensor>& residual);
 at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& zeros, const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset,
                        int64_t n, const std::optional<at::Tensor>& bias);

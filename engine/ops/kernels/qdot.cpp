@@ -546,34 +546,49 @@ inline int64_t rows_in_pass(int64_t left) {
   return std::min<int64_t>(kMaxRows, left);
 }
 
+// Where one linear's outputs go: y[i * ldy + j] for output j of activation row i, plus residual[i * ldr + j]
+// when given, added last (y = (x W^T + bias) + residual, as the Python block adds it: the same bits).
+struct OutputRows {
+  float* y;
+  int64_t ldy;
+  const float* residual;  // nullptr: none
+  int64_t ldr;
+};
+
+// Weight blocks [begin, end) of one linear against every activation row, on the calling thread.
 template <int BITS, int G, int SC>
-void run(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
-         float* y) {
+void run_blocks(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
+                const OutputRows& out, int64_t begin, int64_t end) {
   const int64_t block_bytes = 2 * a.k * BITS;
-  const int64_t blocks = (n + kBlockRows - 1) / kBlockRows;
-  // Enough blocks per task that scheduling costs stay small next to the work (~64k weights).
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / (a.k * kBlockRows));
-  at::parallel_for(0, blocks, grain, [&](int64_t begin, int64_t end) {
-    float dots[(kMaxRows + 1) * kBlockRows];
-    for (int64_t b = begin; b < end; ++b) {
-      const uint8_t* w_block = w.codes + b * block_bytes;
-      const BlockScales bs = w.block(b, a.k, G);
-      const int64_t n0 = b * kBlockRows, rows = std::min(kBlockRows, n - n0);
-      for (int64_t m0 = 0; m0 < a.m;) {
-        const int mb = static_cast<int>(rows_in_pass(a.m - m0));
+  float dots[(kMaxRows + 1) * kBlockRows];
+  for (int64_t b = begin; b < end; ++b) {
+    const uint8_t* w_block = w.codes + b * block_bytes;
+    const BlockScales bs = w.block(b, a.k, G);
+    const int64_t n0 = b * kBlockRows, rows = std::min(kBlockRows, n - n0);
+    for (int64_t m0 = 0; m0 < a.m;) {
+      const int mb = static_cast<int>(rows_in_pass(a.m - m0));
 #if QDOT_AVX512_VNNI || QDOT_AVX2
-        dispatch_rows<BITS, G, SC>(mb, w_block, bs, offset, a, m0, dots);
+      dispatch_rows<BITS, G, SC>(mb, w_block, bs, offset, a, m0, dots);
 #else
-        block_dots_scalar<BITS, G, SC>(w_block, bs, offset, a, m0, mb, dots);
+      block_dots_scalar<BITS, G, SC>(w_block, bs, offset, a, m0, mb, dots);
 #endif
-        for (int i = 0; i < mb; ++i) {
-          float* yr = y + (m0 + i) * n + n0;
-          for (int64_t r = 0; r < rows; ++r) yr[r] = bias ? dots[i * 16 + r] + bias[n0 + r] : dots[i * 16 + r];
+      for (int i = 0; i < mb; ++i) {
+        float* yr = out.y + (m0 + i) * out.ldy + n0;
+        const float* d = dots + i * 16;
+        for (int64_t r = 0; r < rows; ++r) yr[r] = bias ? d[r] + bias[n0 + r] : d[r];
+        if (out.residual) {
+          const float* rr = out.residual + (m0 + i) * out.ldr + n0;
+          for (int64_t r = 0; r < rows; ++r) yr[r] += rr[r];
         }
-        m0 += mb;
       }
+      m0 += mb;
     }
-  });
+  }
+}
+
+// Weight blocks per task: enough that scheduling costs stay small next to the work (~64k weights).
+inline int64_t block_grain(int64_t k) {
+  return std::max<int64_t>(1, (int64_t{1} << 16) / (k * kBlockRows));
 }
 
 // Weight rows [r0, r1) (r0 a multiple of 16) as f32 [r1 - r0, K]: the tests' check of the layout.
@@ -674,12 +689,13 @@ void dispatch_layout(int64_t bits, int sc, Args&&... args) {
   }
 }
 
+// A layout's block runner, as a plain function pointer (a part's, chosen once per call).
+using BlockRunner = void (*)(const QuantizedActivations&, const PackedWeights&, int64_t, const float*, int64_t,
+                             const OutputRows&, int64_t, int64_t);
+
 template <int BITS, int G, int SC>
-struct RunLayout {
-  static void call(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
-                   float* y) {
-    run<BITS, G, SC>(a, w, offset, bias, n, y);
-  }
+struct RunnerOf {
+  static void call(BlockRunner& f) { f = &run_blocks<BITS, G, SC>; }
 };
 
 template <int BITS, int G, int SC>
@@ -698,24 +714,78 @@ void check_scale_kind(int64_t bits, int sc) {
 
 namespace QDOT_NAMESPACE::native {
 
+at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& parts,
+                             const std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "qdot: x must be contiguous f32 [M, K]");
+  TORCH_CHECK(!parts.empty(), "qdot: a linear needs at least one part");
+  const int64_t m = x.size(0), k = x.size(1);
+  // Each part checked and resolved once: its weight, its block runner, where its columns and blocks
+  // start, and which quantization of x it reads (group term sums follow the part's group size).
+  struct Prepared {
+    PackedWeights w;
+    BlockRunner run = nullptr;
+    const float* bias = nullptr;
+    int64_t offset = 0, n = 0, col0 = 0, block0 = 0, blocks = 0, group = 0;
+  };
+  std::vector<Prepared> prep;
+  prep.reserve(parts.size());
+  int64_t total_n = 0, total_blocks = 0;
+  for (const QDotPart& p : parts) {
+    Prepared q;
+    q.w = check_weights(p.codes, p.scales, p.zeros, p.supers, p.bits, p.group, p.n, k);
+    const int sc = scale_kind(p.scales);
+    check_scale_kind(p.bits, sc);
+    if (p.bias.has_value() && p.bias->defined()) {
+      TORCH_CHECK(p.bias->scalar_type() == at::kFloat && p.bias->is_contiguous() && p.bias->numel() == p.n,
+                  "qdot: bias must be f32 [N]");
+      q.bias = p.bias->data_ptr<float>();
+    }
+    dispatch_layout<RunnerOf>(p.bits, sc, q.run);
+    q.offset = p.offset;
+    q.n = p.n;
+    q.group = p.group;
+    q.col0 = total_n;
+    q.block0 = total_blocks;
+    q.blocks = (p.n + kBlockRows - 1) / kBlockRows;
+    total_n += p.n;
+    total_blocks += q.blocks;
+    prep.push_back(q);
+  }
+  const float* res = nullptr;
+  int64_t ldr = 0;
+  if (residual.has_value() && residual->defined()) {
+    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->dim() == 2 && residual->size(0) == m &&
+                residual->size(1) == total_n && residual->stride(1) == 1,
+                "qdot: residual must be f32 [M, N], contiguous in its last dimension");
+    res = residual->data_ptr<float>();
+    ldr = residual->stride(0);
+  }
+  at::Tensor y = at::empty({m, total_n}, x.options());
+  if (m == 0 || total_n == 0) return y;
+  // x quantized once per group size the parts use (16: Q6_K, 32: the rest)
+  QuantizedActivations a16, a32;
+  for (const int group : {16, 32}) {
+    if (std::any_of(prep.begin(), prep.end(), [&](const Prepared& q) { return q.group == group; }))
+      (group == 16 ? a16 : a32) = quantize_activations(x.data_ptr<float>(), m, k, group);
+  }
+  float* yp = y.data_ptr<float>();
+  // One pass over every part's blocks: the parts of a split projection (q/k/v of different
+  // quantization types) share one parallel region instead of one each plus a concatenation.
+  at::parallel_for(0, total_blocks, block_grain(k), [&](int64_t begin, int64_t end) {
+    for (const Prepared& q : prep) {
+      const int64_t b0 = std::max(begin, q.block0), b1 = std::min(end, q.block0 + q.blocks);
+      if (b0 >= b1) continue;
+      const OutputRows out{yp + q.col0, total_n, res ? res + q.col0 : nullptr, ldr};
+      q.run(q.group == 16 ? a16 : a32, q.w, q.offset, q.bias, q.n, out, b0 - q.block0, b1 - q.block0);
+    }
+  });
+  return y;
+}
+
 at::Tensor qdot_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                        const at::Tensor& zeros, const at::Tensor& supers, int64_t bits, int64_t group, int64_t offset,
                        int64_t n, const std::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous(), "qdot: x must be contiguous f32 [M, K]");
-  const int64_t m = x.size(0), k = x.size(1);
-  const PackedWeights w = check_weights(codes, scales, zeros, supers, bits, group, n, k);
-  const int sc = scale_kind(scales);
-  check_scale_kind(bits, sc);
-  const float* bias_ptr = nullptr;
-  if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->scalar_type() == at::kFloat && bias->is_contiguous() && bias->numel() == n, "qdot: bias must be f32 [N]");
-    bias_ptr = bias->data_ptr<float>();
-  }
-  at::Tensor y = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return y;
-  const QuantizedActivations a = quantize_activations(x.data_ptr<float>(), m, k, group);
-  dispatch_layout<RunLayout>(bits, sc, a, w, offset, bias_ptr, n, y.data_ptr<float>());
-  return y;
+  return qdot_linear_parts(x, {QDotPart{codes, scales, zeros, supers, bias, bits, group, offset, n}}, std::nullopt);
 }
 
 // The weights as f32 [N, K], straight from the kernel's layout (tests and debugging).
