@@ -231,8 +231,13 @@ class FeedForward(nn.Module):
         else:
             raise UnsupportedModelError(f"unknown activation {cfg.activation!r}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).chunk(2, dim=-1)
+    def forward(self, x: torch.Tensor, ops=None) -> torch.Tensor:
+        """``ops``: the fused block ops (f32 on the CPU), whose ``block_silu_mul`` takes SiLU's two ops
+        and their temporaries in one pass, as the native decoder stack does (the same bits)."""
+        gate_up = self.w13(x)
+        if ops is not None and self.act is F.silu:
+            return self.w2(ops.block_silu_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.w2(self.act(gate) * up)
 
 
@@ -267,7 +272,8 @@ class Block(nn.Module):
         if self.post_attn_norm is not None:
             h = self.post_attn_norm(h, ops)
         x = x + h
-        h = self.ffn(x if self.ffn_norm is None else self.ffn_norm(x, ops))
+        x_ffn = x if self.ffn_norm is None else self.ffn_norm(x, ops)
+        h = self.ffn(x_ffn, ops) if isinstance(self.ffn, FeedForward) else self.ffn(x_ffn)
         if self.post_ffn_norm is not None:
             h = self.post_ffn_norm(h, ops)
         x = x + h

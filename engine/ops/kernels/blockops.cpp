@@ -11,6 +11,8 @@
 //   block_rope(x [n, h, D], cos [n, 1, D/2], sin, neox)  rotated copy, contiguous [n, h, D];
 //                                                         neox: pairs (i, i + D/2), else (2i, 2i + 1)
 //
+//   block_silu_mul(gate_up [.., 2F])                    silu(gate) * up [.., F], gate the first half
+//
 //   block_attention(q [n, H, D], keys, values [Hkv, S, D], scale)
 //        softmax(q k^T * scale) v [n, H, D] where query i sees keys [0, S - n + i] (the queries are
 //        the last n key positions: causal attention, or a window when keys start later); query
@@ -42,34 +44,52 @@ void check_f32(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, what, " must be contiguous in its last dimension");
 }
 
-// e^x for x <= 0 (a softmax's exponent once its maximum is taken away), within 2 ulp of expf:
-// x = i ln2 + f with |f| <= ln2 / 2, e^f by Cephes' degree-6 polynomial, 2^i put into the exponent
-// bits. Written so that a loop of it vectorizes (libm's expf is one call per value); below -87 it
-// gives ~1e-38 instead of 0, which no softmax sum notices.
-#pragma omp declare simd notinbranch
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);
-  const float i = std::floor(x * 1.44269504088896341f + 0.5f);
-  const float f = (x - i * 0.693359375f) + i * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  const float e = p * f * f + f + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(i) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return e * scale;
-}
-
 // Eight floats as one value (GCC vector extension: 256-bit registers where the build has them, two
 // 128-bit ones otherwise); aligned(4) makes a dereference an unaligned load.
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
 
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+
 inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
+}
+
+// The first n < 8 floats at p in a vector (the other lanes 0), and back.
+inline v8f load_first(const float* p, int64_t n) {
+  v8f v = {};
+  std::memcpy(&v, p, n * sizeof(float));
+  return v;
+}
+
+inline void store_first(float* p, v8f v, int64_t n) {
+  std::memcpy(p, &v, n * sizeof(float));
+}
+
+// e^x for x <= 0 (a softmax's exponent once its maximum is taken away; SiLU's of -|x|), within 2 ulp
+// of expf: x = n ln2 + f with |f| <= ln2 / 2, e^f by Cephes' degree-6 polynomial, 2^n put into the
+// exponent bits. In vector form because a scalar loop of it (or of libm's expf) does not vectorize
+// under strict float semantics; below -87 it gives ~1.6e-38 instead of 0, which no sum notices.
+inline v8f exp_nonpositive(v8f x) {
+  const v8f lo = x * 0.0f - 87.0f;
+  x = x < lo ? lo : x;
+  const v8i n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v8i);  // nearest, as x <= 0
+  const v8f i = __builtin_convertvector(n, v8f);
+  const v8f f = (x - i * 0.693359375f) + i * 2.12194440e-4f;
+  v8f p = f * 1.9875691500e-4f + 1.3981999507e-3f;
+  p = p * f + 8.3334519073e-3f;
+  p = p * f + 4.1665795894e-2f;
+  p = p * f + 1.6666665459e-1f;
+  p = p * f + 5.0000001201e-1f;
+  const v8f e = p * f * f + f + 1.0f;
+  return e * reinterpret_cast<v8f>((n + 127) << 23);
+}
+
+// silu(g) * u = g * sigmoid(g) * u, the sigmoid from t = e^-|g| (never overflows): 1 / (1 + t) for
+// g >= 0, t / (1 + t) below.
+inline v8f silu_mul(v8f g, v8f u) {
+  const v8f t = exp_nonpositive(g < 0.0f ? g : -g);
+  const v8f one = g * 0.0f + 1.0f;
+  return g * ((g >= 0.0f ? one : t) / (one + t)) * u;
 }
 
 // scores[r * S + j] = scale * q_r . key for R query heads against one key row of D (a multiple of 8)
@@ -201,6 +221,30 @@ at::Tensor block_rope(const at::Tensor& x, const at::Tensor& cos_in, const at::T
   return out;
 }
 
+at::Tensor block_silu_mul(const at::Tensor& gate_up_in) {
+  const at::Tensor gate_up = gate_up_in.contiguous();
+  check_f32(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() >= 1 && gate_up.size(-1) % 2 == 0, "gate_up's last dimension must be even");
+  const int64_t F = gate_up.size(-1) / 2, rows = F ? gate_up.numel() / (2 * F) : 0;
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = F;
+  at::Tensor out = at::empty(shape, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* g = gp + r * 2 * F;
+      const float* u = g + F;
+      float* o = op + r * F;
+      int64_t j = 0;
+      for (; j + 8 <= F; j += 8)
+        *reinterpret_cast<v8f*>(o + j) = silu_mul(*reinterpret_cast<const v8f*>(g + j), *reinterpret_cast<const v8f*>(u + j));
+      if (j < F) store_first(o + j, silu_mul(load_first(g + j, F - j), load_first(u + j, F - j)), F - j);
+    }
+  });
+  return out;
+}
+
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, double scale) {
   check_f32(q, "q");
   check_f32(keys, "keys");
@@ -247,11 +291,17 @@ at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at
         float* sr = scores.data() + r * S;
         float mx = sr[0];
         for (int64_t j = 1; j < len; ++j) mx = std::max(mx, sr[j]);
-        float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < len; ++j) {
-          sr[j] = exp_nonpositive(sr[j] - mx);
-          sum += sr[j];
+        v8f vsum = {};
+        int64_t j = 0;
+        for (; j + 8 <= len; j += 8) {
+          const v8f e = exp_nonpositive(*reinterpret_cast<const v8f*>(sr + j) - mx);
+          *reinterpret_cast<v8f*>(sr + j) = e;
+          vsum += e;
+        }
+        float sum = hsum(vsum);
+        if (j < len) {
+          store_first(sr + j, exp_nonpositive(load_first(sr + j, len - j) - mx), len - j);
+          for (; j < len; ++j) sum += sr[j];
         }
         sums[r] = sum;
       }
@@ -283,15 +333,18 @@ at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at
 using QDOT_NAMESPACE::native::block_attention;
 using QDOT_NAMESPACE::native::block_rms_norm;
 using QDOT_NAMESPACE::native::block_rope;
+using QDOT_NAMESPACE::native::block_silu_mul;
 
 TORCH_LIBRARY_FRAGMENT(QDOT_NAMESPACE, m) {
   m.def("block_rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("block_rope(Tensor x, Tensor cos, Tensor sin, bool neox) -> Tensor");
   m.def("block_attention(Tensor q, Tensor keys, Tensor values, float scale) -> Tensor");
+  m.def("block_silu_mul(Tensor gate_up) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(QDOT_NAMESPACE, CPU, m) {
   m.impl("block_rms_norm", &block_rms_norm);
   m.impl("block_rope", &block_rope);
   m.impl("block_attention", &block_attention);
+  m.impl("block_silu_mul", &block_silu_mul);
 }

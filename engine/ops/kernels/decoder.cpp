@@ -4,7 +4,7 @@
 // attention, SiLU, adds), each paying interpreter and dispatcher time, and the memory bus that the
 // matmuls keep busy idles meanwhile: a decode step of Qwen2.5-Coder-1.5B spent about a fifth of its
 // time there (docs/bench). Here the same kernels run in the same order (qdot_linear, block_rms_norm,
-// block_rope, block_attention, ATen's silu and mul) from one call, so the results are bit-identical
+// block_rope, block_attention, block_silu_mul) from one call, so the results are bit-identical
 // to engine.models.layers.Block's with the fused block ops (tests/engine/models/test_fused_stack.py).
 // What is left between the matmuls is trimmed further: a split projection's parts run in one
 // parallel pass into one output (no concatenation), the residual adds happen in the o and down
@@ -112,8 +112,8 @@ class DecoderStack : public torch::CustomClassHolder {
     const at::Tensor keys = kc.slice(1, 0, start + n), values = vc.slice(1, 0, start + n);
     const at::Tensor o = native::block_attention(q, keys, values, scale_);  // causal: [n, H, D]
     const at::Tensor h = l.o(o.view({n, H * D}), x);  // x + o(...)
-    const std::vector<at::Tensor> gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_)).chunk(2, -1);
-    return l.down(at::silu(gate_up[0]) * gate_up[1], h);  // h + down(...)
+    const at::Tensor gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_));
+    return l.down(native::block_silu_mul(gate_up), h);  // h + down(...)
   }
 
   // Cache rows [start, start + n) of one layer ([Hkv, capacity, D]) from n rows of Hkv heads x D

@@ -35,6 +35,7 @@ at::Tensor qdot_dequantize(const at::Tensor& codes, const at::Tensor& scales, co
 // blockops.cpp
 at::Tensor block_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor block_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool neox);
+at::Tensor block_silu_mul(const at::Tensor& gate_up);
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, double scale);
 
 }  // namespace QDOT_NAMESPACE::native

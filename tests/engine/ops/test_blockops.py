@@ -1,5 +1,5 @@
-"""The fused block ops (engine/kernels/blockops.cpp) equal the PyTorch formulas they replace: RMSNorm
-and both RoPE layouts on strided views, in the native (-march=native) and portable builds. The
+"""The fused block ops (engine/kernels/blockops.cpp) equal the PyTorch formulas they replace: RMSNorm,
+both RoPE layouts on strided views, SiLU times up and attention, in the native (-march=native) and portable builds. The
 model-level check (a forward with the ops equals one without) is in test_model_tiny."""
 
 from __future__ import annotations
@@ -53,6 +53,22 @@ def test_bad_input_is_refused(ops):
         ops.block_rms_norm(torch.ones(2, 5), torch.ones(4), 1e-6)
     with pytest.raises(RuntimeError, match="cos/sin"):
         ops.block_rope(torch.ones(2, 3, 8), torch.ones(2, 1, 3), torch.ones(2, 1, 3), True)
+
+
+@pytest.mark.parametrize("shape", [(1, 2 * 4864), (5, 2 * 37), (2, 3, 2 * 64)])
+def test_silu_mul_is_silu_of_the_gate_times_the_up_half(ops, shape):
+    g = torch.Generator().manual_seed(shape[0])
+    gate_up = torch.randn(*shape, generator=g) * 6
+    gate_up.view(-1)[:6] = torch.tensor([0.0, -0.0, 90.0, -90.0, 1e-30, -200.0])  # edges of exp's range
+    out = ops.block_silu_mul(gate_up)
+    gate, up = gate_up.double().chunk(2, dim=-1)
+    assert out.shape == (*shape[:-1], shape[-1] // 2)
+    torch.testing.assert_close(out.double(), F.silu(gate) * up, rtol=2e-6, atol=1e-30)
+
+
+def test_silu_mul_refuses_an_odd_width(ops):
+    with pytest.raises(RuntimeError, match="even"):
+        ops.block_silu_mul(torch.randn(2, 7))
 
 
 def _attention_reference(q, keys, values, scale):
