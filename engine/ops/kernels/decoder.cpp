@@ -38,7 +38,8 @@ struct Linear {
   std::vector<native::QDotPart> parts;
 
   at::Tensor operator()(const at::Tensor& x, const std::optional<at::Tensor>& residual = std::nullopt) const {
-    return native::qdot_linear_parts(x.contiguous(), parts, residual);
+    return native::qdot_linear_parts(x.contiguous(), parts,
+                                     residual.has_value() ? std::optional<at::Tensor>(residual->contiguous()) : std::nullopt);
   }
 };
 
