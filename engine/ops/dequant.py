@@ -15,6 +15,7 @@ groups that share one scale.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 from typing import Callable
@@ -336,13 +337,33 @@ def dequantize(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], dtype:
 
 def dequantize_rows(raw: torch.Tensor, ggml_type: int, shape: tuple[int, ...], rows: torch.Tensor,
                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Dequantize only the given rows of a 2-D tensor: [len(rows), K]. For embedding lookups."""
+    """Dequantize only the given rows of a 2-D tensor: [len(rows), K]. For embedding lookups.
+
+    Where the native kernels are built and take the type, one native call does it (the same bits:
+    ``engine/ops/kernels/gguf_rows.cpp``); the torch dequantizers cost ~100 small ops a call."""
     raw2, n_rows, k = _rows_view(raw, ggml_type, shape)
     rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+    if ggml_type in _native_row_types() and raw2.device.type == "cpu":
+        from engine.ops.kernels import load_block_ops
+
+        try:
+            out = load_block_ops().dequantize_gguf_rows(raw2, ggml_type, k, rows)
+        except RuntimeError as e:  # its one refusal that reaches here: an index out of range
+            raise IndexError(str(e).splitlines()[0]) from None
+        return out if dtype == torch.float32 else out.to(dtype)
     if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n_rows):
         raise IndexError(f"row index out of range for a tensor with {n_rows} rows")
     sel = raw2.index_select(0, rows)
     return dequantize(sel, ggml_type, (rows.numel(), k), dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _native_row_types() -> frozenset[int]:
+    """The GGML types the native row dequantizer takes (none where the kernels are not built)."""
+    from engine.ops.kernels import load_block_ops
+
+    ops = load_block_ops()
+    return frozenset(int(t) for t in ops.gguf_rows_types()) if ops is not None else frozenset()
 
 
 def load_tensor(f: GGUFFile, name: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:

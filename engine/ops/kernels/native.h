@@ -38,4 +38,7 @@ at::Tensor block_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 at::Tensor block_silu_mul(const at::Tensor& gate_up);
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, double scale);
 
+// gguf_rows.cpp
+at::Tensor dequantize_gguf_rows(const at::Tensor& raw, int64_t type, int64_t k, const at::Tensor& ids);
+
 }  // namespace QDOT_NAMESPACE::native
