@@ -9,66 +9,58 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.layers import RotaryEmbedding
-from engine.ops.kernels import load_block_ops, qdot_status
+from engine.ops.kernels import qdot_status
 
 pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"native kernels not available here: {qdot_status().detail}")
 
 
-@pytest.fixture(params=["native", "portable"])
-def ops(request):
-    found = load_block_ops(request.param)
-    if found is None:
-        pytest.skip(f"build failed: {qdot_status(request.param).detail}")
-    return found
-
-
 @pytest.mark.parametrize("shape", [(1, 896), (7, 64), (3, 2, 128)])
-def test_rms_norm(ops, shape):
+def test_rms_norm(block_ops, shape):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g) * 3
     w = torch.randn(shape[-1], generator=g)
     want = F.rms_norm(x, (shape[-1],), w, 1e-6)
-    torch.testing.assert_close(ops.block_rms_norm(x, w, 1e-6), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(block_ops.block_rms_norm(x, w, 1e-6), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("style", ["neox", "normal"])
 @pytest.mark.parametrize("n", [1, 5])
-def test_rope_on_a_strided_view(ops, style, n):
+def test_rope_on_a_strided_view(block_ops, style, n):
     g = torch.Generator().manual_seed(1)
     H, Hkv, D = 4, 2, 64
     qkv = torch.randn(n, (H + 2 * Hkv) * D, generator=g)
     qk = qkv[:, :(H + Hkv) * D].view(n, H + Hkv, D)  # what Attention rotates: a view into the projection
     rope = RotaryEmbedding(D, 10000.0, style)
     cos, sin = rope.get(37, n, torch.device("cpu"), torch.float32)
-    got = ops.block_rope(qk, cos, sin, style == "neox")
+    got = block_ops.block_rope(qk, cos, sin, style == "neox")
     assert got.is_contiguous() and got.shape == (n, H + Hkv, D)
     torch.testing.assert_close(got, rope.apply(qk, cos, sin), rtol=1e-5, atol=1e-5)
 
 
-def test_bad_input_is_refused(ops):
+def test_bad_input_is_refused(block_ops):
     with pytest.raises(RuntimeError, match="float32"):
-        ops.block_rms_norm(torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4), 1e-6)
+        block_ops.block_rms_norm(torch.ones(2, 4, dtype=torch.bfloat16), torch.ones(4), 1e-6)
     with pytest.raises(RuntimeError, match="last dimension"):
-        ops.block_rms_norm(torch.ones(2, 5), torch.ones(4), 1e-6)
+        block_ops.block_rms_norm(torch.ones(2, 5), torch.ones(4), 1e-6)
     with pytest.raises(RuntimeError, match="cos/sin"):
-        ops.block_rope(torch.ones(2, 3, 8), torch.ones(2, 1, 3), torch.ones(2, 1, 3), True)
+        block_ops.block_rope(torch.ones(2, 3, 8), torch.ones(2, 1, 3), torch.ones(2, 1, 3), True)
 
 
 @pytest.mark.parametrize("shape", [(1, 2 * 4864), (5, 2 * 37), (2, 3, 2 * 64)])
-def test_silu_mul_is_silu_of_the_gate_times_the_up_half(ops, shape):
+def test_silu_mul_is_silu_of_the_gate_times_the_up_half(block_ops, shape):
     g = torch.Generator().manual_seed(shape[0])
     gate_up = torch.randn(*shape, generator=g) * 6
     gate_up.view(-1)[:6] = torch.tensor([0.0, -0.0, 90.0, -90.0, 1e-30, -200.0])  # edges of exp's range
-    out = ops.block_silu_mul(gate_up)
+    out = block_ops.block_silu_mul(gate_up)
     gate, up = gate_up.double().chunk(2, dim=-1)
     assert out.shape == (*shape[:-1], shape[-1] // 2)
     torch.testing.assert_close(out.double(), F.silu(gate) * up, rtol=2e-6, atol=1e-30)
 
 
-def test_silu_mul_refuses_an_odd_width(ops):
+def test_silu_mul_refuses_an_odd_width(block_ops):
     with pytest.raises(RuntimeError, match="even"):
-        ops.block_silu_mul(torch.randn(2, 7))
+        block_ops.block_silu_mul(torch.randn(2, 7))
 
 
 def _attention_reference(q, keys, values, scale):
@@ -89,43 +81,43 @@ def _attention_reference(q, keys, values, scale):
 @pytest.mark.parametrize("n,S,H,Hkv,D", [(1, 1, 4, 2, 64), (1, 150, 12, 2, 128), (5, 40, 4, 4, 64),
                                          (16, 16, 6, 2, 32), (3, 300, 14, 2, 64), (2, 33, 8, 1, 24),
                                          (2, 20, 9, 1, 64), (2, 17, 6, 3, 20), (1, 70, 15, 3, 40)])
-def test_attention_matches_causal_softmax(ops, n, S, H, Hkv, D):
+def test_attention_matches_causal_softmax(block_ops, n, S, H, Hkv, D):
     g = torch.Generator().manual_seed(n + S)
     # q a strided view inside a wider tensor (as after the fused qkv and RoPE), the cache a slice
     q = torch.randn(n, H + Hkv, D, generator=g)[:, :H]
     cache_k = torch.randn(Hkv, S + 7, D, generator=g)
     cache_v = torch.randn(Hkv, S + 7, D, generator=g)
     keys, values = cache_k[:, :S], cache_v[:, :S]
-    out = ops.block_attention(q, keys, values, D ** -0.5)
+    out = block_ops.block_attention(q, keys, values, D ** -0.5)
     assert out.shape == (n, H, D) and out.is_contiguous()
     torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, D ** -0.5), rtol=1e-5, atol=1e-5)
 
 
-def test_attention_softmax_holds_over_a_wide_range_of_scores(ops):
+def test_attention_softmax_holds_over_a_wide_range_of_scores(block_ops):
     """Scores hundreds apart (the exponent's far tail, where it is clamped) still give the softmax."""
     g = torch.Generator().manual_seed(11)
     q = torch.randn(1, 4, 64, generator=g) * 8
     keys = torch.randn(2, 90, 64, generator=g) * 8
     values = torch.randn(2, 90, 64, generator=g)
-    out = ops.block_attention(q, keys, values, 1.0)
+    out = block_ops.block_attention(q, keys, values, 1.0)
     torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, 1.0), rtol=1e-5, atol=1e-5)
 
 
-def test_attention_rows_do_not_depend_on_the_batch(ops):
+def test_attention_rows_do_not_depend_on_the_batch(block_ops):
     """A prompt attended in one call gives the values it gives token by token (prefix reuse relies on it)."""
     g = torch.Generator().manual_seed(7)
     n, H, Hkv, D = 9, 4, 2, 64
     q = torch.randn(n, H, D, generator=g)
     keys = torch.randn(Hkv, n, D, generator=g)
     values = torch.randn(Hkv, n, D, generator=g)
-    whole = ops.block_attention(q, keys, values, 0.125)
-    rows = torch.cat([ops.block_attention(q[i:i + 1], keys[:, :i + 1], values[:, :i + 1], 0.125) for i in range(n)])
+    whole = block_ops.block_attention(q, keys, values, 0.125)
+    rows = torch.cat([block_ops.block_attention(q[i:i + 1], keys[:, :i + 1], values[:, :i + 1], 0.125) for i in range(n)])
     assert torch.equal(whole, rows)
 
 
-def test_attention_refuses_bad_shapes(ops):
+def test_attention_refuses_bad_shapes(block_ops):
     q = torch.randn(2, 4, 64)
     with pytest.raises(RuntimeError, match="key heads"):
-        ops.block_attention(q, torch.randn(3, 8, 64), torch.randn(3, 8, 64), 1.0)
+        block_ops.block_attention(q, torch.randn(3, 8, 64), torch.randn(3, 8, 64), 1.0)
     with pytest.raises(RuntimeError, match="queries over"):
-        ops.block_attention(q, torch.randn(2, 1, 64), torch.randn(2, 1, 64), 1.0)
+        block_ops.block_attention(q, torch.randn(2, 1, 64), torch.randn(2, 1, 64), 1.0)

@@ -8,20 +8,12 @@ import torch
 
 from engine.gguf import GGML_TYPES
 from engine.ops import dequant as dq
-from engine.ops.kernels import load_block_ops, qdot_status
+from engine.ops.kernels import qdot_status
 
 pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"native kernels not available here: {qdot_status().detail}")
 
 TYPES = [dq.F32, dq.F16, dq.BF16, dq.Q4_0, dq.Q4_1, dq.Q5_0, dq.Q5_1, dq.Q8_0, dq.Q4_K, dq.Q5_K, dq.Q6_K]
-
-
-@pytest.fixture(params=["native", "portable"])
-def ops(request):
-    found = load_block_ops(request.param)
-    if found is None:
-        pytest.skip(f"build failed: {qdot_status(request.param).detail}")
-    return found
 
 
 def _random_rows(ggml_type: int, n_rows: int, k: int, seed: int) -> torch.Tensor:
@@ -38,11 +30,11 @@ def _random_rows(ggml_type: int, n_rows: int, k: int, seed: int) -> torch.Tensor
 
 
 @pytest.mark.parametrize("ggml_type", TYPES, ids=lambda t: GGML_TYPES[t][0])
-def test_rows_match_the_torch_dequantizer_bit_for_bit(ops, ggml_type):
+def test_rows_match_the_torch_dequantizer_bit_for_bit(block_ops, ggml_type):
     k = 512
     raw = _random_rows(ggml_type, 40, k, seed=ggml_type)
     ids = torch.tensor([3, 0, 39, 3, 17])
-    got = ops.dequantize_gguf_rows(raw, ggml_type, k, ids)
+    got = block_ops.dequantize_gguf_rows(raw, ggml_type, k, ids)
     want = dq.dequantize(raw.index_select(0, ids), ggml_type, (len(ids), k))
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
@@ -56,11 +48,11 @@ def test_dequantize_rows_goes_native_and_keeps_its_checks():
         dq.dequantize_rows(raw, dq.Q4_K, (8, 256), torch.tensor([8]))
 
 
-def test_a_bad_call_is_refused(ops):
+def test_a_bad_call_is_refused(block_ops):
     raw = _random_rows(dq.Q8_0, 4, 64, seed=2)
     with pytest.raises(RuntimeError, match="out of range"):
-        ops.dequantize_gguf_rows(raw, dq.Q8_0, 64, torch.tensor([4]))
+        block_ops.dequantize_gguf_rows(raw, dq.Q8_0, 64, torch.tensor([4]))
     with pytest.raises(RuntimeError, match="unsupported"):
-        ops.dequantize_gguf_rows(raw, dq.Q2_K, 64, torch.tensor([0]))
+        block_ops.dequantize_gguf_rows(raw, dq.Q2_K, 64, torch.tensor([0]))
     with pytest.raises(RuntimeError, match="whole blocks"):
-        ops.dequantize_gguf_rows(raw, dq.Q8_0, 48, torch.tensor([0]))
+        block_ops.dequantize_gguf_rows(raw, dq.Q8_0, 48, torch.tensor([0]))
