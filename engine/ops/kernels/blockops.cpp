@@ -45,10 +45,11 @@ void check_f32(const at::Tensor& t, const char* what) {
 }
 
 // Eight floats as one value (GCC vector extension: 256-bit registers where the build has them, two
-// 128-bit ones otherwise); aligned(4) makes a dereference an unaligned load.
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
+// 128-bit ones otherwise); aligned(4) makes a dereference an unaligned load, may_alias lets it read
+// and write float arrays (as the intrinsics' __m256 does).
+typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 
-typedef int32_t v8i __attribute__((vector_size(32), aligned(4)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
 
 inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
