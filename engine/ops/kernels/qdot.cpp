@@ -81,6 +81,9 @@ struct QuantizedActivations {
   std::vector<float> dx;               // [m, k/32]: the scale of each 32 quantized values
   std::vector<float> group_term;       // [m, K/G]: dx * sum of q over each weight group
   std::vector<int32_t> group_qsum;     // [m, K/G]: the sum of q itself (the AVX2 path's 8-bit codes)
+  std::vector<float> group_dx_term;    // [K/G, m, 2]: per group and row, its dx and group_term side by side
+  std::vector<int8_t> q_steps;         // [K/8, m, 8]: q with the rows of each 8 values side by side
+                                       // (these two: the AVX2 path reads all rows from one pointer)
 };
 
 float half_to_float(uint16_t h) {
@@ -151,6 +154,17 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
         a.group_term[r * a.n_groups + g0 / group] = dx * static_cast<float>(sum);
         a.group_qsum[r * a.n_groups + g0 / group] = sum;
       }
+    }
+  }
+  a.q_steps.resize(m * k);
+  for (int64_t s = 0; s < k / 8; ++s) {
+    for (int64_t r = 0; r < m; ++r) std::memcpy(a.q_steps.data() + (s * m + r) * 8, a.q.data() + r * k + s * 8, 8);
+  }
+  a.group_dx_term.resize(a.n_groups * m * 2);
+  for (int64_t g = 0; g < a.n_groups; ++g) {
+    for (int64_t r = 0; r < m; ++r) {
+      a.group_dx_term[(g * m + r) * 2] = a.dx[r * (k / kActGroup) + g * group / kActGroup];
+      a.group_dx_term[(g * m + r) * 2 + 1] = a.group_term[r * a.n_groups + g];
     }
   }
   return a;
@@ -374,88 +388,96 @@ inline void half_group_scales(const BlockScales& b, int64_t g, int h, const __m2
 }
 
 // MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
-// without bias. Both halves go through each 8-value step together (each activation broadcast serves
-// 16 rows, and the block is read as one stream): measured 1.5x faster at one row than a pass per half,
-// and no slower at four. The float steps per group are those of the AVX-512 path, in its order.
+// without bias. Each 8-value step unpacks both halves of the block once and every row takes its two
+// activation broadcasts against all four (each broadcast serves 16 rows, and the block is read as one
+// stream). A run's steps are unrolled, with an empty asm between them (below): without it GCC formed
+// all of a run's products first and spilled most of them, and how many depended on the caller it was
+// inlined into (the same source ran 0.81 or 1.3 TSC cycles per 32 weights and row). Not inlined, so
+// that its code does not depend on where it is called from. The activations come interleaved by step
+// (q_steps) and a group's dx and term of every row side by side (group_dx_term): all rows are reached
+// from one pointer each. The float steps per group are those of the AVX-512 path, in its order.
 template <int BITS, int G, int SC, int MB>
-inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
-                       const QuantizedActivations& a, int64_t m0, float* out) {
+[[gnu::noinline]] void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
+                                  const QuantizedActivations& a, int64_t m0, float* out) {
   constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
   constexpr int kI16Steps = BITS == 4 ? 4 : BITS == 5 ? 2 : 1;  // 8-value steps summed in int16
+  constexpr int kRuns = G / (8 * kI16Steps);                     // int16 runs per group
   static_assert(G % (8 * kI16Steps) == 0, "a group holds whole int16 runs");
-  const int64_t dx_per_row = a.k / kActGroup;
-  const int8_t* xq[MB];
-  const float* dx[MB];
-  const float* term[MB];
-  const int32_t* qsum[MB];
-  for (int i = 0; i < MB; ++i) {
-    xq[i] = a.q.data() + (m0 + i) * a.k;
-    dx[i] = a.dx.data() + (m0 + i) * dx_per_row;
-    term[i] = a.group_term.data() + (m0 + i) * a.n_groups;
-    qsum[i] = a.group_qsum.data() + (m0 + i) * a.n_groups;
-  }
+  const int8_t* xq = a.q_steps.data() + m0 * 8;  // step s, row i: [s * 8 m + 8 i]
+  const float* dx_term = a.group_dx_term.data() + m0 * 2;  // group g, row i: [g * 2 m + 2 i], then its term
   const __m256 neg_offset = _mm256_set1_ps(-static_cast<float>(offset));
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[MB][2];  // [activation row][half]
-  for (int i = 0; i < MB; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  alignas(32) float acc[MB][2][8] = {};  // [activation row][half]: touched once per group, so kept in memory
   for (int64_t g = 0; g < a.n_groups; ++g) {
     __m256i sum[MB][2];
-    for (int i = 0; i < MB; ++i) sum[i][0] = sum[i][1] = _mm256_setzero_si256();
-    for (int64_t k0 = g * G; k0 < (g + 1) * G; k0 += 8 * kI16Steps) {
+#pragma GCC unroll 4
+    for (int run = 0; run < kRuns; ++run) {
       __m256i s16[MB][2];
+#pragma GCC unroll 8
       for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
-      // Kept rolled: unrolled, GCC computed every product of the run first and spilled them to the
-      // stack before adding (measured 7 % slower at 2-8 rows, no faster at one).
-#pragma GCC unroll 1
+#pragma GCC unroll 4
       for (int step = 0; step < kI16Steps; ++step) {
-        const int64_t k = k0 + 8 * step;
+        const int64_t k = g * G + 8 * (run * kI16Steps + step);
         const uint8_t* p = w_block + (k / 8) * slot_bytes;
+        const int8_t* xs = xq + (k / 8) * 8 * a.m;
         _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
         if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-        __m256i x0[MB], x1[MB];
+        __m256i w00, w10, w01, w11;  // w{slot}{half}
+        load_half_slots<BITS>(p, 0, w00, w10);
+        load_half_slots<BITS>(p, 1, w01, w11);
+#pragma GCC unroll 8
         for (int i = 0; i < MB; ++i) {
-          x0[i] = broadcast4_avx2(xq[i] + k);
-          x1[i] = broadcast4_avx2(xq[i] + k + 4);
-        }
-        for (int h = 0; h < 2; ++h) {
-          __m256i w0, w1;
-          load_half_slots<BITS>(p, h, w0, w1);
-          for (int i = 0; i < MB; ++i) {
-            const __m256i p0 = pair_products<BITS>(w0, x0[i]);
-            const __m256i p1 = pair_products<BITS>(w1, x1[i]);
-            if constexpr (BITS == 8) {
-              sum[i][h] = _mm256_add_epi32(sum[i][h], _mm256_add_epi32(_mm256_madd_epi16(p0, ones),
-                                                                       _mm256_madd_epi16(p1, ones)));
-            } else {
-              s16[i][h] = _mm256_add_epi16(s16[i][h], _mm256_add_epi16(p0, p1));
-            }
+          const __m256i x0 = broadcast4_avx2(xs + 8 * i);
+          const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
+          if constexpr (BITS == 8) {
+            const auto widened = [&](const __m256i& wa, const __m256i& wb) {
+              return _mm256_add_epi32(_mm256_madd_epi16(pair_products<8>(wa, x0), ones),
+                                      _mm256_madd_epi16(pair_products<8>(wb, x1), ones));
+            };
+            s16[i][0] = _mm256_add_epi32(s16[i][0], widened(w00, w10));  // int32 already: 8-bit runs are one step
+            s16[i][1] = _mm256_add_epi32(s16[i][1], widened(w01, w11));
+          } else {
+            s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(pair_products<BITS>(w00, x0),
+                                                                     pair_products<BITS>(w10, x1)));
+            s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(pair_products<BITS>(w01, x0),
+                                                                     pair_products<BITS>(w11, x1)));
           }
         }
+        // An empty asm that takes and gives back every sum: a step's products are then added before the
+        // next step's are formed, instead of a run's products being formed first and spilled
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
       }
-      if constexpr (BITS != 8) {
-        for (int i = 0; i < MB; ++i)
-          for (int h = 0; h < 2; ++h) sum[i][h] = _mm256_add_epi32(sum[i][h], _mm256_madd_epi16(s16[i][h], ones));
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        for (int h = 0; h < 2; ++h) {
+          const __m256i s = BITS == 8 ? s16[i][h] : _mm256_madd_epi16(s16[i][h], ones);
+          sum[i][h] = run == 0 ? s : _mm256_add_epi32(sum[i][h], s);
+        }
       }
     }
-    if constexpr (BITS == 8) {  // sum (u - 128) q + 128 sum q = sum u q, exactly
-      for (int i = 0; i < MB; ++i) {
-        const __m256i back = _mm256_set1_epi32(128 * qsum[i][g]);
-        sum[i][0] = _mm256_add_epi32(sum[i][0], back);
-        sum[i][1] = _mm256_add_epi32(sum[i][1], back);
-      }
-    }
-    for (int h = 0; h < 2; ++h) {
-      __m256 sv, zv;
-      half_group_scales<BITS, SC, G>(bs, g, h, neg_offset, sv, zv);
-      for (int i = 0; i < MB; ++i) {
-        const __m256 scale = _mm256_mul_ps(sv, _mm256_set1_ps(dx[i][g * G / kActGroup]));
-        acc[i][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[i][h]), scale, acc[i][h]);
-        acc[i][h] = _mm256_fmadd_ps(zv, _mm256_set1_ps(term[i][g]), acc[i][h]);
+    __m256 sv[2], zv[2];
+    half_group_scales<BITS, SC, G>(bs, g, 0, neg_offset, sv[0], zv[0]);
+    half_group_scales<BITS, SC, G>(bs, g, 1, neg_offset, sv[1], zv[1]);
+    const float* gd = dx_term + g * a.m * 2;
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) {
+      const __m256 dxv = _mm256_broadcast_ss(gd + 2 * i);
+      const __m256 term = _mm256_broadcast_ss(gd + 2 * i + 1);
+      for (int h = 0; h < 2; ++h) {
+        __m256i s = sum[i][h];
+        if constexpr (BITS == 8) {  // sum (u - 128) q + 128 sum q = sum u q, exactly
+          s = _mm256_add_epi32(s, _mm256_set1_epi32(128 * a.group_qsum[(m0 + i) * a.n_groups + g]));
+        }
+        const __m256 scale = _mm256_mul_ps(sv[h], dxv);
+        __m256 acc_v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), scale, _mm256_load_ps(acc[i][h]));
+        acc_v = _mm256_fmadd_ps(zv[h], term, acc_v);
+        _mm256_store_ps(acc[i][h], acc_v);
       }
     }
   }
   for (int i = 0; i < MB; ++i)
-    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, acc[i][h]);
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, _mm256_load_ps(acc[i][h]));
 }
 
 #endif  // QDOT_AVX2
