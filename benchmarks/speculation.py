@@ -52,14 +52,15 @@ def _fixed(n: int, **kw) -> dict:
 
 CONFIGS: list[Config] = [
     Config("plain", dict(drafter="none"), needs_draft=False),
-    *[Config(f"strict-n{n}", _fixed(n)) for n in (1, 2, 4, 8)],
+    *[Config(f"strict-n{n}", _fixed(n)) for n in (1, 2, 3, 4, 8)],
     Config("strict-n16-pmin0.8", _fixed(16, draft_p_min=0.8)),
     *[Config(f"relaxed{N}-n{n}", _fixed(n, relaxed_top_n=N)) for n in (2, 4) for N in (1, 2, 5, 20)],
     Config("adaptive", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive")),
     # the copy drafts the rounds that copy the context (draft_copy), the model the rest
     Config("strict-n4-copy", _fixed(4, draft_copy=True)),
     Config("adaptive-copy", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive", draft_copy=True)),
-    Config("ngram-n4", dict(drafter="ngram", draft_num_predict=4, draft_schedule="fixed"), needs_draft=False),
+    *[Config(f"ngram-n{n}", dict(drafter="ngram", draft_num_predict=n, draft_schedule="fixed"), needs_draft=False)
+      for n in (2, 3, 4)],
     Config("ngram-adaptive", dict(drafter="ngram", draft_num_predict=8, draft_schedule="adaptive"),
            needs_draft=False),
     Config("match-n4", _fixed(4, draft_acceptance="match"), temps=("0.6",)),
