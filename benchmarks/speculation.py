@@ -26,10 +26,12 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import torch
 
+from benchmarks.output import host_line
 from engine.options import Options
 from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     engine = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.draft, num_ctx=args.num_ctx,
                                   device=args.device, weight_format=args.weight_format,
@@ -289,10 +292,14 @@ def main(argv: list[str] | None = None) -> int:
             "|---|---|---:|---:|---:|---:|---:|\n" + \
             "\n".join(f"| {m['prompt']} | {m['temperature']} | {m['match']} | {m['strict']} | "
                       f"{m['paired_match']} | {m['paired_strict']} | {m['paired_positions']} |" for m in mvs)
+    # The host and the command head the written table: a ratio means little without them.
+    header = (f"# Speculation, one interleaved run\n\n{host_line(torch.get_num_threads())}\n\n"
+              f"`python -m benchmarks.speculation {' '.join(argv if argv is not None else sys.argv[1:])}`, "
+              f"started {started}\n\n")
     print(table)
     if args.markdown:
         with open(args.markdown, "w") as fh:
-            fh.write(table + "\n")
+            fh.write(header + table + "\n")
     if args.json:
         text = json.dumps(report, indent=1)
         if args.json == "-":

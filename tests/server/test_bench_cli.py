@@ -393,8 +393,13 @@ def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_
     target, draft = pair
     assert bench_spec.main(["--model", str(target), "--draft", str(draft), "--tokens", "4", "--runs", "1",
                             "--warmup", "0", "--prompts", "code", "--temps", "0,0.6", "--configs",
-                            "plain,strict-n2,strict-n4,match-n4", "--threads", "1", "--json", str(tmp_path / "s.json")]) == 0
+                            "plain,strict-n2,strict-n4,match-n4", "--threads", "1", "--json", str(tmp_path / "s.json"),
+                            "--markdown", str(tmp_path / "s.md")]) == 0
     report = json.loads((tmp_path / "s.json").read_text())
+    # The written table names the host and the command that produced it.
+    md = (tmp_path / "s.md").read_text()
+    assert md.startswith("# Speculation, one interleaved run") and "1 threads, torch" in md
+    assert "`python -m benchmarks.speculation --model" in md and "--configs plain,strict-n2,strict-n4,match-n4" in md
     rows = report["results"]
     assert [r["config"] for r in rows] == ["plain", "strict-n2", "strict-n4"] + ["plain", "strict-n2", "strict-n4", "match-n4"]
     # The rule comparison pairs match-n4 with strict-n4 and scores both rules on strict's drafts.
