@@ -98,6 +98,18 @@ class ModelRuntime:
     def load(cls, spec: LoadSpec) -> "ModelRuntime":
         return cls(load_parts(spec))
 
+    def _files(self) -> list:
+        models = [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]
+        files = [m.gguf for m in models if getattr(m, "gguf", None) is not None] + list(self.owned_files)
+        return list({id(f): f for f in files}.values())
+
+    def finish_writes(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the packed-weight caches this load is still writing in the
+        background; True when none is left (an exit that killed one would lose it for the next load)."""
+        deadline = time.monotonic() + timeout
+        return all(f.packs is None or f.packs.wait(max(0.0, deadline - time.monotonic()))
+                   for f in self._files())
+
     def close(self) -> None:
         """Release the GGUF mappings (unload). The engine cannot generate afterwards."""
         models = [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]

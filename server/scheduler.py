@@ -39,6 +39,7 @@ import anyio
 from blobs.model import StoredModel
 from engine.options import Options
 from engine.process.protocol import (
+    EXIT_FINISH_CAP,
     EmbedRequest,
     EmbedResult,
     EngineCrashedError,
@@ -478,7 +479,9 @@ def _stop_engine(engine: EngineHandle, timeout: float = STOP_TIMEOUT) -> None:
 
     closer = threading.Thread(target=close, name="tandem-engine-close", daemon=True)
     closer.start()
-    closer.join(timeout + 1)
+    # engine.close is bounded by itself (silence bounds, the cap on finishing a cache write); this bound
+    # only catches a close that hangs outside them
+    closer.join(3 * timeout + EXIT_FINISH_CAP + 1)
     if closer.is_alive() or engine.alive():
         try:
             engine.kill()

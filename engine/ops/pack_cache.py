@@ -109,11 +109,14 @@ class PackCache:
         else:
             self._write(entries)
 
-    def wait(self) -> None:
-        """Until a background save has finished."""
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until a background save has finished, or ``timeout`` seconds; True when none is running."""
         if self._writer is not None:
-            self._writer.join()
+            self._writer.join(timeout)
+            if self._writer.is_alive():
+                return False
             self._writer = None
+        return True
 
     def _write(self, entries: dict[str, dict[str, torch.Tensor]]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

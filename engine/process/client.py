@@ -23,6 +23,7 @@ from engine.process.protocol import (
     EmbedResult,
     EngineCrashedError,
     EngineError,
+    EXIT_FINISH_CAP,
     EngineUnresponsiveError,
     GenerateRequest,
     GenerateResult,
@@ -33,6 +34,16 @@ from engine.process.protocol import (
 
 # spawn, not fork: the server may hold threads and sockets, and torch must initialise fresh in the child.
 _CTX = mp.get_context("spawn")
+
+
+def await_exit_answer(conn, silence: float, cap: float) -> bool:
+    """Read an exiting engine's messages until its answer: True once it came, False when the engine was
+    silent for ``silence`` seconds or beat for longer than ``cap`` (then the caller kills it)."""
+    deadline = time.monotonic() + silence + cap
+    while time.monotonic() < deadline and conn.poll(min(silence, max(0.0, deadline - time.monotonic()))):
+        if conn.recv()[0] != "beat":
+            return True
+    return False
 
 
 class EngineClient:
@@ -171,21 +182,23 @@ class EngineClient:
                     pass
             self._lock.release()
 
-    def close(self, timeout: float = 5.0) -> None:
-        """Ask the engine to exit; kill it if it has not within ``timeout`` seconds in all. A
-        generation in progress is cancelled first, so closing never waits for it to run to completion,
-        and a frozen engine costs the bound, not a hang."""
-        deadline = time.monotonic() + timeout
+    def close(self, timeout: float = 5.0, finish_cap: float = EXIT_FINISH_CAP) -> None:
+        """Ask the engine to exit; kill it if it stays silent for ``timeout`` seconds. A generation in
+        progress is cancelled first, so closing never waits for it to run to completion, and a frozen
+        engine costs the bound, not a hang. An engine that beats while it finishes writing its
+        packed-weight cache is given up to ``finish_cap`` seconds more (the write is the next load's
+        speed; killed halfway it is lost)."""
         self._cancel.set()
         if self._proc.is_alive() and self._lock.acquire(timeout=timeout):
+            answered = False
             try:
                 self._conn.send(("exit",))
-                self._conn.poll(max(0.0, deadline - time.monotonic()))
+                answered = await_exit_answer(self._conn, timeout, finish_cap)
             except (BrokenPipeError, OSError, EOFError):
                 pass
             finally:
                 self._lock.release()
-            self._proc.join(max(0.0, deadline - time.monotonic()))
+            self._proc.join(timeout if answered else 0)  # a silent one has had its bound: killed below
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)

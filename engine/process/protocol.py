@@ -14,6 +14,10 @@ from typing import Any
 from engine.options import Options
 from engine.speculative.stats import SpeculationStats
 
+# Seconds an exiting engine may spend finishing a packed-weight cache write, beating meanwhile, before
+# the server kills it (the 1.5B's 1 GB takes a few seconds).
+EXIT_FINISH_CAP = 300.0
+
 
 class EngineError(Exception):
     """A request the engine could not serve; ``status`` is the HTTP status the server answers with."""

@@ -11,7 +11,8 @@ Protocol (tuples over a `multiprocessing.Connection`; one request at a time):
                     | ("error", message, status) | ("beat",)
 While a generation runs, a heartbeat thread sends ("beat",) every ``beat_interval`` seconds, so the
 server's watchdog can tell a long prefill (which sends no chunk for a while) from a frozen process: a
-stopped or wedged process (or one whose main thread holds the GIL for good) sends no beats.
+stopped or wedged process (or one whose main thread holds the GIL for good) sends no beats. An exiting
+engine that still writes its packed-weight cache beats too, before its ("ok", None).
 Cancellation uses a shared Event, checked by the decode loop between rounds, so a cancel never
 interrupts a forward pass halfway and the caches stay consistent.
 """
@@ -26,6 +27,9 @@ from multiprocessing.connection import Connection
 
 from engine.process.cancel_flag import CancelFlag
 from engine.process.protocol import EngineError, GenerateResult, LoadSpec
+
+
+EXIT_BEAT_SECONDS = 0.5  # how often an exiting engine that finishes a cache write says it is alive
 
 
 def _error_message(exc: BaseException) -> tuple[str, int]:
@@ -82,6 +86,11 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
         kind = msg[0]
         try:
             if kind == "exit":
+                # A packed-weight cache still being written would be lost if this process were killed
+                # (the next load would pay the whole repack again): finish it first, beating meanwhile so
+                # the server sees an engine at work, not a frozen one (EngineClient.close).
+                while engine is not None and not engine.finish_writes(EXIT_BEAT_SECONDS):
+                    out.send(("beat",))
                 out.send(("ok", None))
                 return
             if kind == "health":

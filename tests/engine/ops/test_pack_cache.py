@@ -4,6 +4,8 @@ the wrong shape is ignored and rebuilt, never trusted; removing the model's blob
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -115,8 +117,27 @@ def test_the_server_caches_beside_its_store(tmp_path):
     with ServerThread(store, Settings(num_thread=1)) as srv, httpx.Client(base_url=srv.url, timeout=120) as http:
         body = {"model": "q", "prompt": "hi", "stream": False, "options": {"num_predict": 6}}
         first = http.post("/api/generate", json={**body, "keep_alive": 0}).json()
-        [path] = list((store.root / "packed").glob(digest.split(":")[1][:16] + "-qdot-*.pt"))
+        # written in the background and finished by the exiting engine, after the answer: wait for it
+        pattern, deadline = digest.split(":")[1][:16] + "-qdot-*.pt", time.monotonic() + 60
+        while not (found := list((store.root / "packed").glob(pattern))) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        [path] = found
         mtime = path.stat().st_mtime_ns
         second = http.post("/api/generate", json=body).json()
         assert second["response"] == first["response"]
         assert path.stat().st_mtime_ns == mtime  # found, not rewritten
+
+
+def test_the_runtime_finishes_its_cache_writes(tmp_path, gguf):
+    """What an exiting engine waits on (engine.process.worker): every file's background write, done."""
+    from engine.process.protocol import LoadSpec
+    from engine.runtime import ModelRuntime
+
+    runtime = ModelRuntime.load(LoadSpec(model_path=str(gguf), num_ctx=64, device="cpu", weight_format="qdot",
+                                         num_thread=1, pack_dir=str(tmp_path / "packed")))
+    try:
+        assert runtime.finish_writes(60)
+        assert len(list((tmp_path / "packed").glob("*.pt"))) == 1
+        assert not list((tmp_path / "packed").glob(".pack-*.tmp"))
+    finally:
+        runtime.close()
