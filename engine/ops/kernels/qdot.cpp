@@ -127,6 +127,42 @@ inline ScaleZero scale_zero(const BlockScales& b, int64_t i, int64_t offset) {
   return {sc, zero};
 }
 
+#if QDOT_AVX512_VNNI || QDOT_AVX2
+// One block of 32 values, as the scalar loop below quantizes it (the same amax, the same products
+// rounded half to even, so the same bytes): 8 values a step instead of one. Returns dx; the sums of q
+// over the two halves go to half_sums. Serial before every linear, the scalar loop cost a verification
+// forward of the 1.5B about a millisecond (5 x 8960 values per down projection).
+inline float quantize_block32(const float* xb, int8_t* qb, int32_t half_sums[2]) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 v[4];
+  __m256 mx = _mm256_setzero_ps();
+  for (int i = 0; i < 4; ++i) {
+    v[i] = _mm256_loadu_ps(xb + 8 * i);
+    mx = _mm256_max_ps(_mm256_and_ps(v[i], abs_mask), mx);  // a NaN is skipped, as std::max(amax, |x|) does
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+  const float amax = _mm_cvtss_f32(m4);
+  const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m256i r[4];
+  for (int i = 0; i < 4; ++i)
+    r[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+  // the packs work per 128-bit lane: put the eight 4-byte pieces back in order
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
+                      _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  for (int h = 0; h < 2; ++h) {
+    const __m256i s8 = _mm256_add_epi32(r[2 * h], r[2 * h + 1]);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    half_sums[h] = _mm_cvtsi128_si32(s4);
+  }
+  return amax / 127.f;
+}
+#endif
+
 QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, int64_t group) {
   QuantizedActivations a;
   a.m = m;
@@ -141,18 +177,27 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
     int8_t* qr = a.q.data() + r * k;
     for (int64_t b = 0; b < k / kActGroup; ++b) {
       const float* xb = xr + b * kActGroup;
+      int8_t* qb = qr + b * kActGroup;
+      int32_t half_sums[2];  // of q over values 0-15 and 16-31
+#if QDOT_AVX512_VNNI || QDOT_AVX2
+      const float dx = quantize_block32(xb, qb, half_sums);
+#else
       float amax = 0.f;
       for (int i = 0; i < kActGroup; ++i) amax = std::max(amax, std::fabs(xb[i]));
       const float dx = amax / 127.f;
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      int8_t* qb = qr + b * kActGroup;
       for (int i = 0; i < kActGroup; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
+      for (int h = 0; h < 2; ++h) {
+        half_sums[h] = 0;
+        for (int i = 16 * h; i < 16 * h + 16; ++i) half_sums[h] += qb[i];
+      }
+#endif
       a.dx[r * (k / kActGroup) + b] = dx;
-      for (int64_t g0 = b * kActGroup; g0 < (b + 1) * kActGroup; g0 += group) {
-        int32_t sum = 0;
-        for (int64_t i = g0; i < g0 + group; ++i) sum += qr[i];
-        a.group_term[r * a.n_groups + g0 / group] = dx * static_cast<float>(sum);
-        a.group_qsum[r * a.n_groups + g0 / group] = sum;
+      const int64_t per = kActGroup / group;  // weight groups in this block: 1 (G = 32) or 2 (G = 16)
+      for (int64_t j = 0; j < per; ++j) {
+        const int32_t sum = per == 1 ? half_sums[0] + half_sums[1] : half_sums[j];
+        a.group_term[r * a.n_groups + b * per + j] = dx * static_cast<float>(sum);
+        a.group_qsum[r * a.n_groups + b * per + j] = sum;
       }
     }
   }

@@ -254,6 +254,38 @@ def test_a_row_does_not_depend_on_the_batch():
     assert torch.equal(whole, rows)
 
 
+@pytest.mark.parametrize("path", ["vector", "portable"])
+@pytest.mark.parametrize("bits,group", [(4, 32), (6, 16)])
+def test_activation_quantization_is_exact(ops, path, bits, group):
+    """Weights that pick one value each read the quantized activations back: every q (rounded half to
+    even, ties included) times its block's dx, and every group's dx * sum(q), to the last bit. The
+    vector paths quantize 8 values a step; this holds them to the scalar definition."""
+    ops = ops if path == "vector" else portable_ops()
+    m, k = 5, 128
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(m, k, generator=g)
+    x[1] = torch.arange(k) % 9 - 4.5  # blocks whose max is 4.5 ... 127 / 4.5 is no tie, so force some:
+    x[2, :32] = torch.tensor([127.0] + [i + 0.5 for i in range(-15, 16)])  # inv = 1: x.5 ties to even
+    x[3, 32:64] = 0.0  # an all-zero block: dx 0, q 0
+    # rows 0..k-1 pick value j (code 1, scale 1, zero 0); rows k.. pick nothing but give group j's term
+    n_pick, n_groups = k, k // group
+    codes = torch.zeros(n_pick + n_groups, k, dtype=torch.uint8)
+    codes[torch.arange(k), torch.arange(k)] = 1
+    scales = torch.ones(n_pick + n_groups, n_groups).half()
+    zeros = torch.zeros(n_pick + n_groups, n_groups).half()
+    zeros[n_pick + torch.arange(n_groups), torch.arange(n_groups)] = 1.0
+    y = ops.qdot_linear(x, L.pack_codes(codes, bits), L.pack_group_values(scales), L.pack_group_values(zeros),
+                        NO_SUPERS, bits, group, 0, n_pick + n_groups, None)
+    blocks = x.view(m, k // 32, 32)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    q = torch.round(blocks * torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax)))
+    dx = amax / 127.0
+    assert torch.equal(y[:, :n_pick], (q * dx).view(m, k))
+    sums = q.view(m, k // group, group).sum(-1)
+    dx_of_group = dx.view(m, k // 32).repeat_interleave(32 // group, dim=1)
+    assert torch.equal(y[:, n_pick:], dx_of_group * sums)
+
+
 @pytest.mark.parametrize("bits,group,with_zeros", LAYOUTS)
 def test_portable_path_agrees_with_vector_path(ops, bits, group, with_zeros):
     portable = portable_ops()
