@@ -47,7 +47,11 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   cold start that settled on plain decoding after one unlucky round would otherwise wait
   ``explore_every`` steps per lesson. Settled on plain decoding, the opposite: each probe that leaves
   plain best doubles the interval (up to 8x, reset by a new request or by drafting), because a probe
-  after plain steps first forwards every token the drafter missed.
+  after plain steps first forwards every token the drafter missed. Where that catch-up costs more per
+  token than ``catchup_budget`` of a plain step (a draft model, measured from the catch-ups the loop
+  reports through ``observe_catchup``), a controller settled on plain decoding stops probing within
+  the request: the catch-up would cost that share of every token whatever the interval, and only
+  each request's first step (nothing to catch up) probes.
 
 The state lives on the ModelRuntime, one controller per loaded model and drafter kind, across requests.
 """
@@ -67,6 +71,8 @@ class DepthController(Protocol):
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None: ...
 
+    def observe_catchup(self, tokens: int, seconds: float) -> None: ...
+
 
 @dataclass
 class FixedDepth:
@@ -83,6 +89,9 @@ class FixedDepth:
 
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None:
+        pass
+
+    def observe_catchup(self, tokens: int, seconds: float) -> None:
         pass
 
 
@@ -125,6 +134,13 @@ class AdaptiveDepth:
     decay: float = 0.95  # per observation: an effective memory of ~20 rounds per position
     explore_every: int = 16
     min_trials: float = 4.0  # position-0 trials below which probes come 4x as often
+    # Settled on plain decoding, a probe mid-request first forwards the drafter over every token it
+    # missed: with a draft model that costs the same share of a plain step for each of them however
+    # rarely it probes (about 3.3 ms against 26 for the 0.5B drafter and the 1.5B target on a quiet
+    # AVX2 host: 13 % of a request that never drafts). Such probes are skipped while catching up costs
+    # more per token than this share of a plain step; each request's first step still probes (the
+    # drafter has just read the prompt: nothing to catch up).
+    catchup_budget: float = 0.05
     cost_model: CostModel | None = None
 
     _succ: list[float] = field(default_factory=list)
@@ -136,6 +152,7 @@ class AdaptiveDepth:
     step: int = 0
     _probe_first: bool = False
     _plain_probes: int = 0  # probes in a row that found plain decoding still best
+    _catchup: RecentTimes = field(default_factory=RecentTimes)  # seconds per token caught up
 
     # -- learning ------------------------------------------------------------------------------
     def begin_request(self) -> None:
@@ -166,6 +183,18 @@ class AdaptiveDepth:
             self._grow(j + 1)
             self._succ[j] = self.decay * self._succ[j] + (1.0 if j < n_accepted else 0.0)
             self._trials[j] = self.decay * self._trials[j] + 1.0
+
+    def observe_catchup(self, tokens: int, seconds: float) -> None:
+        """A proposal first forwarded the drafter over ``tokens`` it missed, in ``seconds``."""
+        if tokens > 0:
+            self._catchup.add(seconds / tokens)
+
+    def catchup_too_dear(self) -> bool:
+        """Whether catching the drafter up costs more per token than ``catchup_budget`` of a plain step
+        (False until a catch-up was measured)."""
+        plain = self.verify_cost(1)
+        return bool(self._catchup.values) and plain is not None and \
+            self._catchup.estimate() > self.catchup_budget * plain
 
     def _grow(self, n: int) -> None:
         while len(self._succ) < n:
@@ -259,6 +288,8 @@ class AdaptiveDepth:
             self._plain_probes = 0
         if every > 0 and self.step % every == 0:
             if best == 0:
+                if self.catchup_too_dear():
+                    return 0
                 self._plain_probes += 1
             return self._probe(best, cap)
         return best
@@ -309,6 +340,9 @@ class PerSourceDepth:
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None:
         self.controllers[self._current].observe(depth, n_drafted, n_accepted, seconds, drafting)
+
+    def observe_catchup(self, tokens: int, seconds: float) -> None:
+        self.controllers[self._current].observe_catchup(tokens, seconds)
 
 
 def _estimate(measured: dict[int, RecentTimes], x: int, proportional: bool) -> float:

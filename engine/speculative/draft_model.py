@@ -74,14 +74,16 @@ class DraftModelDrafter(Drafter):
         # plain steps in between add theirs. A few go in the same forward (a small model's step over
         # 4 tokens costs about what it costs over 2, while a separate forward costs a whole step);
         # a long run is forwarded first and timed apart (``catchup_seconds``).
-        catchup = 0.0
+        catchup, caught_up = 0.0, 0
         if len(self.tokens) - self.cache.length > self.fuse_tokens:
             t0 = time.perf_counter()
+            caught_up = len(self.tokens) - 2 - self.cache.length
             self._forward_tail(upto=len(self.tokens) - 2, want_logits=False)
             catchup = time.perf_counter() - t0
         logits = self._forward_tail(upto=len(self.tokens), want_logits=True)
         return sample_chain(k, ctx, self.tokens, self.vocab_size, logits[-1:],
-                            lambda token: self.model.forward([token], self.cache, logits_for="last"), catchup)
+                            lambda token: self.model.forward([token], self.cache, logits_for="last"), catchup,
+                            caught_up)
 
     def reset(self) -> None:
         super().reset()

@@ -50,6 +50,7 @@ class Proposal:
     # round's cost, or a probe after many plain steps would make drafting look dear and keep the
     # controller plain for ever.
     catchup_seconds: float = 0.0
+    catchup_tokens: int = 0  # how many tokens that catch-up forwarded
 
 
 EMPTY = Proposal([], None, [])
@@ -113,7 +114,7 @@ class NullDrafter(Drafter):
 
 
 def sample_chain(k: int, ctx: DraftContext, history: list[int], vocab_size: int, logits: Tensor,
-                 advance: Callable[[int], Tensor], catchup_seconds: float = 0.0) -> Proposal:
+                 advance: Callable[[int], Tensor], catchup_seconds: float = 0.0, catchup_tokens: int = 0) -> Proposal:
     """Up to ``k`` drafts sampled one after another: ``logits`` [1, V] give the first, ``advance(token)``
     feeds a drafted token back and returns the next row (a model forward, a head step). Stops early
     when the drafter's confidence falls below ``ctx.p_min``; ``advance`` is not called after the last."""
@@ -131,7 +132,7 @@ def sample_chain(k: int, ctx: DraftContext, history: list[int], vocab_size: int,
         confs.append(conf)
         if i + 1 < k:
             logits = advance(token)
-    return Proposal(drafts, stack(qs), confs, catchup_seconds)
+    return Proposal(drafts, stack(qs), confs, catchup_seconds, catchup_tokens)
 
 
 # Helpers every drafter that samples from logits shares.

@@ -293,6 +293,8 @@ class DecodeLoop:
         t4 = self.clock()
         drafting = (t1 - t0) - prop.catchup_seconds + self._last_commit_drafting
         self.controller.observe(k, len(drafts), res.n_accepted, (t4 - t0) - prop.catchup_seconds, drafting)
+        if prop.catchup_tokens > 0:
+            self.controller.observe_catchup(prop.catchup_tokens, prop.catchup_seconds)
 
         self.times.drafting += t1 - t0
         self.times.verify += t2 - t1

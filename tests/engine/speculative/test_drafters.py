@@ -163,8 +163,10 @@ def test_draft_model_catch_up(engine, monkeypatch, plain_steps, fused):
     assert len(late.tokens) == 3
     if fused:
         assert late.catchup_seconds == 0.0 and widths == [plain_steps + 1, 1, 1]  # 5, the plain tokens
+        assert late.catchup_tokens == 0
     else:
         assert late.catchup_seconds > 0.0 and widths == [plain_steps - 1, 2, 1, 1]
+        assert late.catchup_tokens == plain_steps - 1  # what the controller prices per token
     assert d.cache.tokens == d.tokens + late.tokens[:2]
     # Drafts after the catch-up equal the draft model's greedy continuation of the whole log.
     ref = d.model.new_cache(64)
@@ -412,6 +414,23 @@ def test_adaptive_backs_off_probing_while_plain_stays_best():
     assert ctl.choose(8) == 1  # the request's first step probes
     first = next(i for i in range(1, 200) if ctl.choose(8) > 0)
     assert first <= ctl.explore_every
+
+
+def test_adaptive_stops_probing_mid_request_when_catching_up_is_dear():
+    """Settled on plain decoding, a probe mid-request first forwards the drafter over every token it
+    missed. With a catch-up at 15 % of a plain step per token a request probes only its first step
+    (nothing to catch up there); at 1 % the back-off's probes go on; unmeasured, they go on too."""
+    def probes(catchup_per_token: float | None) -> list[int]:
+        ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
+        drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
+        if catchup_per_token is not None:
+            ctl.observe_catchup(20, 20 * catchup_per_token)
+        ctl.begin_request()
+        return [i for i, k in enumerate(drive(ctl, 0.0, 400)) if k > 0]
+
+    assert probes(0.15) == [0]
+    for cheap in (probes(0.01), probes(None)):
+        assert cheap[0] == 0 and len(cheap) >= 3, cheap
 
 
 def test_adaptive_remeasures_plain_steps():
