@@ -50,8 +50,10 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   after plain steps first forwards every token the drafter missed. Where that catch-up costs more per
   token than ``catchup_budget`` of a plain step (a draft model, measured from the catch-ups the loop
   reports through ``observe_catchup``), a controller settled on plain decoding stops probing within
-  the request: the catch-up would cost that share of every token whatever the interval, and only
-  each request's first step (nothing to catch up) probes.
+  the request once the request has its own evidence (``min_trials`` at position 0): the catch-up
+  would cost that share of every token whatever the interval. Until then a request settled on plain
+  by what earlier texts taught probes four times as often (each probe catching up a few tokens), so a
+  code request after prose still finds out early that drafting pays.
 
 The state lives on the ModelRuntime, one controller per loaded model and drafter kind, across requests.
 """
@@ -137,9 +139,8 @@ class AdaptiveDepth:
     # Settled on plain decoding, a probe mid-request first forwards the drafter over every token it
     # missed: with a draft model that costs the same share of a plain step for each of them however
     # rarely it probes (about 3.3 ms against 26 for the 0.5B drafter and the 1.5B target on a quiet
-    # AVX2 host: 13 % of a request that never drafts). Such probes are skipped while catching up costs
-    # more per token than this share of a plain step; each request's first step still probes (the
-    # drafter has just read the prompt: nothing to catch up).
+    # AVX2 host: 13 % of a request that never drafts). Once the request has its own evidence, such
+    # probes are skipped while catching up costs more per token than this share of a plain step.
     catchup_budget: float = 0.05
     cost_model: CostModel | None = None
 
@@ -280,7 +281,8 @@ class AdaptiveDepth:
             if best == 0:
                 return 1
         every = self.explore_every
-        if not self._carried and self._trials_at(0) < self.min_trials:  # nothing learned yet
+        own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
+        if not own_evidence and (not self._carried or best == 0):  # nothing learned yet, or not on this text
             every = max(1, every // 4)
         elif best == 0:  # settled on plain: each probe that leaves it so doubles the wait (to 8x)
             every *= 2 ** min(self._plain_probes, 3)
@@ -288,7 +290,9 @@ class AdaptiveDepth:
             self._plain_probes = 0
         if every > 0 and self.step % every == 0:
             if best == 0:
-                if self.catchup_too_dear():
+                # the text's own first probes catch up a few tokens each; later ones would pay for every
+                # token since
+                if own_evidence and self.catchup_too_dear():
                     return 0
                 self._plain_probes += 1
             return self._probe(best, cap)

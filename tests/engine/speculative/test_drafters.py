@@ -418,8 +418,9 @@ def test_adaptive_backs_off_probing_while_plain_stays_best():
 
 def test_adaptive_stops_probing_mid_request_when_catching_up_is_dear():
     """Settled on plain decoding, a probe mid-request first forwards the drafter over every token it
-    missed. With a catch-up at 15 % of a plain step per token a request probes only its first step
-    (nothing to catch up there); at 1 % the back-off's probes go on; unmeasured, they go on too."""
+    missed. With a catch-up at 15 % of a plain step per token a request probes only until it has its
+    own evidence (a few probes, early, each catching up a few tokens); at 1 % the back-off's probes go
+    on; unmeasured, they go on too."""
     def probes(catchup_per_token: float | None) -> list[int]:
         ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
         drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
@@ -428,9 +429,21 @@ def test_adaptive_stops_probing_mid_request_when_catching_up_is_dear():
         ctl.begin_request()
         return [i for i, k in enumerate(drive(ctl, 0.0, 400)) if k > 0]
 
-    assert probes(0.15) == [0]
+    dear = probes(0.15)
+    assert dear[0] == 0 and len(dear) <= 5 and dear[-1] < 24, dear
     for cheap in (probes(0.01), probes(None)):
-        assert cheap[0] == 0 and len(cheap) >= 3, cheap
+        assert cheap[0] == 0 and len(cheap) >= len(dear) + 3 and cheap[-1] > 200, cheap
+
+
+def test_adaptive_finds_a_good_text_after_a_useless_one_even_when_catching_up_is_dear():
+    """After a text that rejected every draft, a request whose text accepts them all still drafts
+    within its first steps: its early probes (few tokens to catch up each) are not skipped."""
+    ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.45 * n)  # one success is not enough evidence
+    drive(ctl, 0.0, 200)
+    ctl.observe_catchup(20, 20 * 0.15)
+    ctl.begin_request()
+    chosen = drive(ctl, 1.0, 60)
+    assert ctl.best(8) > 0 and sum(k > 0 for k in chosen[-30:]) >= 28, chosen
 
 
 def test_adaptive_remeasures_plain_steps():
