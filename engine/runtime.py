@@ -194,7 +194,7 @@ class ModelRuntime:
             return FixedDepth(n_min=n_min)
         if drafter.sources:  # a drafter that picks its source per round: each source priced on its own
             return PerSourceDepth({src: self._adaptive(f"{drafter.kind}/{src}") for src in drafter.sources},
-                                  drafter.round_source)
+                                  drafter.round_source, dict(drafter.fallbacks), drafter.use_source)
         return self._adaptive(drafter.kind)
 
     def _adaptive(self, key: str) -> AdaptiveDepth:

@@ -9,7 +9,10 @@ strict acceptance stays lossless round by round whichever drafted.
 
 The round's source is decided before its depth (``round_source``): a copy round costs no drafting and
 is mostly accepted, so it pays to draft it deeper than a model round, and the adaptive depth controller
-keeps one estimate per source (``engine.speculative.depth.PerSourceDepth``).
+keeps one estimate per source (``engine.speculative.depth.PerSourceDepth``). Between certain (all of the
+copy's last 8 tokens agree) and no evidence (under 4) lies the weak copy: on a rewrite it is right often
+enough to beat the model for free, on code it is not, so that source competes with the model and the
+controller takes whichever it expects more tokens a second from.
 """
 
 from __future__ import annotations
@@ -23,20 +26,27 @@ from engine.speculative.ngram import NgramDrafter
 class CopyFirstDrafter(Drafter):
     """``primary`` (a draft model or MTP head), except in rounds where ``copy`` has strong evidence."""
 
-    def __init__(self, primary: Drafter, copy: NgramDrafter, min_agreement: int = 8):
+    def __init__(self, primary: Drafter, copy: NgramDrafter, min_agreement: int = 8, weak_agreement: int = 4):
         super().__init__()
         self.primary, self.copy = primary, copy
         self.kind = f"{primary.kind}+copy"  # what the request reports, and its own adaptive depth state
         self.needs_hidden = primary.needs_hidden
         self.min_agreement = min_agreement  # of the copy's window (8): what "certain" means here
+        self.weak_agreement = weak_agreement  # from here up to certain: a weak copy, priced against the model
         self.copied_rounds = 0
-        self._copy_round: bool | None = None  # the coming round's decision, once made
-        self.sources = ("copy", primary.kind)
+        self._source: str | None = None  # the coming round's source, once decided
+        self.sources = ("copy", "copy-weak", primary.kind)
+        self.fallbacks = (("copy-weak", primary.kind),)
 
     def round_source(self) -> str:
-        if self._copy_round is None:
-            self._copy_round = self.copy.select_source() >= self.min_agreement
-        return "copy" if self._copy_round else self.primary.kind
+        if self._source is None:
+            agreement = self.copy.select_source()
+            self._source = "copy" if agreement >= self.min_agreement else \
+                "copy-weak" if agreement >= self.weak_agreement else self.primary.kind
+        return self._source
+
+    def use_source(self, source: str) -> None:
+        self._source = source
 
     def prefix_limit(self, tokens: Sequence[int]) -> int:
         return self.primary.prefix_limit(tokens)
@@ -46,18 +56,18 @@ class CopyFirstDrafter(Drafter):
         self.primary.begin(tokens)
         self.copy.begin(tokens)
         self.copied_rounds = 0
-        self._copy_round = None
+        self._source = None
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
-        self._copy_round = None  # the copy's evidence changes with every committed token
+        self._source = None  # the copy's evidence changes with every committed token
         super().commit(tokens_committed, n_total, target)
         self.primary.commit(tokens_committed, n_total, target)
         self.copy.commit(tokens_committed, n_total, target)
 
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         source = self.round_source()  # decided already when the depth controller asked
-        self._copy_round = None
-        if source == "copy":
+        self._source = None
+        if source in ("copy", "copy-weak"):
             copied = self.copy.copy_from_source(k)
             if copied.tokens:
                 self.copied_rounds += 1
@@ -65,7 +75,7 @@ class CopyFirstDrafter(Drafter):
         return self.primary.propose(k, ctx)
 
     def reset(self) -> None:
-        self._copy_round = None
+        self._source = None
         super().reset()
         self.primary.reset()
         self.copy.reset()

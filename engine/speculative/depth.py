@@ -243,6 +243,10 @@ class AdaptiveDepth:
         v = self.verify_cost(k + 1)
         return None if v is None else v + self.drafting_cost(k)
 
+    def value(self, cap: int) -> float:
+        """Expected tokens a second at the best depth up to ``cap`` (0 until costs are measured)."""
+        return self.throughput(self.best(cap))
+
     def throughput(self, k: int) -> float:
         c = self.cost(k)
         return self.expected_committed(k) / c if c and c > 0 else 0.0
@@ -331,6 +335,12 @@ class PerSourceDepth:
 
     controllers: dict[str, DepthController]
     source: Callable[[], str]
+    # A source named here competes with the one it maps to: the round goes to that one instead (told
+    # through ``use_source``) when its controller expects more tokens a second, once this request has
+    # tried the competing source (it costs no drafting, so one try per text is cheap; what earlier texts
+    # taught is its prior).
+    fallbacks: dict[str, str] = field(default_factory=dict)
+    use_source: Callable[[str], None] | None = None
     _current: str = ""
 
     def begin_request(self) -> None:
@@ -338,8 +348,22 @@ class PerSourceDepth:
             c.begin_request()
 
     def choose(self, cap: int) -> int:
-        self._current = self.source()
-        return self.controllers[self._current].choose(cap)
+        source = self.source()
+        other = self.fallbacks.get(source)
+        if other is not None and self._prefers(other, source, cap):
+            source = other
+            if self.use_source is not None:
+                self.use_source(other)
+        self._current = source
+        return self.controllers[source].choose(cap)
+
+    def _prefers(self, other: str, source: str, cap: int) -> bool:
+        mine, theirs = self.controllers[source], self.controllers[other]
+        if not isinstance(mine, AdaptiveDepth) or not isinstance(theirs, AdaptiveDepth):
+            return False
+        if mine._trials_at(0) < 1.0:  # not tried on this request's text yet
+            return False
+        return theirs.value(cap) > mine.value(cap)
 
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None:

@@ -77,6 +77,9 @@ class Drafter:
     kind = "none"
     needs_hidden = False
     sources: tuple[str, ...] = ()  # what ``round_source`` may name, for a drafter that switches by round
+    # A source that competes with another: the depth controller may take the other one instead
+    # (``use_source``), when it expects more tokens a second from it (engine.speculative.depth.PerSourceDepth).
+    fallbacks: tuple[tuple[str, str], ...] = ()
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # the committed log as this drafter knows it
@@ -94,6 +97,9 @@ class Drafter:
     def round_source(self) -> str:
         """What will draft the coming round; asked before the depth is chosen."""
         return self.kind
+
+    def use_source(self, source: str) -> None:
+        """Draft the coming round from ``source`` (one of ``sources``) instead of what round_source said."""
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         self.tokens.extend(int(t) for t in tokens_committed)

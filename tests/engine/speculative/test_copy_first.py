@@ -90,3 +90,31 @@ def test_a_source_that_never_drafted_reports_an_empty_state():
     the logs' snapshot of it is empty, not an error."""
     assert AdaptiveDepth().snapshot() == {"step": 0, "acceptance": [], "verify_ms": {}, "drafting_ms": {},
                                           "cost_ms": {}}
+
+
+@pytest.mark.parametrize("weak_accepts, expect_weak", [(True, True), (False, False)])
+def test_a_weak_copy_competes_with_the_model(weak_accepts, expect_weak):
+    """Rounds where the copy's evidence is weak: once this request has tried the weak copy, each goes to
+    whichever source the controllers expect more tokens a second from. A weak copy that is always right
+    (a rewrite) keeps its rounds, free of drafting; one that is always wrong (code) hands them to a model
+    that is mostly right."""
+    weak, model = AdaptiveDepth(cost_model=free_drafting), AdaptiveDepth(cost_model=fake_cost)
+    used: list[str] = []
+    steps = iter(range(1000))
+    # every fourth round the copy has no evidence at all: those go to the model whatever it is worth
+    ctl = PerSourceDepth({"copy-weak": weak, "model": model},
+                         lambda: "model" if next(steps) % 4 == 3 else "copy-weak", {"copy-weak": "model"}, used.append)
+    ctl.begin_request()
+    picks = []
+    for step in range(80):
+        k = ctl.choose(4)
+        picks.append(ctl._current)
+        accepted = k if (ctl._current == "model" and step % 10) or (ctl._current == "copy-weak" and weak_accepts) \
+            else 0
+        ctl.observe(k, k, accepted, 0.0)
+    late = picks[-40:]
+    if expect_weak:
+        assert late.count("copy-weak") == 30 and not used
+    else:
+        assert late.count("model") >= 38 and used and set(used) == {"model"}
+    assert picks[0] == "copy-weak"  # tried first: it costs no drafting
