@@ -87,7 +87,8 @@ class Options:
     ``draft_copy``
         In rounds where the output is copying its context (the n-gram drafter's copy cursor agrees
         with all of the last 8 tokens), draft the copy (free) instead of asking the draft model or MTP
-        head; elsewhere they draft as usual. Lossless either way.
+        head; where 4-7 of 8 agree, the adaptive controllers choose between the copy and the model;
+        elsewhere the model drafts as usual. Lossless either way.
     ``draft_p_min``
         Stop drafting when the drafter's top probability falls below this ([0, 1]).
     ``draft_vocab``
