@@ -302,6 +302,10 @@ class AdaptiveDepth:
             return self._probe(best, cap)
         return best
 
+    def tried_this_request(self) -> bool:
+        """Whether a round drafted by this controller has been observed since ``begin_request``."""
+        return self._trials_at(0) >= 1.0
+
     def _trials_at(self, j: int) -> float:
         return self._trials[j] if j < len(self._trials) else 0.0
 
@@ -361,7 +365,7 @@ class PerSourceDepth:
         mine, theirs = self.controllers[source], self.controllers[other]
         if not isinstance(mine, AdaptiveDepth) or not isinstance(theirs, AdaptiveDepth):
             return False
-        if mine._trials_at(0) < 1.0:  # not tried on this request's text yet
+        if not mine.tried_this_request():
             return False
         return theirs.value(cap) > mine.value(cap)
 
