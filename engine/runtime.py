@@ -98,9 +98,12 @@ class ModelRuntime:
     def load(cls, spec: LoadSpec) -> "ModelRuntime":
         return cls(load_parts(spec))
 
+    def _models(self) -> list:
+        """The target and every draft model: what holds a GGUF mapping."""
+        return [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]
+
     def _files(self) -> list:
-        models = [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]
-        files = [m.gguf for m in models if getattr(m, "gguf", None) is not None] + list(self.owned_files)
+        files = [m.gguf for m in self._models() if getattr(m, "gguf", None) is not None] + list(self.owned_files)
         return list({id(f): f for f in files}.values())
 
     def finish_writes(self, timeout: float) -> bool:
@@ -112,8 +115,7 @@ class ModelRuntime:
 
     def close(self) -> None:
         """Release the GGUF mappings (unload). The engine cannot generate afterwards."""
-        models = [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]
-        for m in models:
+        for m in self._models():
             if hasattr(m, "close"):
                 m.close()
             elif getattr(m, "gguf", None) is not None:

@@ -19,11 +19,11 @@ from typing import Any, Iterator
 
 from engine.process.cancel_flag import CancelFlag
 from engine.process.protocol import (
+    EXIT_FINISH_CAP,
     EmbedRequest,
     EmbedResult,
     EngineCrashedError,
     EngineError,
-    EXIT_FINISH_CAP,
     EngineUnresponsiveError,
     GenerateRequest,
     GenerateResult,
