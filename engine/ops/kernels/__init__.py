@@ -45,15 +45,27 @@ class KernelVariant:
     namespace: str
     march: str
     cpu_flags: tuple[str, ...] = ()  # /proc/cpuinfo flags the build's code needs at run time
+    defines: tuple[str, ...] = ()  # extra -D flags
+    header: str = ""  # a system header the build needs; without it the variant is unavailable
 
 
 # "native" is what the engine runs; "avx2" is x86-64-v3 (the AVX2 path, also built on AVX-512 hosts
-# so their tests cover it); "portable" is the plain C++ loop.
+# so their tests cover it); "portable" is the plain C++ loop; "avx512-emulated" is the AVX-512 path
+# over SIMDe's portable intrinsics (Debian's libsimde-dev), slow, so that an AVX2 host's tests check
+# that path against the AVX2 one too.
 VARIANTS = {
     "native": KernelVariant("tandem", "-march=native"),
     "avx2": KernelVariant("tandem_avx2", "-march=x86-64-v3", ("avx2", "fma", "f16c")),
     "portable": KernelVariant("tandem_portable", "-march=x86-64-v2"),
+    "avx512-emulated": KernelVariant("tandem_avx512emu", "-march=x86-64-v3", ("avx2", "fma", "f16c"),
+                                     ("-DQDOT_EMULATE_AVX512",), "simde/x86/avx512.h"),
 }
+
+
+def _have_header(name: str) -> bool:
+    """Whether a system header is where the compiler looks by default (or on CPATH)."""
+    dirs = ["/usr/include", "/usr/local/include", *filter(None, os.environ.get("CPATH", "").split(os.pathsep))]
+    return any((Path(d) / name).is_file() for d in dirs)
 
 
 @dataclass(frozen=True)
@@ -125,6 +137,8 @@ def qdot_status(variant: str = "native") -> KernelStatus:
     missing = sorted(set(spec.cpu_flags) - cpu_flags())
     if missing:
         return KernelStatus(False, "", f"this CPU lacks {', '.join(missing)}", namespace)
+    if spec.header and not _have_header(spec.header):
+        return KernelStatus(False, "", f"no {spec.header} (install libsimde-dev)", namespace)
     # The sources' text and place: the build records the source paths, so two checkouts sharing one
     # build directory would rebuild it whenever the other one loaded last.
     source_key = hashlib.sha256(b"".join(p.read_bytes() + str(p.resolve()).encode()
@@ -142,7 +156,7 @@ def qdot_status(variant: str = "native") -> KernelStatus:
             cpp_extension.load(
                 name=name,
                 sources=[str(p) for p in _SOURCES],
-                extra_cflags=["-O3", spec.march, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}"],
+                extra_cflags=["-O3", spec.march, "-fopenmp", f"-DQDOT_NAMESPACE={namespace}", *spec.defines],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(build_dir),
                 is_python_module=False,

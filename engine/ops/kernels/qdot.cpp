@@ -54,7 +54,50 @@
 
 // One vector path is compiled in, chosen by the build's -march: AVX512-VNNI, else AVX2 (with FMA and
 // F16C: x86-64-v3, e.g. AMD Zen 2/3), else the portable loop.
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
+#if defined(QDOT_EMULATE_AVX512)
+// Test builds only (engine/ops/kernels/__init__.py's "avx512-emulated" variant): the AVX-512 path
+// compiled for an AVX2 host over SIMDe's portable versions of its intrinsics, so that a host without
+// AVX-512 can check that path's sums and float steps against the AVX2 path's, bit for bit.
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <immintrin.h>
+#include <simde/x86/avx512.h>
+// What SIMDe 0.7 lacks, lane by lane (conversions are exact or round as the instructions do); the
+// mask conversion is a plain integer there.
+#include <cstdint>
+namespace qdot_emulated {
+template <typename T, typename F>
+inline simde__m512i widen_bytes(simde__m128i v, F f) {
+  T in[16];
+  int32_t out[16];
+  simde_mm_storeu_si128(in, v);
+  for (int i = 0; i < 16; ++i) out[i] = f(in[i]);
+  return simde_mm512_loadu_si512(out);
+}
+inline simde__m512i cvtepi8_epi32(simde__m128i v) { return widen_bytes<int8_t>(v, [](int8_t b) { return int32_t{b}; }); }
+inline simde__m512i cvtepu8_epi32(simde__m128i v) { return widen_bytes<uint8_t>(v, [](uint8_t b) { return int32_t{b}; }); }
+inline simde__m512 cvtepi32_ps(simde__m512i v) {
+  int32_t in[16];
+  float out[16];
+  simde_mm512_storeu_si512(in, v);
+  for (int i = 0; i < 16; ++i) out[i] = static_cast<float>(in[i]);
+  return simde_mm512_loadu_ps(out);
+}
+inline simde__m512 cvtph_ps(simde__m256i v) {
+  uint16_t in[16];
+  float out[16];
+  simde_mm256_storeu_si256(in, v);
+  for (int i = 0; i < 16; ++i) out[i] = _cvtsh_ss(in[i]);
+  return simde_mm512_loadu_ps(out);
+}
+}  // namespace qdot_emulated
+#define _mm512_cvtepi8_epi32 qdot_emulated::cvtepi8_epi32
+#define _mm512_cvtepu8_epi32 qdot_emulated::cvtepu8_epi32
+#define _mm512_cvtepi32_ps qdot_emulated::cvtepi32_ps
+#define _mm512_cvtph_ps qdot_emulated::cvtph_ps
+#define _cvtu64_mask64(b) static_cast<simde__mmask64>(b)
+#define QDOT_AVX512_VNNI 1
+#define QDOT_AVX2 0
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #include <immintrin.h>
 #define QDOT_AVX512_VNNI 1
 #define QDOT_AVX2 0
