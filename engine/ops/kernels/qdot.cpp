@@ -127,6 +127,9 @@ struct QuantizedActivations {
   std::vector<float> group_dx_term;    // [K/G, m, 2]: per group and row, its dx and group_term side by side
   std::vector<int8_t> q_steps;         // [K/8, m, 8]: q with the rows of each 8 values side by side
                                        // (these two: the AVX2 path reads all rows from one pointer)
+  std::vector<int32_t> pair_offsets;   // [K/16, m] (groups of 16 only): two int16, kCentre times the sum
+                                       // of q over the group's values k % 4 < 2, then k % 4 >= 2 (the
+                                       // AVX2 path's centred 6-bit codes, one int16 lane pair per row)
 };
 
 float half_to_float(uint16_t h) {
@@ -138,6 +141,12 @@ constexpr int kScaleF16 = 0;    // scales (and zeros) are f16 values
 constexpr int kScaleInt8 = 1;   // scales are int8 codes times the super-block's d (Q6_K)
 constexpr int kScaleUint8 = 2;  // scales and zeros are uint8 codes times d and -dmin (Q4_K, Q5_K)
 constexpr int64_t kSuper = 256;  // values per super-block along K
+// The offset of 6-bit codes with int8 scale codes (Q6_K: w = d * sc * (u - 32)). Their sums are taken
+// centred, sum (u - 32) q, which stays within int16 over a group's 16 values (8 per int16 lane, at
+// most 8 x 32 x 127) and is then scaled by the integer sc: the float steps come once per 32 values
+// (one activation scale dx) instead of twice, with the scale and offset of each 16 folded into an exact
+// integer.
+constexpr int32_t kCentre = 32;
 
 // One block of 16 weight rows' group scales: pointers into scales, zeros and supers.
 struct BlockScales {
@@ -247,6 +256,20 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
   a.q_steps.resize(m * k);
   for (int64_t s = 0; s < k / 8; ++s) {
     for (int64_t r = 0; r < m; ++r) std::memcpy(a.q_steps.data() + (s * m + r) * 8, a.q.data() + r * k + s * 8, 8);
+  }
+  if (group == 16) {
+    a.pair_offsets.resize(a.n_groups * m);
+    for (int64_t g = 0; g < a.n_groups; ++g) {
+      for (int64_t r = 0; r < m; ++r) {
+        const int8_t* qg = a.q.data() + r * k + g * 16;
+        int32_t lo = 0, hi = 0;
+        for (int j = 0; j < 16; ++j) (j % 4 < 2 ? lo : hi) += qg[j];
+        // at most 8 x 127 x 32 = 32512 each: an int16
+        const uint32_t packed = static_cast<uint16_t>(static_cast<int16_t>(kCentre * lo)) |
+                                static_cast<uint32_t>(static_cast<uint16_t>(static_cast<int16_t>(kCentre * hi))) << 16;
+        a.pair_offsets[g * m + r] = static_cast<int32_t>(packed);
+      }
+    }
   }
   a.group_dx_term.resize(a.n_groups * m * 2);
   for (int64_t g = 0; g < a.n_groups; ++g) {
@@ -369,6 +392,61 @@ inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t of
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum0[i], sum1[i])), scale, acc[i]);
       acc[i] = _mm512_fmadd_ps(zv, _mm512_set1_ps(term[i][g]), acc[i]);
     }
+  }
+  for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * 16, acc[i]);
+}
+
+// 6-bit codes with int8 scale codes (Q6_K; see kCentre): each group's centred integer sum
+// sc * (sum u q - 32 sum q), the two groups of 32 values added exactly, then one float step per
+// 32 values: y += (sum as f32) * (d * dx).
+template <int MB>
+inline void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
+                               int64_t m0, float* out) {
+  constexpr int64_t slot_bytes = 16 * 6;
+  const int64_t dx_per_row = a.k / kActGroup;
+  __m512 acc[MB];
+  const int8_t* xq[MB];
+  const float* dx[MB];
+  const int32_t* qsum[MB];
+  for (int i = 0; i < MB; ++i) {
+    acc[i] = _mm512_setzero_ps();
+    xq[i] = a.q.data() + (m0 + i) * a.k;
+    dx[i] = a.dx.data() + (m0 + i) * dx_per_row;
+    qsum[i] = a.group_qsum.data() + (m0 + i) * a.n_groups;
+  }
+  for (int64_t b = 0; b < dx_per_row; ++b) {
+    __m512i isum[MB];
+    for (int j = 0; j < 2; ++j) {
+      const int64_t g = 2 * b + j;
+      __m512i sum0[MB], sum1[MB];
+      for (int i = 0; i < MB; ++i) {
+        sum0[i] = _mm512_setzero_si512();
+        sum1[i] = _mm512_setzero_si512();
+      }
+      for (int64_t k0 = g * 16; k0 < (g + 1) * 16; k0 += 8) {
+        const uint8_t* p = w_block + (k0 / 8) * slot_bytes;
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
+        __m512i w0, w1;
+        load_slots<6>(p, w0, w1);
+        for (int i = 0; i < MB; ++i) {
+          sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, broadcast4(xq[i] + k0));
+          sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
+        }
+      }
+      const __m512i sc = _mm512_cvtepi8_epi32(
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(bs.s) + g * 16)));
+      for (int i = 0; i < MB; ++i) {
+        const __m512i centred = _mm512_sub_epi32(_mm512_add_epi32(sum0[i], sum1[i]),
+                                                 _mm512_set1_epi32(kCentre * qsum[i][g]));
+        const __m512i t = _mm512_mullo_epi32(centred, sc);
+        isum[i] = j == 0 ? t : _mm512_add_epi32(isum[i], t);
+      }
+    }
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs.sup + (b * kActGroup / kSuper) * bs.sup_stride)));
+    for (int i = 0; i < MB; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx[i][b])), acc[i]);
   }
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * 16, acc[i]);
 }
@@ -568,6 +646,82 @@ template <int BITS, int G, int SC, int MB>
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, _mm256_load_ps(acc[i][h]));
 }
 
+// 6-bit codes with int8 scale codes (Q6_K; see kCentre), the AVX-512 path's integers and float steps:
+// a group's two steps are added in int16 (wrapping: only the centred total must fit, and it does), the
+// centring taken away per int16 lane (pair_offsets), then vpmaddwd by the rows' scale codes gives
+// sc * sum (u - 32) q in int32.
+template <int MB>
+[[gnu::noinline]] void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
+                                          int64_t m0, float* out) {
+  constexpr int64_t slot_bytes = 16 * 6;
+  const int8_t* xq = a.q_steps.data() + m0 * 8;             // step s, row i: [s * 8 m + 8 i]
+  const int32_t* offsets = a.pair_offsets.data() + m0;      // group g, row i: [g * m + i]
+  const float* dx_term = a.group_dx_term.data() + m0 * 2;   // group g, row i: [g * 2 m + 2 i]: its dx
+  alignas(32) float acc[MB][2][8] = {};
+  for (int64_t b = 0; b < a.k / kActGroup; ++b) {
+    __m256i isum[MB][2];
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      const int64_t g = 2 * b + j;
+      __m256i s16[MB][2];
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 2
+      for (int step = 0; step < 2; ++step) {
+        const int64_t k = g * 16 + 8 * step;
+        const uint8_t* p = w_block + (k / 8) * slot_bytes;
+        const int8_t* xs = xq + (k / 8) * 8 * a.m;
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
+        __m256i w00, w10, w01, w11;  // w{slot}{half}
+        load_half_slots<6>(p, 0, w00, w10);
+        load_half_slots<6>(p, 1, w01, w11);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          const __m256i x0 = broadcast4_avx2(xs + 8 * i);
+          const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
+          s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(_mm256_maddubs_epi16(w00, x0),
+                                                                   _mm256_maddubs_epi16(w10, x1)));
+          s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(_mm256_maddubs_epi16(w01, x0),
+                                                                   _mm256_maddubs_epi16(w11, x1)));
+        }
+        // as in block_dots: a step's products are added before the next step's are formed
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
+      }
+      __m256i sc16[2];  // each row's scale code in both int16 of its lane
+      for (int h = 0; h < 2; ++h) {
+        const __m256i v = _mm256_cvtepi8_epi32(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(bs.s) + g * 16 + 8 * h)));
+        sc16[h] = _mm256_or_si256(_mm256_slli_epi32(v, 16), _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)));
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < MB; ++i) {
+        const __m256i centre = _mm256_set1_epi32(offsets[g * a.m + i]);
+        for (int h = 0; h < 2; ++h) {
+          const __m256i t = _mm256_madd_epi16(_mm256_sub_epi16(s16[i][h], centre), sc16[h]);
+          isum[i][h] = j == 0 ? t : _mm256_add_epi32(isum[i][h], t);
+        }
+      }
+    }
+    const uint16_t* sup = bs.sup + (b * kActGroup / kSuper) * bs.sup_stride;
+    const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup))),
+                         _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 8)))};
+    const float* gd = dx_term + 2 * b * a.m * 2;
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) {
+      const __m256 dxv = _mm256_broadcast_ss(gd + 2 * i);
+      for (int h = 0; h < 2; ++h) {
+        const __m256 acc_v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][h]), _mm256_mul_ps(d[h], dxv),
+                                             _mm256_load_ps(acc[i][h]));
+        _mm256_store_ps(acc[i][h], acc_v);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, _mm256_load_ps(acc[i][h]));
+}
+
 #endif  // QDOT_AVX2
 
 #if QDOT_AVX512_VNNI || QDOT_AVX2
@@ -575,6 +729,17 @@ template <int BITS, int G, int SC, int MB>
 template <int BITS, int G, int SC>
 inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                           const QuantizedActivations& a, int64_t m0, float* out) {
+  if constexpr (SC == kScaleInt8) {
+    switch (mb) {
+#if QDOT_AVX2
+      case 5: block_dots_centred<5>(w_block, bs, a, m0, out); return;
+#endif
+      case 4: block_dots_centred<4>(w_block, bs, a, m0, out); return;
+      case 3: block_dots_centred<3>(w_block, bs, a, m0, out); return;
+      case 2: block_dots_centred<2>(w_block, bs, a, m0, out); return;
+      default: block_dots_centred<1>(w_block, bs, a, m0, out); return;
+    }
+  } else {
   switch (mb) {
 #if QDOT_AVX2
     case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
@@ -583,6 +748,7 @@ inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs,
     case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
     case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
     default: block_dots<BITS, G, SC, 1>(w_block, bs, offset, a, m0, out); break;
+  }
   }
 }
 
@@ -615,6 +781,24 @@ void block_dots_scalar(const uint8_t* w_block, const BlockScales& bs, int64_t of
   for (int i = 0; i < mb; ++i) {
     const int8_t* xq = a.q.data() + (m0 + i) * a.k;
     const float* dx = a.dx.data() + (m0 + i) * (a.k / kActGroup);
+    if constexpr (SC == kScaleInt8) {  // centred sums, as the vector paths take them (see kCentre)
+      const int32_t* qsum = a.group_qsum.data() + (m0 + i) * a.n_groups;
+      for (int64_t r = 0; r < kBlockRows; ++r) {
+        float acc = 0.f;
+        for (int64_t b = 0; b < a.k / kActGroup; ++b) {
+          int32_t isum = 0;
+          for (int64_t g = 2 * b; g < 2 * b + 2; ++g) {
+            int32_t sum = 0;
+            for (int64_t k = g * G; k < (g + 1) * G; ++k) sum += code_at<BITS>(w_block, r, k) * xq[k];
+            isum += static_cast<const int8_t*>(bs.s)[g * 16 + r] * (sum - kCentre * qsum[g]);
+          }
+          const float d = half_to_float(bs.sup[(b * kActGroup / kSuper) * bs.sup_stride + r]);
+          acc = std::fma(static_cast<float>(isum), d * dx[b], acc);
+        }
+        out[i * 16 + r] = acc;
+      }
+      continue;
+    }
     for (int64_t r = 0; r < kBlockRows; ++r) {
       float acc = 0.f;
       for (int64_t g = 0; g < a.n_groups; ++g) {
@@ -845,6 +1029,8 @@ at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& p
     q.w = check_weights(p.codes, p.scales, p.zeros, p.supers, p.bits, p.group, p.n, k);
     const int sc = scale_kind(p.scales);
     check_scale_kind(p.bits, sc);
+    TORCH_CHECK(sc != kScaleInt8 || p.offset == kCentre, "qdot: 6-bit codes with int8 scale codes (Q6_K) have offset ",
+                kCentre, ", got ", p.offset);
     if (p.bias.has_value() && p.bias->defined()) {
       TORCH_CHECK(p.bias->scalar_type() == at::kFloat && p.bias->is_contiguous() && p.bias->numel() == p.n,
                   "qdot: bias must be f32 [N]");

@@ -210,6 +210,8 @@ def test_two_level_portable_path_agrees(ops, bits, group, with_zeros):
     a = ops.qdot_linear(x, packed, ps, pz, sup, bits, group, offset, n, None)
     b = portable.qdot_linear(x, packed, ps, pz, sup, bits, group, offset, n, None)
     assert float((a - b).abs().max() / b.abs().max()) < 2e-6
+    if bits == 6:  # centred integer sums and one fused multiply-add per 32 values, in every path
+        assert torch.equal(a, b)
     assert torch.equal(ops.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n),
                        portable.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n))
 
@@ -316,7 +318,8 @@ def test_extreme_codes_do_not_saturate(ops, bits, group, with_zeros, two_level, 
         sup = NO_SUPERS
     codes.fill_(0 if code == "lowest" else 2 ** bits - 1)
     packed = L.pack_codes(codes, bits)
-    offset = 0 if code == "highest" else 2 ** (bits - 1)
+    # Q6_K's codes are always centred on 32 (the kernel refuses another offset): its extremes are -32 and 31
+    offset = 32 if two_level and bits == 6 else 0 if code == "highest" else 2 ** (bits - 1)
     x = torch.ones(3, k)
     x[1] = -1.0
     x[2, ::2] = -1.0
@@ -344,8 +347,16 @@ def test_avx2_and_avx512_paths_give_the_same_outputs():
     for bits, group, with_zeros in TWO_LEVEL:
         codes, packed, ps, pz, sup, scales, zeros = random_two_level(48, 512, bits, group, with_zeros, seed=bits)
         x = torch.randn(7, 512, generator=torch.Generator().manual_seed(2))
-        args = (x, packed, ps, pz, sup, bits, group, 0, 48, None)
+        args = (x, packed, ps, pz, sup, bits, group, 32 if bits == 6 else 0, 48, None)
         assert torch.equal(op512(*args), op2(*args))
+
+
+def test_int8_scale_codes_take_only_the_centre_offset():
+    """Q6_K's codes are centred on 32, which the integer sums rely on (they fit int16 only centred)."""
+    codes, packed, ps, pz, sup, scales, zeros = random_two_level(16, 256, 6, 16, False)
+    x = torch.randn(2, 256)
+    with pytest.raises(RuntimeError, match="offset 32"):
+        load_qdot()(x, packed, ps, pz, sup, 6, 16, 0, 16, None)
 
 
 def test_kernel_refuses_bad_shapes():
