@@ -350,12 +350,36 @@ inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offs
   zv = _mm512_mul_ps(sv, neg_offset);
 }
 
+// The integer sums of one weight group (values k_begin .. k_end of the block's 16 rows) against MB
+// activation rows: one int32 per row and lane, sum u q over the group.
+template <int BITS, int MB>
+inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t k_begin, int64_t k_end,
+                       __m512i* sums) {
+  constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
+  __m512i sum0[MB], sum1[MB];
+  for (int i = 0; i < MB; ++i) {
+    sum0[i] = _mm512_setzero_si512();
+    sum1[i] = _mm512_setzero_si512();
+  }
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += 8) {
+    const uint8_t* p = w_block + (k0 / 8) * slot_bytes;
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+    if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
+    __m512i w0, w1;
+    load_slots<BITS>(p, w0, w1);
+    for (int i = 0; i < MB; ++i) {
+      sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, broadcast4(xq[i] + k0));
+      sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
+    }
+  }
+  for (int i = 0; i < MB; ++i) sums[i] = _mm512_add_epi32(sum0[i], sum1[i]);
+}
+
 // MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
 // without bias.
 template <int BITS, int G, int SC, int MB>
 inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                        const QuantizedActivations& a, int64_t m0, float* out) {
-  constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
   const int64_t dx_per_row = a.k / kActGroup;
   __m512 acc[MB];
   const int8_t* xq[MB];
@@ -369,27 +393,13 @@ inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t of
   }
   const __m512 neg_offset = _mm512_set1_ps(-static_cast<float>(offset));
   for (int64_t g = 0; g < a.n_groups; ++g) {
-    __m512i sum0[MB], sum1[MB];
-    for (int i = 0; i < MB; ++i) {
-      sum0[i] = _mm512_setzero_si512();
-      sum1[i] = _mm512_setzero_si512();
-    }
-    for (int64_t k0 = g * G; k0 < (g + 1) * G; k0 += 8) {
-      const uint8_t* p = w_block + (k0 / 8) * slot_bytes;
-      _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-      if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-      __m512i w0, w1;
-      load_slots<BITS>(p, w0, w1);
-      for (int i = 0; i < MB; ++i) {
-        sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, broadcast4(xq[i] + k0));
-        sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
-      }
-    }
+    __m512i sums[MB];
+    group_sums<BITS, MB>(w_block, xq, g * G, (g + 1) * G, sums);
     __m512 sv, zv;
     group_scales<SC, G>(bs, g, neg_offset, sv, zv);
     for (int i = 0; i < MB; ++i) {
       const __m512 scale = _mm512_mul_ps(sv, _mm512_set1_ps(dx[i][g * G / kActGroup]));
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(sum0[i], sum1[i])), scale, acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i]), scale, acc[i]);
       acc[i] = _mm512_fmadd_ps(zv, _mm512_set1_ps(term[i][g]), acc[i]);
     }
   }
@@ -402,7 +412,6 @@ inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t of
 template <int MB>
 inline void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
                                int64_t m0, float* out) {
-  constexpr int64_t slot_bytes = 16 * 6;
   const int64_t dx_per_row = a.k / kActGroup;
   __m512 acc[MB];
   const int8_t* xq[MB];
@@ -418,27 +427,12 @@ inline void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, co
     __m512i isum[MB];
     for (int j = 0; j < 2; ++j) {
       const int64_t g = 2 * b + j;
-      __m512i sum0[MB], sum1[MB];
-      for (int i = 0; i < MB; ++i) {
-        sum0[i] = _mm512_setzero_si512();
-        sum1[i] = _mm512_setzero_si512();
-      }
-      for (int64_t k0 = g * 16; k0 < (g + 1) * 16; k0 += 8) {
-        const uint8_t* p = w_block + (k0 / 8) * slot_bytes;
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-        __m512i w0, w1;
-        load_slots<6>(p, w0, w1);
-        for (int i = 0; i < MB; ++i) {
-          sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, broadcast4(xq[i] + k0));
-          sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
-        }
-      }
+      __m512i sums[MB];
+      group_sums<6, MB>(w_block, xq, g * 16, (g + 1) * 16, sums);
       const __m512i sc = _mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(bs.s) + g * 16)));
       for (int i = 0; i < MB; ++i) {
-        const __m512i centred = _mm512_sub_epi32(_mm512_add_epi32(sum0[i], sum1[i]),
-                                                 _mm512_set1_epi32(kCentre * qsum[i][g]));
+        const __m512i centred = _mm512_sub_epi32(sums[i], _mm512_set1_epi32(kCentre * qsum[i][g]));
         const __m512i t = _mm512_mullo_epi32(centred, sc);
         isum[i] = j == 0 ? t : _mm512_add_epi32(isum[i], t);
       }
