@@ -325,9 +325,11 @@ inline __m512i broadcast4(const int8_t* x) {
   return _mm512_set1_epi32(v);
 }
 
-// The 16 rows' scale and zero of group g: vector form of scale_zero.
+// The 16 rows' scale and zero of group g: vector form of scale_zero (int8 scale codes take
+// block_dots_centred instead).
 template <int SC, int G>
 inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offset, __m512& sv, __m512& zv) {
+  static_assert(SC != kScaleInt8, "int8 scale codes are summed centred");
   if constexpr (SC == kScaleF16) {
     sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.s) + g * 16)));
     if (b.z) {
@@ -337,7 +339,7 @@ inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offs
   } else {
     const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride;
     const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + g * 16));
-    const __m512i wide = SC == kScaleInt8 ? _mm512_cvtepi8_epi32(codes) : _mm512_cvtepu8_epi32(codes);
+    const __m512i wide = _mm512_cvtepu8_epi32(codes);
     sv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup))),
                        _mm512_cvtepi32_ps(wide));
     if (b.z) {
@@ -519,10 +521,12 @@ inline __m256i pair_products(const __m256i& w, const __m256i& x) {
   }
 }
 
-// The 8 rows' scale and zero of group g in half h: vector form of scale_zero.
+// The 8 rows' scale and zero of group g in half h: vector form of scale_zero (int8 scale codes take
+// block_dots_centred instead).
 template <int BITS, int SC, int G>
 inline void half_group_scales(const BlockScales& b, int64_t g, int h, const __m256& neg_offset, __m256& sv,
                               __m256& zv) {
+  static_assert(SC != kScaleInt8, "int8 scale codes are summed centred");
   const int64_t i = g * 16 + 8 * h;
   bool have_zero = false;
   if constexpr (SC == kScaleF16) {
@@ -534,7 +538,7 @@ inline void half_group_scales(const BlockScales& b, int64_t g, int h, const __m2
   } else {
     const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride + 8 * h;
     const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + i));
-    const __m256i wide = SC == kScaleInt8 ? _mm256_cvtepi8_epi32(codes) : _mm256_cvtepu8_epi32(codes);
+    const __m256i wide = _mm256_cvtepu8_epi32(codes);
     sv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup))),
                        _mm256_cvtepi32_ps(wide));
     if (b.z) {
@@ -734,15 +738,15 @@ inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs,
       default: block_dots_centred<1>(w_block, bs, a, m0, out); return;
     }
   } else {
-  switch (mb) {
+    switch (mb) {
 #if QDOT_AVX2
-    case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
+      case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
 #endif
-    case 4: block_dots<BITS, G, SC, 4>(w_block, bs, offset, a, m0, out); break;
-    case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
-    case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
-    default: block_dots<BITS, G, SC, 1>(w_block, bs, offset, a, m0, out); break;
-  }
+      case 4: block_dots<BITS, G, SC, 4>(w_block, bs, offset, a, m0, out); break;
+      case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
+      case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
+      default: block_dots<BITS, G, SC, 1>(w_block, bs, offset, a, m0, out); break;
+    }
   }
 }
 
