@@ -19,10 +19,17 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
 * Acceptance belongs to the text, so each request starts from what earlier requests learned but
   is not held to it: ``begin_request`` turns the learned ``a_j`` into the new request's prior means,
   worth ``carry_weight`` trials each, and clears the counts. Decayed counts alone would make a prose
-  request after a code request keep drafting on code's acceptance for dozens of rounds. Costs belong
-  to the machine and carry over whole. If that prior says plain decoding, the request's first step
-  still drafts one token: the drafter has just read the prompt, so this probe costs no catch-up,
-  while any later probe first forwards every token committed since the drafter last ran.
+  request after a code request keep drafting on code's acceptance for dozens of rounds. The carried
+  means past position 0 are scaled by how the request's own position 0 compares with the carried
+  one: a text that rejects the first draft more often than the last text did rejects the later ones
+  more often too, and those positions are observed only in rounds that reach them, so unscaled they
+  kept a harder text's rounds deep. Costs belong to the machine and carry over whole. If that prior
+  says plain decoding, the request's first steps still draft one token each, back to back, until
+  position 0 has ``min_trials`` of the request's own trials: the drafter has just read the prompt and
+  stays in step while every step drafts, so these probes cost no catch-up, while any probe after a
+  plain step first forwards every token committed since the drafter last ran. (One probe and then
+  one every few steps, as before, paid a catch-up each and told a code request after a prose one
+  too little to leave plain decoding for dozens of steps.)
 * ``cost(k)`` is built from parts that every round measures, so one round informs every depth:
   ``cost(k) = verify(k + 1) + drafting(k)``. ``verify(w)`` is the wall time of a step minus its
   drafting (the verification forward over ``w`` tokens, acceptance, bookkeeping), kept per width;
@@ -53,7 +60,10 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   the request once the request has its own evidence (``min_trials`` at position 0): the catch-up
   would cost that share of every token whatever the interval. Until then a request settled on plain
   by what earlier texts taught probes four times as often (each probe catching up a few tokens), so a
-  code request after prose still finds out early that drafting pays.
+  code request after prose still finds out early that drafting pays. For the same reason a controller
+  that has taken plain steps goes back to drafting only when what drafting saves over
+  ``switch_horizon`` tokens pays for catching up on them: on a shared host a few slow plain steps
+  made drafting look better by a few per cent, and the round that followed caught up 60-80 tokens.
 
 The state lives on the ModelRuntime, one controller per loaded model and drafter kind, across requests.
 """
@@ -142,6 +152,11 @@ class AdaptiveDepth:
     # AVX2 host: 13 % of a request that never drafts). Once the request has its own evidence, such
     # probes are skipped while catching up costs more per token than this share of a plain step.
     catchup_budget: float = 0.05
+    # Settled on plain decoding, the drafter falls behind by a token a step, and the next drafted round
+    # first forwards it over all of them. Drafting resumes only when what it saves over this many tokens
+    # pays for that catch-up: otherwise a plain step that merely ran slow (a shared host) flipped the
+    # choice and one round paid for catching up dozens of tokens.
+    switch_horizon: int = 32
     cost_model: CostModel | None = None
 
     _succ: list[float] = field(default_factory=list)
@@ -151,16 +166,18 @@ class AdaptiveDepth:
     _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
-    _probe_first: bool = False
     _plain_probes: int = 0  # probes in a row that found plain decoding still best
+    # plain steps since the last drafted round (or the request's start, when the drafter read the prompt):
+    # the tokens a draft model will catch up on before its next proposal
+    _behind: int = 0
     _catchup: RecentTimes = field(default_factory=RecentTimes)  # seconds per token caught up
 
     # -- learning ------------------------------------------------------------------------------
     def begin_request(self) -> None:
         """A new request: what was learned becomes its prior (see the module doc), and its first
         step probes if plain decoding is the choice."""
-        self._probe_first = True
         self._plain_probes = 0
+        self._behind = 0
         if self._succ:
             self._carried = self.acceptances(len(self._succ))
             self._succ = [0.0] * len(self._succ)
@@ -179,6 +196,7 @@ class AdaptiveDepth:
         if n_drafted > 0:
             self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
         self._measured_at[n_drafted] = self.step
+        self._behind = self._behind + 1 if n_drafted == 0 else 0
         # Positions 0..a are observed (a accepted, then the first failure); deeper ones are not.
         for j in range(min(n_accepted + 1, depth)):
             self._grow(j + 1)
@@ -197,6 +215,18 @@ class AdaptiveDepth:
         return bool(self._catchup.values) and plain is not None and \
             self._catchup.estimate() > self.catchup_budget * plain
 
+    def _repays_catchup(self, k: int) -> bool:
+        """Whether drafting at depth ``k`` saves, over ``switch_horizon`` tokens, more than catching the
+        drafter up on the plain steps since it last ran costs (True when it is not behind, or no
+        catch-up was measured yet)."""
+        if self._behind <= 1 or not self._catchup.values:
+            return True
+        plain, drafting = self.throughput(0), self.throughput(k)
+        if plain <= 0 or drafting <= 0:
+            return True
+        saved = (1.0 / plain - 1.0 / drafting) * self.switch_horizon
+        return saved > self._behind * self._catchup.estimate()
+
     def _grow(self, n: int) -> None:
         while len(self._succ) < n:
             self._succ.append(0.0)
@@ -205,12 +235,15 @@ class AdaptiveDepth:
     # -- model ---------------------------------------------------------------------------------
     def acceptances(self, k: int) -> list[float]:
         """Estimated P(position j accepted | positions < j accepted) for j < k (0-based)."""
-        out, mean = [], self.prior
+        out, mean, scale = [], self.prior, 1.0
         for j in range(k):
             s = self._succ[j] if j < len(self._succ) else 0.0
             n = self._trials[j] if j < len(self._trials) else 0.0
             if j < len(self._carried):
-                mean = (self._carried[j] * self.carry_weight + s) / (self.carry_weight + n)
+                carried = min(1.0, self._carried[j] * scale)
+                mean = (carried * self.carry_weight + s) / (self.carry_weight + n)
+                if j == 0 and self._carried[0] > 0:
+                    scale = mean / self._carried[0]
             else:
                 mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
             out.append(mean)
@@ -280,12 +313,12 @@ class AdaptiveDepth:
         if not self._verify:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
-        if self._probe_first:
-            self._probe_first = False
-            if best == 0:
-                return 1
-        every = self.explore_every
         own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
+        if best == 0 and self._behind <= 1 and not own_evidence:
+            return 1  # a probe that needs no catch-up: the drafter has seen all but the last token
+        if best > 0 and not self._repays_catchup(best):
+            best = 0
+        every = self.explore_every
         if not own_evidence and (not self._carried or best == 0):  # nothing learned yet, or not on this text
             every = max(1, every // 4)
         elif best == 0:  # settled on plain: each probe that leaves it so doubles the wait (to 8x)

@@ -382,11 +382,79 @@ def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
         k = stale.choose(8)
         stale.observe(k, k, 0, 0.0)
     assert stale.best(8) > 0
-    # Settled on plain decoding, a new request still probes its first step (the drafter has just read
-    # the prompt, so that probe costs no catch-up); later steps are plain again.
+    # Settled on plain decoding, a new request still drafts one token a step until position 0 has
+    # min_trials of its own trials, back to back (the drafter has just read the prompt and stays in
+    # step, so these probes cost no catch-up); then plain again.
     ctl.begin_request()
     assert ctl.best(8) == 0
-    assert [ctl.choose(8) for _ in range(3)] == [1, 0, 0]
+    chosen = []
+    for _ in range(12):
+        k = ctl.choose(8)
+        chosen.append(k)
+        ctl.observe(k, k, 0, 0.0)
+    assert chosen[:5] == [1] * 5 and ctl._trials_at(0) >= ctl.min_trials
+    assert chosen[5:].count(0) >= 6, chosen  # plain, but for at most one probe of the usual interval
+
+
+def test_adaptive_probes_back_to_back_only_while_the_drafter_is_in_step():
+    """The back-to-back probes of a request's start stop at its first plain step: a probe after one
+    pays for catching the drafter up, and those keep their interval."""
+    ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
+    drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
+    ctl.begin_request()
+    assert ctl.choose(8) == 1
+    ctl.observe(1, 1, 0, 0.0)
+    ctl.observe(0, 0, 0, 0.0)  # the loop took a plain step (the last tokens of num_predict, say)
+    ctl.observe(0, 0, 0, 0.0)
+    assert ctl._trials_at(0) < ctl.min_trials
+    chosen = [ctl.choose(8) for _ in range(3)]
+    assert chosen.count(0) >= 2, chosen
+
+
+def test_adaptive_scales_the_carried_prior_by_the_requests_first_position():
+    """After a text that accepted every draft, a request whose text rejects its first drafts expects
+    the later positions to fail more often too, not at the old text's rate."""
+    ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.3 * n)
+    drive(ctl, 1.0, 80)
+    ctl.begin_request()
+    carried = ctl.acceptances(4)
+    assert min(carried) > 0.95
+    ctl.observe(4, 4, 0, 0.0)
+    ctl.observe(4, 4, 0, 0.0)
+    a = ctl.acceptances(4)
+    assert a[0] == pytest.approx(carried[0] * 2 / 3.95, rel=0.02)  # its own two rejections beside two carried trials
+    for j in (1, 2, 3):  # not observed this request: the carried mean, scaled as position 0 was
+        assert a[j] == pytest.approx(min(1.0, carried[j] * a[0] / carried[0]))
+    # A text better than the last one raises them, to at most 1.
+    low = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.3 * n)
+    drive(low, 0.5, 200)
+    low.begin_request()
+    before = low.acceptances(3)
+    for _ in range(3):
+        low.observe(1, 1, 1, 0.0)
+    after = low.acceptances(3)
+    assert after[0] > before[0] and all(after[j] > before[j] for j in (1, 2)) and max(after) <= 1.0
+
+
+def test_adaptive_goes_back_to_drafting_only_when_it_pays_for_the_catch_up():
+    """Settled on plain decoding with drafting a little better on paper (slow plain steps on a shared
+    host), the controller drafts again only if what drafting saves over switch_horizon tokens pays for
+    catching the drafter up on every plain step since it last ran."""
+    def controller(behind: int, catchup_per_token: float | None) -> AdaptiveDepth:
+        ctl = AdaptiveDepth(explore_every=0)
+        for i in range(40):  # depth 1: verify 0.110 s + drafting 0.050 s, 4 drafts in 5 accepted
+            ctl.observe(1, 1, 0 if i % 5 == 0 else 1, 0.160, drafting=0.050)
+        if catchup_per_token is not None:
+            ctl.observe_catchup(20, 20 * catchup_per_token)
+        for _ in range(behind):
+            ctl.observe(0, 0, 0, 0.100)  # plain: 10 tokens/s against 11.2 drafting
+        assert ctl.best(1) == 1
+        return ctl
+
+    # saves (1/10 - 1/11.2) s a token, 0.34 s over 32 tokens; catching up costs 15 ms a token
+    assert controller(30, 0.015).choose(1) == 0  # 0.45 s to catch up: stay plain
+    assert controller(10, 0.015).choose(1) == 1  # 0.15 s: draft
+    assert controller(30, None).choose(1) == 1  # never measured: optimistic
 
 
 def test_adaptive_drafts_only_when_it_beats_plain_by_the_margin():
