@@ -208,6 +208,12 @@ class AdaptiveDepth:
         if tokens > 0:
             self._catchup.add(seconds / tokens)
 
+    def observe_elsewhere(self, tokens: int) -> None:
+        """A step another controller chose (``PerSourceDepth``: another source drafted it, or it was
+        plain) committed ``tokens`` this controller's drafter has not seen: its next proposal catches up
+        on them as on plain steps."""
+        self._behind += tokens
+
     def catchup_too_dear(self) -> bool:
         """Whether catching the drafter up costs more per token than ``catchup_budget`` of a plain step
         (False until a catch-up was measured)."""
@@ -314,8 +320,9 @@ class AdaptiveDepth:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
-        if best == 0 and self._behind <= 1 and not own_evidence:
-            return 1  # a probe that needs no catch-up: the drafter has seen all but the last token
+        if best == 0 and not own_evidence and (self._behind <= 1 or not self._catchup.values):
+            return 1  # a probe that needs no catch-up (the drafter has seen all but the last token, or never
+            # had to catch up: an n-gram, an MTP head, a copy)
         if best > 0 and not self._repays_catchup(best):
             best = 0
         every = self.explore_every
@@ -368,7 +375,8 @@ class PerSourceDepth:
     and its own drafting cost (a copy costs nothing and is mostly accepted, a model round costs a
     forward per token), so one estimate over both would draft copy rounds too shallow and model
     rounds too deep. ``source()`` names the coming round's source; it is asked before each choice
-    and the step's observation goes to the controller that chose."""
+    and the step's observation goes to the controller that chose; the others hear how many tokens it
+    committed (``observe_elsewhere``), which a draft model catches up on at its next round."""
 
     controllers: dict[str, DepthController]
     source: Callable[[], str]
@@ -405,6 +413,10 @@ class PerSourceDepth:
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None:
         self.controllers[self._current].observe(depth, n_drafted, n_accepted, seconds, drafting)
+        # A copy round leaves the draft model behind by every token it committed, as plain steps do.
+        for name, other in self.controllers.items():
+            if name != self._current and isinstance(other, AdaptiveDepth):
+                other.observe_elsewhere(n_accepted + 1)
 
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         self.controllers[self._current].observe_catchup(tokens, seconds)

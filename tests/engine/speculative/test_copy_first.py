@@ -71,7 +71,26 @@ def test_each_source_is_priced_on_its_own():
     assert copy.step == model.step == 60  # every observation went to the controller that chose
 
 
+def test_copy_rounds_leave_the_model_behind_by_what_they_committed():
+    """The draft model does not read the tokens a copy round commits until its next proposal: its
+    controller counts them as it counts plain steps, so that a slightly better model round on paper does
+    not buy a long catch-up after a copied stretch."""
+    copy, model = AdaptiveDepth(cost_model=free_drafting), AdaptiveDepth(explore_every=0)
+    for i in range(40):  # the model: depth 1 at 0.160 s (0.050 drafting), 4 drafts in 5 accepted
+        model.observe(1, 1, 0 if i % 5 == 0 else 1, 0.160, drafting=0.050)
+    model.observe(0, 0, 0, 0.100)  # plain: 10 tokens/s against 11.2 drafting
+    model.observe_catchup(20, 20 * 0.015)  # catching up: 15 ms a token
+    turns = iter(["copy"] * 4 + ["model"])
+    ctl = PerSourceDepth({"copy": copy, "model": model}, lambda: next(turns))
+    for _ in range(4):  # four copy rounds of 8 drafts, all accepted: 36 tokens the model has not read
+        k = ctl.choose(8)
+        ctl.observe(k, k, k, 0.0)
+    assert model.best(1) == 1 and copy._behind == 0
+    assert ctl.choose(1) == 0  # 0.54 s to catch up against 0.34 s saved over 32 tokens: plain
+
+
 def test_adaptive_drafts_copy_rounds_deep_and_keeps_model_rounds_shallow(models):
+
     """Bigram target, unrelated draft model: once the text cycles, the copy's rounds reach the cap
     while the useless model's estimate stays shallow; the output is plain decoding's."""
     engine = load_engine(models["bigram"], models["random"])

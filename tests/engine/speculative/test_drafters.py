@@ -397,18 +397,24 @@ def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
 
 
 def test_adaptive_probes_back_to_back_only_while_the_drafter_is_in_step():
-    """The back-to-back probes of a request's start stop at its first plain step: a probe after one
-    pays for catching the drafter up, and those keep their interval."""
-    ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
-    drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
-    ctl.begin_request()
-    assert ctl.choose(8) == 1
-    ctl.observe(1, 1, 0, 0.0)
-    ctl.observe(0, 0, 0, 0.0)  # the loop took a plain step (the last tokens of num_predict, say)
-    ctl.observe(0, 0, 0, 0.0)
-    assert ctl._trials_at(0) < ctl.min_trials
-    chosen = [ctl.choose(8) for _ in range(3)]
-    assert chosen.count(0) >= 2, chosen
+    """The back-to-back probes of a request's start stop at its first plain steps when the drafter has
+    to catch up on them (a draft model): a probe then pays for that, and those keep their interval. A
+    drafter that never caught up (an n-gram, an MTP head) goes on probing back to back."""
+    def after_plain_steps(catchup_per_token: float | None) -> list[int]:
+        ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
+        drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
+        if catchup_per_token is not None:
+            ctl.observe_catchup(20, 20 * catchup_per_token)
+        ctl.begin_request()
+        assert ctl.choose(8) == 1
+        ctl.observe(1, 1, 0, 0.0)
+        ctl.observe(0, 0, 0, 0.0)  # the loop took plain steps (the last tokens of num_predict, say)
+        ctl.observe(0, 0, 0, 0.0)
+        assert ctl._trials_at(0) < ctl.min_trials
+        return [ctl.choose(8) for _ in range(3)]
+
+    assert after_plain_steps(0.15).count(0) >= 2
+    assert after_plain_steps(None) == [1, 1, 1]
 
 
 def test_adaptive_scales_the_carried_prior_by_the_requests_first_position():
