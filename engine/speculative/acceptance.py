@@ -49,7 +49,7 @@ from typing import Literal, Sequence
 import torch
 from torch import Tensor
 
-from engine.sampling.sampler import draw_uniforms, sample_from_probs
+from engine.sampling.sampler import Distribution, draw_uniforms, sample_from_probs
 
 __all__ = [
     "Decision",
@@ -147,21 +147,37 @@ class _Round:
     argmax: list[int]
 
 
-def _check(p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int]) -> tuple[Tensor, int]:
+Target = Tensor | Distribution  # p: dense rows [k+1, vocab], or the sampler's sparse candidates
+
+
+def _check(p: Target, q: Tensor | None, drafts: Tensor | Sequence[int]) -> tuple[Tensor, int]:
     d = torch.as_tensor(drafts, dtype=torch.int64).reshape(-1).cpu()
     k = d.numel()
-    if p.dim() != 2 or p.shape[0] != k + 1:
-        raise ValueError(f"p must be [k+1, vocab] = [{k + 1}, V], got {tuple(p.shape)}")
-    if q is not None and (q.dim() != 2 or q.shape[0] < k or q.shape[1] != p.shape[1]):
-        raise ValueError(f"q must be [k, vocab] = [{k}, {p.shape[1]}], got {tuple(q.shape)}")
+    shape = (p.n, p.vocab_size) if isinstance(p, Distribution) else tuple(p.shape)
+    if len(shape) != 2 or shape[0] != k + 1:
+        raise ValueError(f"p must be [k+1, vocab] = [{k + 1}, V], got {shape}")
+    if q is not None and (q.dim() != 2 or q.shape[0] < k or q.shape[1] != shape[1]):
+        raise ValueError(f"q must be [k, vocab] = [{k}, {shape[1]}], got {tuple(q.shape)}")
     return d, k
 
 
-def _round(p: Tensor, q: Tensor | None, d: Tensor, k: int) -> _Round:
+def _support(p: Target) -> tuple[Tensor, Tensor, Tensor]:
+    """The nonzero entries of p's rows as (row, token id, probability): CPU, row-major with ids
+    ascending within a row, probabilities in float64. From a ``Distribution`` only its candidates are
+    read (a greedy row has one): materialising ``[k+1, vocab]`` only to scan it was most of a greedy
+    round's acceptance time (docs/measurements.md)."""
+    if isinstance(p, Distribution):
+        nz = torch.nonzero(p.cand_probs)  # row-major; candidate ids ascend within each row
+        at = (nz[:, 0], nz[:, 1])
+        return nz[:, 0].cpu(), p.cand_ids[at].cpu(), p.cand_probs[at].to(device="cpu", dtype=torch.float64)
     nz = torch.nonzero(p)  # row-major, so ids ascend within each row
     vals = p[nz[:, 0], nz[:, 1]].to(device="cpu", dtype=torch.float64)
     nz = nz.cpu()
-    rows, cols = nz[:, 0], nz[:, 1]
+    return nz[:, 0], nz[:, 1], vals
+
+
+def _round(p: Target, q: Tensor | None, d: Tensor, k: int) -> _Round:
+    rows, cols, vals = _support(p)
     counts = torch.bincount(rows, minlength=k + 1)
     if bool((counts == 0).any()):
         raise ValueError("every target row needs some probability mass")
@@ -221,7 +237,7 @@ def _finish(drafts: list[int], decisions: list[Decision], next_token: int) -> Ac
 
 
 def relaxed_accept_from_uniforms(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float], top_n: int,
+    p: Target, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float], top_n: int,
     relaxed: Sequence[bool] | None = None,
 ) -> AcceptResult:
     """Strict rule, plus rank acceptance when ``top_n > 0`` (at the positions ``relaxed`` flags, all
@@ -252,13 +268,13 @@ def relaxed_accept_from_uniforms(
 
 
 def strict_accept_from_uniforms(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float]
+    p: Target, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float]
 ) -> AcceptResult:
     return relaxed_accept_from_uniforms(p, q, drafts, u, top_n=0)
 
 
 def match_accept_from_uniforms(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float]
+    p: Target, q: Tensor | None, drafts: Tensor | Sequence[int], u: Sequence[float]
 ) -> AcceptResult:
     """llama.cpp's rule; ``q`` is only reported in the trace (``None``: point mass)."""
     d, k = _check(p, q, drafts)
@@ -276,7 +292,7 @@ def match_accept_from_uniforms(
 
 
 def strict_accept(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator
+    p: Target, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator
 ) -> AcceptResult:
     """Lossless speculative sampling. ``p [k+1, V]`` target, ``q [k, V]`` drafter (or None)."""
     k = _depth(drafts)
@@ -284,14 +300,14 @@ def strict_accept(
 
 
 def match_accept(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator
+    p: Target, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator
 ) -> AcceptResult:
     k = _depth(drafts)
     return match_accept_from_uniforms(p, q, drafts, draw_uniforms(generator, k + 1))
 
 
 def relaxed_accept(
-    p: Tensor, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator, top_n: int,
+    p: Target, q: Tensor | None, drafts: Tensor | Sequence[int], generator: torch.Generator, top_n: int,
     relaxed: Sequence[bool] | None = None,
 ) -> AcceptResult:
     """Lossy top-N rule; ``top_n = 0`` (or no position flagged in ``relaxed``) is ``strict_accept``

@@ -304,7 +304,7 @@ class DecodeLoop:
         return committed
 
     def _accept(self, dist: Distribution, q, drafts: list[int]) -> AcceptResult:
-        p = dist.probs
+        p = dist  # the rules read its candidates, never a dense [k + 1, vocab] copy
         if self.s.rule == "match":
             return match_accept(p, q, drafts, self.gen)
         if self.s.relaxed_top_n > 0:

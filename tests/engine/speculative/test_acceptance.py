@@ -437,3 +437,28 @@ def test_shape_checks() -> None:
         strict_accept_from_uniforms(torch.ones(2, 3) / 3, None, [0, 1], [0.1, 0.2, 0.3])
     with pytest.raises(ValueError):
         strict_accept_from_uniforms(torch.ones(2, 3) / 3, None, [0], [0.1])
+
+
+@pytest.mark.parametrize("opts", [SamplingOptions(temperature=0), SamplingOptions(temperature=0.7),
+                                  SamplingOptions(temperature=0.8, top_k=0, top_p=0.9, min_p=0.02)],
+                         ids=["greedy", "top_k", "top_p_min_p"])
+@pytest.mark.parametrize("with_q", [False, True])
+def test_rules_read_a_distribution_as_they_read_its_dense_rows(opts: SamplingOptions, with_q: bool) -> None:
+    """The decode loop hands the rules the sampler's Distribution (its candidates only); every rule then
+    decides, emits and reports exactly what it does from the dense [k + 1, vocab] rows."""
+    gen = torch.Generator().manual_seed(7)
+    V, k = 300, 3
+    for trial in range(20):
+        logits = torch.randn(k + 1, V, generator=gen) * 2
+        drafts = [int(torch.randint(0, V, (1,), generator=gen)) for _ in range(k)]
+        if trial % 2:  # drafts the target likes, so that rounds reach deep positions and the bonus
+            drafts = [int(i) for i in logits[:k].argmax(-1)]
+        q = torch.stack([random_dist(gen, V, zeros=V // 3) for _ in range(k)]) if with_q else None
+        if q is not None:
+            q[torch.arange(k), torch.tensor(drafts)] += 0.05  # drawn from q: q(d) > 0
+            q = q / q.sum(-1, keepdim=True)
+        dist = process(logits, list(range(10)), drafts, opts)
+        u = draw_uniforms(gen, k + 1)
+        for rule in (strict_accept_from_uniforms, match_accept_from_uniforms,
+                     lambda p, q, d, u: relaxed_accept_from_uniforms(p, q, d, u, top_n=5)):
+            assert rule(dist, q, drafts, u) == rule(dist.probs, q, drafts, u)
