@@ -396,16 +396,23 @@ def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
     assert chosen[5:].count(0) >= 6, chosen  # plain, but for at most one probe of the usual interval
 
 
+def settled_on_plain(catchup_per_token: float | None) -> AdaptiveDepth:
+    """A controller that learned a useless drafter (settled on plain decoding), with a catch-up cost per
+    token measured (None: never), at the start of a new request."""
+    ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
+    drive(ctl, 0.0, 200)
+    if catchup_per_token is not None:
+        ctl.observe_catchup(20, 20 * catchup_per_token)
+    ctl.begin_request()
+    return ctl
+
+
 def test_adaptive_probes_back_to_back_only_while_the_drafter_is_in_step():
     """The back-to-back probes of a request's start stop at its first plain steps when the drafter has
     to catch up on them (a draft model): a probe then pays for that, and those keep their interval. A
     drafter that never caught up (an n-gram, an MTP head) goes on probing back to back."""
     def after_plain_steps(catchup_per_token: float | None) -> list[int]:
-        ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
-        drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
-        if catchup_per_token is not None:
-            ctl.observe_catchup(20, 20 * catchup_per_token)
-        ctl.begin_request()
+        ctl = settled_on_plain(catchup_per_token)
         assert ctl.choose(8) == 1
         ctl.observe(1, 1, 0, 0.0)
         ctl.observe(0, 0, 0, 0.0)  # the loop took plain steps (the last tokens of num_predict, say)
@@ -496,11 +503,7 @@ def test_adaptive_stops_probing_mid_request_when_catching_up_is_dear():
     own evidence (a few probes, early, each catching up a few tokens); at 1 % the back-off's probes go
     on; unmeasured, they go on too."""
     def probes(catchup_per_token: float | None) -> list[int]:
-        ctl = AdaptiveDepth(cost_model=lambda k, n: 1.0 + 0.4 * n)
-        drive(ctl, 0.0, 200)  # a useless drafter: settled on plain
-        if catchup_per_token is not None:
-            ctl.observe_catchup(20, 20 * catchup_per_token)
-        ctl.begin_request()
+        ctl = settled_on_plain(catchup_per_token)
         return [i for i, k in enumerate(drive(ctl, 0.0, 400)) if k > 0]
 
     dear = probes(0.15)
