@@ -252,11 +252,19 @@ class Distribution:
 # ----------------------------------------------------------------------------------------------
 
 
+# Values per block in the first pass of a wide row's argmax (``_wide_argmax``).
+_ARGMAX_BLOCK = 2048
+
+
 def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     """Row-wise argmax returning the lowest token id among ties (not relying on kernel tie order)."""
-    # The common case first: every row's maximum is unique, so whichever index the kernel returns is
-    # the answer (a greedy step over 152k logits: 0.3 ms instead of 1.4 ms, 1.1 instead of 6.4 at
-    # width 5). Rows with ties, NaN or nothing but -inf take the exact path below.
+    if ids is None and values.dim() == 2 and values.shape[-1] >= 2 * _ARGMAX_BLOCK:
+        wide = _wide_argmax(values)
+        if wide is not None:
+            return wide
+    # Narrower rows (candidates) and rows with NaN: the common case first, every row's maximum unique, so
+    # whichever index the kernel returns is the answer. Rows with ties, NaN or nothing but -inf take the
+    # exact path below.
     pos = values.argmax(dim=-1, keepdim=True)
     if bool(((values == values.gather(-1, pos)).sum(dim=-1) == 1).all()):
         return (pos if ids is None else ids.gather(-1, pos)).squeeze(-1)
@@ -266,6 +274,32 @@ def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
         ids = torch.arange(values.shape[-1], device=values.device).expand_as(values)
     big = torch.iinfo(torch.int64).max
     return torch.where(values == best, ids, torch.full_like(ids, big)).amin(dim=-1)
+
+
+def _wide_argmax(values: Tensor) -> Tensor | None:
+    """``argmax_lowest_id`` of rows over a whole vocabulary, from maxima only: each block's maximum
+    (``amax`` is vectorised, while ``argmax`` tracks an index per lane and is an order of magnitude slower
+    over 152k logits), the row's maximum, the first block that holds it, and the first position in that
+    block that does. None when a row holds NaN (no maximum to find: the general path decides)."""
+    n, v = values.shape
+    blocks = v // _ARGMAX_BLOCK
+    block_max = values[:, :blocks * _ARGMAX_BLOCK].reshape(n, blocks, _ARGMAX_BLOCK).amax(-1)
+    if v > blocks * _ARGMAX_BLOCK:  # the tail is a block of its own
+        block_max = torch.cat([block_max, values[:, blocks * _ARGMAX_BLOCK:].amax(-1, keepdim=True)], dim=1)
+    row_max = block_max.amax(-1, keepdim=True)
+    if bool(torch.isnan(row_max).any()):
+        return None
+    big = torch.iinfo(torch.int64).max
+
+    def first(hit: Tensor) -> Tensor:  # lowest index where hit holds, per row
+        at = torch.arange(hit.shape[-1], device=hit.device).expand_as(hit)
+        return torch.where(hit, at, torch.full_like(at, big)).amin(-1)
+
+    # each row's first block holding its maximum, gathered (a short tail block repeats its last index)
+    at = first(block_max == row_max).unsqueeze(-1) * _ARGMAX_BLOCK + \
+        torch.arange(_ARGMAX_BLOCK, device=values.device)
+    at = at.clamp_(max=v - 1)
+    return at.gather(-1, first(values.gather(-1, at) == row_max).unsqueeze(-1)).squeeze(-1)
 
 
 def _order_desc(ids: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:

@@ -283,6 +283,29 @@ def test_argmax_lowest_id_matches_its_definition_with_and_without_ties() -> None
         assert argmax_lowest_id(v, ids).tolist() == want_ids
 
 
+def test_argmax_lowest_id_of_vocabulary_wide_rows_matches_its_definition() -> None:
+    """Rows as wide as a vocabulary take the block-maxima path: the lowest index among a row's maxima,
+    wherever they fall (within a block, across blocks, in the short tail block), for all -inf rows too;
+    a row with NaN is left to the general path, as before."""
+    from engine.sampling.sampler import _ARGMAX_BLOCK, argmax_lowest_id
+
+    g = torch.Generator().manual_seed(1)
+    B = _ARGMAX_BLOCK
+    for trial, V in enumerate([2 * B, 2 * B + 1, 5 * B - 7, 151936] * 6):
+        v = torch.randint(0, 40, (3, V), generator=g).float() if trial % 2 else torch.randn(3, V, generator=g)
+        if trial % 3 == 0:
+            v[0, [V - 1, B - 1, 3 * B // 2]] = 1e9  # maxima in the tail and across blocks
+        if trial % 4 == 0:
+            v[1] = float("-inf")
+        if trial % 5 == 0:
+            v[2, V - 1] = 1e9  # the only maximum, in the tail
+        want = [min(i for i in torch.nonzero(v[r] == v[r].max()).reshape(-1).tolist()) for r in range(3)]
+        assert argmax_lowest_id(v).tolist() == want, (trial, V)
+    v = torch.randn(2, 151936, generator=g)
+    v[0, 5] = float("nan")
+    assert argmax_lowest_id(v)[1] == int(torch.argmax(v[1]))
+
+
 def test_top_k_one_is_greedy_at_any_temperature() -> None:
     logits = torch.tensor([0.1, 0.3, 0.2])
     d = process(logits, [], [], opts(temperature=1.5, top_k=1))
