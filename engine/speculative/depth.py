@@ -157,6 +157,10 @@ class AdaptiveDepth:
     # pays for that catch-up: otherwise a plain step that merely ran slow (a shared host) flipped the
     # choice and one round paid for catching up dozens of tokens.
     switch_horizon: int = 32
+    # In step with the drafter, a request keeps probing past min_trials, up to this many (decayed) trials at
+    # position 0, while its acceptance one standard deviation up would make drafting best
+    # (_worth_more_trials).
+    sync_trials: float = 12.0
     cost_model: CostModel | None = None
 
     _succ: list[float] = field(default_factory=list)
@@ -221,6 +225,14 @@ class AdaptiveDepth:
         return bool(self._catchup.values) and plain is not None and \
             self._catchup.estimate() > self.catchup_budget * plain
 
+    def _worth_more_trials(self, cap: int) -> bool:
+        """Whether the request's evidence at position 0 is still short of ``sync_trials`` and its
+        acceptance one standard deviation higher would make drafting best: the evidence does not yet rule
+        drafting out, and settling on plain now would leave the rest of the request to probes that each
+        pay a catch-up (a code request's first 7 drafts, 5 accepted, kept it plain for 500 tokens of a
+        text it drafts at 0.92)."""
+        return self._trials_at(0) < self.sync_trials and self.best(cap, optimism=1.0) > 0
+
     def _repays_catchup(self, k: int) -> bool:
         """Whether drafting at depth ``k`` saves, over ``switch_horizon`` tokens, more than catching the
         drafter up on the plain steps since it last ran costs (True when it is not behind, or no
@@ -239,8 +251,9 @@ class AdaptiveDepth:
             self._trials.append(0.0)
 
     # -- model ---------------------------------------------------------------------------------
-    def acceptances(self, k: int) -> list[float]:
-        """Estimated P(position j accepted | positions < j accepted) for j < k (0-based)."""
+    def acceptances(self, k: int, optimism: float = 0.0) -> list[float]:
+        """Estimated P(position j accepted | positions < j accepted) for j < k (0-based); ``optimism``
+        standard deviations of its Beta estimate are added at position 0 (capped at 1)."""
         out, mean, scale = [], self.prior, 1.0
         for j in range(k):
             s = self._succ[j] if j < len(self._succ) else 0.0
@@ -252,6 +265,11 @@ class AdaptiveDepth:
                     scale = mean / self._carried[0]
             else:
                 mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
+            if j == 0 and optimism:
+                weight = self.carry_weight if self._carried else self.prior_weight
+                mean = min(1.0, mean + optimism * (mean * (1.0 - mean) / (weight + n + 1.0)) ** 0.5)
+                if self._carried and self._carried[0] > 0:
+                    scale = mean / self._carried[0]
             out.append(mean)
         return out
 
@@ -290,12 +308,12 @@ class AdaptiveDepth:
         c = self.cost(k)
         return self.expected_committed(k) / c if c and c > 0 else 0.0
 
-    def best(self, cap: int) -> int:
+    def best(self, cap: int, optimism: float = 0.0) -> int:
         """The depth in [0, cap] with the highest expected tokens per second (ties: shallower);
         drafting must beat plain decoding by ``plain_margin``. Depths beyond
-        :data:`MAX_CONSIDERED_DEPTH` are not scored."""
+        :data:`MAX_CONSIDERED_DEPTH` are not scored. ``optimism``: see ``acceptances``."""
         cap = min(max(0, cap), MAX_CONSIDERED_DEPTH)
-        acc = self.acceptances(cap)
+        acc = self.acceptances(cap, optimism)
         best_k, best_v = 0, -1.0
         expected, run = 1.0, 1.0
         for k in range(cap + 1):
@@ -320,14 +338,15 @@ class AdaptiveDepth:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
-        if best == 0 and not own_evidence and (self._behind <= 1 or not self._catchup.values):
+        in_step = self._behind <= 1 or not self._catchup.values
+        if best == 0 and in_step and (not own_evidence or self._worth_more_trials(cap)):
             return 1  # a probe that needs no catch-up (the drafter has seen all but the last token, or never
             # had to catch up: an n-gram, an MTP head, a copy)
         if best > 0 and not self._repays_catchup(best):
             best = 0
         every = self.explore_every
         if not own_evidence and (not self._carried or best == 0):  # nothing learned yet, or not on this text
-            every = max(1, every // 4)
+            every = max(1, every // 4) if every > 0 else 0  # 0: no exploration at all
         elif best == 0:  # settled on plain: each probe that leaves it so doubles the wait (to 8x)
             every *= 2 ** min(self._plain_probes, 3)
         if best > 0:
