@@ -269,11 +269,14 @@ def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     if bool(((values == values.gather(-1, pos)).sum(dim=-1) == 1).all()):
         return (pos if ids is None else ids.gather(-1, pos)).squeeze(-1)
     # amax/amin, not max/min(dim): those also build indices and are far slower on small rows.
-    best = values.amax(dim=-1, keepdim=True)
+    return _lowest_where(values == values.amax(dim=-1, keepdim=True), ids)
+
+
+def _lowest_where(hit: Tensor, ids: Tensor | None = None) -> Tensor:
+    """Per row, the lowest of ``ids`` (default: the positions) where ``hit`` holds; int64 max where none."""
     if ids is None:
-        ids = torch.arange(values.shape[-1], device=values.device).expand_as(values)
-    big = torch.iinfo(torch.int64).max
-    return torch.where(values == best, ids, torch.full_like(ids, big)).amin(dim=-1)
+        ids = torch.arange(hit.shape[-1], device=hit.device).expand_as(hit)
+    return torch.where(hit, ids, torch.full_like(ids, torch.iinfo(torch.int64).max)).amin(dim=-1)
 
 
 def _wide_argmax(values: Tensor) -> Tensor | None:
@@ -289,17 +292,11 @@ def _wide_argmax(values: Tensor) -> Tensor | None:
     row_max = block_max.amax(-1, keepdim=True)
     if bool(torch.isnan(row_max).any()):
         return None
-    big = torch.iinfo(torch.int64).max
-
-    def first(hit: Tensor) -> Tensor:  # lowest index where hit holds, per row
-        at = torch.arange(hit.shape[-1], device=hit.device).expand_as(hit)
-        return torch.where(hit, at, torch.full_like(at, big)).amin(-1)
-
     # each row's first block holding its maximum, gathered (a short tail block repeats its last index)
-    at = first(block_max == row_max).unsqueeze(-1) * _ARGMAX_BLOCK + \
+    at = _lowest_where(block_max == row_max).unsqueeze(-1) * _ARGMAX_BLOCK + \
         torch.arange(_ARGMAX_BLOCK, device=values.device)
     at = at.clamp_(max=v - 1)
-    return at.gather(-1, first(values.gather(-1, at) == row_max).unsqueeze(-1)).squeeze(-1)
+    return _lowest_where(values.gather(-1, at) == row_max, at)
 
 
 def _order_desc(ids: Tensor, vals: Tensor) -> tuple[Tensor, Tensor]:

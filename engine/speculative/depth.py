@@ -178,8 +178,8 @@ class AdaptiveDepth:
 
     # -- learning ------------------------------------------------------------------------------
     def begin_request(self) -> None:
-        """A new request: what was learned becomes its prior (see the module doc), and its first
-        step probes if plain decoding is the choice."""
+        """A new request: what was learned becomes its prior (see the module doc), and while plain
+        decoding is the choice its first steps probe, back to back, the drafter being in step."""
         self._plain_probes = 0
         self._behind = 0
         if self._succ:
@@ -261,13 +261,12 @@ class AdaptiveDepth:
             if j < len(self._carried):
                 carried = min(1.0, self._carried[j] * scale)
                 mean = (carried * self.carry_weight + s) / (self.carry_weight + n)
-                if j == 0 and self._carried[0] > 0:
-                    scale = mean / self._carried[0]
             else:
                 mean = (mean * self.prior_weight + s) / (self.prior_weight + n)
-            if j == 0 and optimism:
-                weight = self.carry_weight if self._carried else self.prior_weight
-                mean = min(1.0, mean + optimism * (mean * (1.0 - mean) / (weight + n + 1.0)) ** 0.5)
+            if j == 0:
+                if optimism:
+                    weight = self.carry_weight if self._carried else self.prior_weight
+                    mean = min(1.0, mean + optimism * (mean * (1.0 - mean) / (weight + n + 1.0)) ** 0.5)
                 if self._carried and self._carried[0] > 0:
                     scale = mean / self._carried[0]
             out.append(mean)
