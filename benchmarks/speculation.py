@@ -49,15 +49,18 @@ class Config:
 
 
 def _fixed(n: int, **kw) -> dict:
-    return dict(drafter="model", draft_num_predict=n, draft_schedule="fixed", **kw)
+    return {"drafter": "model", "draft_num_predict": n, "draft_schedule": "fixed", "draft_copy": False, **kw}
 
 
 CONFIGS: list[Config] = [
     Config("plain", dict(drafter="none"), needs_draft=False),
+    # what a client that sends no speculation options gets (the DRAFT model, engine.options' defaults)
+    Config("default", {}),
+    Config("default-no-copy", dict(draft_copy=False)),
     *[Config(f"strict-n{n}", _fixed(n)) for n in (1, 2, 3, 4, 8)],
     Config("strict-n16-pmin0.8", _fixed(16, draft_p_min=0.8)),
     *[Config(f"relaxed{N}-n{n}", _fixed(n, relaxed_top_n=N)) for n in (2, 4) for N in (1, 2, 5, 20)],
-    Config("adaptive", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive")),
+    Config("adaptive", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive", draft_copy=False)),
     # the copy drafts the rounds that copy the context (draft_copy), the model the rest
     Config("strict-n4-copy", _fixed(4, draft_copy=True)),
     Config("adaptive-copy", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive", draft_copy=True)),

@@ -88,7 +88,9 @@ class Options:
         In rounds where the output is copying its context (the n-gram drafter's copy cursor agrees
         with all of the last 8 tokens), draft the copy (free) instead of asking the draft model or MTP
         head; where 4-7 of 8 agree, the adaptive controllers choose between the copy and the model;
-        elsewhere the model drafts as usual. Lossless either way.
+        elsewhere the model drafts as usual. Lossless either way. On by default: it costs nothing on a
+        text that does not copy and is the largest gain on one that does (docs/measurements.md,
+        ``draft_copy``); the request's statistics then name the drafter ``model+copy``.
     ``draft_p_min``
         Stop drafting when the drafter's top probability falls below this ([0, 1]).
     ``draft_vocab``
@@ -147,7 +149,7 @@ class Options:
     draft_num_predict: int = _speculation(4, max=MAX_DRAFT_NUM_PREDICT)  # <= 0: no speculation
     draft_n_min: int = _speculation(0, min=0)
     draft_p_min: float = _speculation(0.0, min=0, max=1)
-    draft_copy: bool = _speculation(False)
+    draft_copy: bool = _speculation(True)
     relaxed_top_n: int = _speculation(0, min=0)
     relaxed_scope: RelaxedScope = _speculation("all")
     draft_schedule: DraftSchedule = _speculation("adaptive")

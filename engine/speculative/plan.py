@@ -73,4 +73,4 @@ def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: b
                            schedule=options.draft_schedule, p_min=options.draft_p_min,
                            n_min=options.draft_n_min, relaxed_top_n=options.relaxed_top_n,
                            trace=options.draft_trace, relaxed_scope=options.relaxed_scope,
-                           copy=options.draft_copy, vocab=options.draft_vocab)
+                           copy=options.draft_copy and drafter in ("model", "mtp"), vocab=options.draft_vocab)

@@ -67,7 +67,7 @@ def test_speculation_defaults():
     assert SPECULATION_DEFAULTS == {
         "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
         "relaxed_scope": "all", "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
-        "draft_acceptance": "strict", "draft_copy": False, "draft_vocab": 32768}
+        "draft_acceptance": "strict", "draft_copy": True, "draft_vocab": 32768}
     # every default passes its own validation
     typed = coerce_options(SPECULATION_DEFAULTS)
     assert typed == SPECULATION_DEFAULTS

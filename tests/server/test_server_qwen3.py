@@ -59,7 +59,7 @@ def test_create_and_generate_with_and_without_drafters(http: httpx.Client, srv: 
         assert r.status_code == 200, r.text
         runs[drafter] = out = r.json()
         assert out["done"] and out["eval_count"] == 24 and SPEC_FIELDS <= set(out)
-        assert out["drafter"] == drafter
+        assert out["drafter"] == {"model": "model+copy"}.get(drafter, drafter)
     assert runs["none"]["draft_n"] == 0
     assert runs["model"]["draft_n"] > 0 and runs["model"]["draft_n_accepted"] > 0
     assert runs["model"]["response"] == runs["none"]["response"] == runs["ngram"]["response"]

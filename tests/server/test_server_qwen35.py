@@ -55,7 +55,7 @@ def test_chat_with_and_without_drafters(srv: ServerThread, arch: str) -> None:
                                              "options": {"num_predict": 24, "drafter": drafter}})
             assert r.status_code == 200, r.text
             runs[drafter] = out = r.json()
-            assert out["done"] and out["eval_count"] == 24 and SPEC_FIELDS <= set(out) and out["drafter"] == drafter
+            assert out["done"] and out["eval_count"] == 24 and SPEC_FIELDS <= set(out) and out["drafter"] == {"model": "model+copy"}.get(drafter, drafter)
     assert runs["model"]["draft_n_accepted"] > 0 and runs["model"]["acceptance_by_position"]
     assert runs["model"]["snapshot_bytes"] > 0  # the recurrent states held for rollback, reported per request
     assert runs["model"]["message"] == runs["none"]["message"] == runs["ngram"]["message"]
@@ -85,7 +85,7 @@ def test_the_models_own_mtp_head_drafts_without_a_draft_line(srv: ServerThread, 
                                                      "options": {"num_predict": 24, "draft_num_predict": 3}}) as r:
             parts = [json.loads(line) for line in r.iter_lines() if line.strip()]
     final = parts[-1]
-    assert final["done"] and final["drafter"] == "mtp" and final["draft_n"] >= 3
+    assert final["done"] and final["drafter"] == "mtp+copy" and final["draft_n"] >= 3
     assert len(final["acceptance_by_position"]) == 3
     plain = client.chat(model=name, messages=messages, options={"num_predict": 24, "drafter": "none"})
     assert "".join(p["message"]["content"] for p in parts) == plain.message.content

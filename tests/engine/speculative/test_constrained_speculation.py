@@ -67,12 +67,14 @@ def test_greedy_constrained_speculation_equals_plain(engines, name):
         run = generate(engines[engine], request={"format": fmt}, **GREEDY, drafter=drafter,
                        draft_num_predict=4, draft_schedule="fixed")
         assert run.tokens == plain.tokens, (engine, drafter)
-        assert run.spec.drafter == drafter and run.result.done_reason == "stop"
+        # draft_copy is on by default: the model's rounds share the request with copy rounds
+        assert run.spec.drafter == {"model": "model+copy"}.get(drafter, drafter)
+        assert run.result.done_reason == "stop"
         assert run.spec.draft_rounds > 0 and run.spec.draft_n > 0, (engine, drafter)  # drafts survived the cut
     mtp_plain = generate(engines["mtp"], request={"format": fmt}, **GREEDY, drafter="none")
     mtp = generate(engines["mtp"], request={"format": fmt}, **GREEDY, drafter="mtp", draft_num_predict=4,
                    draft_schedule="fixed")
-    assert mtp.tokens == mtp_plain.tokens and mtp.spec.drafter == "mtp"
+    assert mtp.tokens == mtp_plain.tokens and mtp.spec.drafter == "mtp+copy"
 
 
 def test_a_perfect_drafter_gets_drafts_accepted_under_the_constraint(engines):

@@ -24,7 +24,7 @@ def test_a_repeating_text_is_drafted_by_the_copy_and_output_is_unchanged(models)
     engine = load_engine(models["bigram"], models["random"])
     plain = generate(engine, **GREEDY, drafter="none")
     model = generate(engine, **GREEDY, **spec_opts("model", 4))
-    copy = generate(engine, **GREEDY, **spec_opts("model", 4), draft_copy=True)
+    copy = generate(engine, **GREEDY, **spec_opts("model", 4, draft_copy=True))
     assert copy.tokens == model.tokens == plain.tokens
     assert copy.spec.drafter == "model+copy"
     assert copy.spec.draft_n_accepted > 2 * max(model.spec.draft_n_accepted, 5)
@@ -35,7 +35,7 @@ def test_free_text_still_goes_to_the_model(models):
     """Where nothing is being copied the model drafts: with a perfect drafter, as many accepted as without."""
     self_engine = load_engine(models["target"], models["self"])
     model = generate(self_engine, **GREEDY, **spec_opts("model", 4))
-    copy = generate(self_engine, **GREEDY, **spec_opts("model", 4), draft_copy=True)
+    copy = generate(self_engine, **GREEDY, **spec_opts("model", 4, draft_copy=True))
     assert copy.tokens == model.tokens
     assert copy.spec.acceptance_rate >= 0.9 * model.spec.acceptance_rate
 
@@ -97,7 +97,7 @@ def test_adaptive_drafts_copy_rounds_deep_and_keeps_model_rounds_shallow(models)
     plain = generate(engine, **GREEDY, drafter="none")
     copy_ctl = engine.controllers["model+copy/copy"] = AdaptiveDepth(cost_model=free_drafting)
     model_ctl = engine.controllers["model+copy/model"] = AdaptiveDepth(cost_model=fake_cost)
-    run = generate(engine, temperature=0, num_predict=120, **spec_opts("model", 8, "adaptive"), draft_copy=True)
+    run = generate(engine, temperature=0, num_predict=120, **spec_opts("model", 8, "adaptive", draft_copy=True))
     assert run.tokens[:len(plain.tokens)] == plain.tokens
     assert copy_ctl.step > 0 and model_ctl.step > 0  # both sources drafted rounds
     assert copy_ctl.best(8) == 8 and model_ctl.best(8) <= 1

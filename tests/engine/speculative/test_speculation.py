@@ -134,7 +134,8 @@ GREEDY = dict(temperature=0, num_predict=40)
 
 
 def spec_opts(drafter: str, cap: int = 4, schedule: str = "fixed", **kw) -> dict:
-    return dict(drafter=drafter, draft_num_predict=cap, draft_schedule=schedule, **kw)
+    """This drafter alone (no copy rounds, unless ``draft_copy`` is passed), at this cap and schedule."""
+    return {"drafter": drafter, "draft_num_predict": cap, "draft_schedule": schedule, "draft_copy": False, **kw}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -230,7 +231,7 @@ def test_adaptive_schedule_is_lossless_too(self_engine, random_engine, plain):
 
 def test_auto_picks_the_draft_model_and_unknown_drafters_are_400(self_engine, paths):
     run = generate(self_engine, temperature=0, num_predict=8, drafter="auto", draft_num_predict=3)
-    assert run.spec.drafter == "model"
+    assert run.spec.drafter == "model+copy"  # draft_copy is on by default
     plain_engine = load_engine(paths["target"])
     assert generate(plain_engine, temperature=0, num_predict=4, drafter="auto").spec.drafter == "none"
     for bad in ("model", "mtp"):
@@ -267,9 +268,11 @@ def test_engine_and_show_agree_on_an_mtp_head(paths, tmp_path):
         run = generate(engine, **request)
         # what the server sends the engine for the same request
         sent = GenerateRequest(prompt=PROMPT, options=merged_options(model, request))
-        assert run.spec.drafter == shown["drafter"] == engine.plan(sent).drafter
-        seen.append(shown["drafter"])
-    assert seen == ["none", "mtp"]
+        plan = engine.plan(sent)
+        assert shown["drafter"] == plan.drafter and shown["draft_copy"] == plan.copy
+        assert run.spec.drafter == plan.drafter + ("+copy" if plan.copy else "")
+        seen.append(run.spec.drafter)
+    assert seen == ["none", "mtp+copy"]  # draft_copy is on by default, and only a model or head copies
 
 
 def test_draft_acceptance_from_a_modelfile_reaches_the_engine(dist_engine):
