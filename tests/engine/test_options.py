@@ -242,14 +242,19 @@ def test_plan_from_merged_layers():
 
 
 def test_plan_carries_the_tunables():
-    options = Options.from_map({"drafter": "ngram", "draft_schedule": "fixed", "draft_p_min": 0.5,
+    options = Options.from_map({"drafter": "model", "draft_schedule": "fixed", "draft_p_min": 0.5,
                                 "draft_n_min": 2, "relaxed_top_n": 3, "draft_trace": True,
                                 "draft_acceptance": "match", "relaxed_scope": "thinking", "draft_copy": True})
-    plan = plan_speculation(options, has_draft_layer=False, has_mtp_head=False)
-    assert plan == SpeculationPlan(drafter="ngram", cap=4, rule="match", schedule="fixed", p_min=0.5,
+    plan = plan_speculation(options, has_draft_layer=True, has_mtp_head=False)
+    assert plan == SpeculationPlan(drafter="model", cap=4, rule="match", schedule="fixed", p_min=0.5,
                                    n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking", copy=True)
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
-        "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "ngram", "draft_trace": True, "draft_acceptance": "match",
+        "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "model", "draft_trace": True, "draft_acceptance": "match",
         "draft_copy": True, "draft_vocab": 32768}
+    # only a draft model or MTP head has copy rounds: n-gram lookup already is the copy, and none drafts nothing
+    for drafter in ("ngram", "none"):
+        other = plan_speculation(Options.from_map({"drafter": drafter, "draft_copy": True}),
+                                 has_draft_layer=True, has_mtp_head=False)
+        assert (other.drafter, other.copy) == (drafter, False)
     assert list(plan.as_options()) == list(SPECULATION_DEFAULTS)
