@@ -600,6 +600,14 @@ template <int BITS, int G, int SC, int MB>
             };
             s16[i][0] = _mm256_add_epi32(s16[i][0], widened(w00, w10));  // int32 already: 8-bit runs are one step
             s16[i][1] = _mm256_add_epi32(s16[i][1], widened(w01, w11));
+          } else if constexpr (MB >= 4) {
+            // each product into its sum as it is formed: one register less per row than adding the two
+            // products first, which at four and five rows spilled sums (the same integers: int16 sums
+            // that never overflow add in any order)
+            s16[i][0] = _mm256_add_epi16(s16[i][0], pair_products<BITS>(w00, x0));
+            s16[i][1] = _mm256_add_epi16(s16[i][1], pair_products<BITS>(w01, x0));
+            s16[i][0] = _mm256_add_epi16(s16[i][0], pair_products<BITS>(w10, x1));
+            s16[i][1] = _mm256_add_epi16(s16[i][1], pair_products<BITS>(w11, x1));
           } else {
             s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(pair_products<BITS>(w00, x0),
                                                                      pair_products<BITS>(w10, x1)));
