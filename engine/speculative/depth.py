@@ -400,8 +400,8 @@ class PerSourceDepth:
     source: Callable[[], str]
     # A source named here competes with the one it maps to: the round goes to that one instead (told
     # through ``use_source``) when its controller expects more tokens a second, once this request has
-    # tried the competing source (it costs no drafting, so one try per text is cheap; what earlier texts
-    # taught is its prior).
+    # tried the competing source (it costs no drafting and the try drafts one token, so one try per text
+    # is cheap; what earlier texts taught is its prior).
     fallbacks: dict[str, str] = field(default_factory=dict)
     use_source: Callable[[str], None] | None = None
     _current: str = ""
@@ -418,7 +418,12 @@ class PerSourceDepth:
             if self.use_source is not None:
                 self.use_source(other)
         self._current = source
-        return self.controllers[source].choose(cap)
+        ctl = self.controllers[source]
+        if other is not None and isinstance(ctl, AdaptiveDepth) and not ctl.tried_this_request():
+            # the request's one try of a competing source is a probe: one draft. At the depth earlier texts
+            # taught (a rewrite's weak copy runs 3-4 deep) a code request's try verified 4 tokens for nothing
+            cap = min(cap, 1)
+        return ctl.choose(cap)
 
     def _prefers(self, other: str, source: str, cap: int) -> bool:
         mine, theirs = self.controllers[source], self.controllers[other]

@@ -137,3 +137,20 @@ def test_a_weak_copy_competes_with_the_model(weak_accepts, expect_weak):
     else:
         assert late.count("model") >= 38 and used and set(used) == {"model"}
     assert picks[0] == "copy-weak"  # tried first: it costs no drafting
+
+
+def test_the_requests_try_of_a_weak_copy_drafts_one_token():
+    """The one try a request gives a competing source is a probe: a weak copy that earlier texts taught to
+    run deep (a rewrite) still drafts a single token in a new request's first weak round, then what it learns
+    decides."""
+    weak, model = AdaptiveDepth(cost_model=free_drafting), AdaptiveDepth(cost_model=fake_cost)
+    ctl = PerSourceDepth({"copy-weak": weak, "model": model}, lambda: "copy-weak", {"copy-weak": "model"})
+    ctl.begin_request()
+    for _ in range(40):  # a rewrite: every weak copy accepted
+        k = ctl.choose(4)
+        ctl.observe(k, k, k, 0.0)
+    assert weak.best(4) >= 3
+    ctl.begin_request()
+    assert ctl.choose(4) == 1
+    ctl.observe(1, 1, 1, 0.0)
+    assert ctl.choose(4) >= 2  # tried: its own evidence and the carried prior decide the depth again
