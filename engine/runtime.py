@@ -187,7 +187,7 @@ class ModelRuntime:
             raise EngineError("drafter 'mtp' was requested but this model has no MTP (NextN) head", 400)
         if kind == "none":
             return NullDrafter(), 0
-        if plan.copy and kind in ("model", "mtp"):
+        if plan.copy:  # the plan has copy rounds only for a draft model or MTP head
             return CopyFirstDrafter(self.drafters[kind], self.drafters["ngram"]), plan.cap
         return self.drafters[kind], plan.cap
 
