@@ -419,7 +419,7 @@ class PerSourceDepth:
                 self.use_source(other)
         self._current = source
         ctl = self.controllers[source]
-        if other is not None and isinstance(ctl, AdaptiveDepth) and not ctl.tried_this_request():
+        if source in self.fallbacks and isinstance(ctl, AdaptiveDepth) and not ctl.tried_this_request():
             # the request's one try of a competing source is a probe: one draft. At the depth earlier texts
             # taught (a rewrite's weak copy runs 3-4 deep) a code request's try verified 4 tokens for nothing
             cap = min(cap, 1)

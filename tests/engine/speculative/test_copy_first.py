@@ -154,3 +154,25 @@ def test_the_requests_try_of_a_weak_copy_drafts_one_token():
     assert ctl.choose(4) == 1
     ctl.observe(1, 1, 1, 0.0)
     assert ctl.choose(4) >= 2  # tried: its own evidence and the carried prior decide the depth again
+
+
+def test_the_model_taking_a_weak_copys_round_drafts_at_its_own_depth():
+    """Only the competing source's try is held to one draft: when a tried weak copy hands its round to the
+    model, the model drafts as deep as it has learned to, even in its first round of the request."""
+    weak, model = AdaptiveDepth(cost_model=free_drafting), AdaptiveDepth(cost_model=fake_cost)
+    turns = iter(["model"] * 40 + ["copy-weak"] * 40)
+    ctl = PerSourceDepth({"copy-weak": weak, "model": model}, lambda: next(turns), {"copy-weak": "model"})
+    ctl.begin_request()
+    for _ in range(40):  # the model: always right; then the weak copy: always wrong
+        k = ctl.choose(4)
+        ctl.observe(k, k, k if ctl._current == "model" else 0, 0.0)
+    assert model.best(4) >= 2
+    for _ in range(40):
+        k = ctl.choose(4)
+        ctl.observe(k, k, 0, 0.0)
+    turns = iter(["copy-weak"] * 3)
+    ctl.source = lambda: next(turns)
+    ctl.begin_request()
+    assert ctl.choose(4) == 1 and ctl._current == "copy-weak"  # its try this request
+    ctl.observe(1, 1, 0, 0.0)
+    assert ctl.choose(4) >= 2 and ctl._current == "model"  # the model's first round: not a probe
