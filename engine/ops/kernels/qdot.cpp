@@ -114,6 +114,9 @@ namespace {
 
 constexpr int64_t kActGroup = 32;  // activation quantization group
 constexpr int kMaxRows = 4;        // activation rows sharing one pass over a weight block
+// AVX-512 has 32 vector registers: a verification of up to seven drafts (eight rows) shares one pass,
+// so the block's codes are unpacked once for all of them (see rows_in_pass).
+constexpr int kMaxWideRows = 8;
 constexpr int64_t kBlockRows = 16;  // weight rows per block (one per 32-bit lane)
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead in a block's codes the vector path prefetches
 
@@ -358,10 +361,14 @@ template <int BITS, int MB>
 inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t k_begin, int64_t k_end,
                        __m512i* sums) {
   constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
-  __m512i sum0[MB], sum1[MB];
+  // Up to four rows, two sums a row keep two independent dot chains per row in flight; from five rows
+  // on the rows alone give enough independent chains, and one sum a row leaves the registers for
+  // them (32 zmm: eight rows' sums and float accumulators). Integer sums: the same either way.
+  constexpr bool kTwoChains = MB <= kMaxRows;
+  __m512i sum0[MB], sum1[kTwoChains ? MB : 1];
   for (int i = 0; i < MB; ++i) {
     sum0[i] = _mm512_setzero_si512();
-    sum1[i] = _mm512_setzero_si512();
+    if constexpr (kTwoChains) sum1[i] = _mm512_setzero_si512();
   }
   for (int64_t k0 = k_begin; k0 < k_end; k0 += 8) {
     const uint8_t* p = w_block + (k0 / 8) * slot_bytes;
@@ -371,10 +378,14 @@ inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t 
     load_slots<BITS>(p, w0, w1);
     for (int i = 0; i < MB; ++i) {
       sum0[i] = _mm512_dpbusd_epi32(sum0[i], w0, broadcast4(xq[i] + k0));
-      sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
+      if constexpr (kTwoChains) {
+        sum1[i] = _mm512_dpbusd_epi32(sum1[i], w1, broadcast4(xq[i] + k0 + 4));
+      } else {
+        sum0[i] = _mm512_dpbusd_epi32(sum0[i], w1, broadcast4(xq[i] + k0 + 4));
+      }
     }
   }
-  for (int i = 0; i < MB; ++i) sums[i] = _mm512_add_epi32(sum0[i], sum1[i]);
+  for (int i = 0; i < MB; ++i) sums[i] = kTwoChains ? _mm512_add_epi32(sum0[i], sum1[i]) : sum0[i];
 }
 
 // MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
@@ -737,9 +748,12 @@ inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs,
                           const QuantizedActivations& a, int64_t m0, float* out) {
   if constexpr (SC == kScaleInt8) {
     switch (mb) {
-#if QDOT_AVX2
-      case 5: block_dots_centred<5>(w_block, bs, a, m0, out); return;
+#if QDOT_AVX512_VNNI
+      case 8: block_dots_centred<8>(w_block, bs, a, m0, out); return;
+      case 7: block_dots_centred<7>(w_block, bs, a, m0, out); return;
+      case 6: block_dots_centred<6>(w_block, bs, a, m0, out); return;
 #endif
+      case 5: block_dots_centred<5>(w_block, bs, a, m0, out); return;
       case 4: block_dots_centred<4>(w_block, bs, a, m0, out); return;
       case 3: block_dots_centred<3>(w_block, bs, a, m0, out); return;
       case 2: block_dots_centred<2>(w_block, bs, a, m0, out); return;
@@ -747,9 +761,12 @@ inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs,
     }
   } else {
     switch (mb) {
-#if QDOT_AVX2
-      case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
+#if QDOT_AVX512_VNNI
+      case 8: block_dots<BITS, G, SC, 8>(w_block, bs, offset, a, m0, out); break;
+      case 7: block_dots<BITS, G, SC, 7>(w_block, bs, offset, a, m0, out); break;
+      case 6: block_dots<BITS, G, SC, 6>(w_block, bs, offset, a, m0, out); break;
 #endif
+      case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
       case 4: block_dots<BITS, G, SC, 4>(w_block, bs, offset, a, m0, out); break;
       case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
       case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
@@ -836,14 +853,18 @@ struct PackedWeights {
   }
 };
 
-// Activation rows in one pass over a weight block: up to kMaxRows, except that the AVX2 path takes a
-// last five in one pass (a verification of four drafts; measured 4 % faster for 4-bit codes and 14 %
-// for 6-bit than four rows and then one; six and eight in one pass were no faster, or slower).
+// Activation rows in one pass over a weight block. AVX-512: up to kMaxWideRows (a verification of up to
+// seven drafts unpacks each block once; docs/bench/qdot-avx512-widths.md). AVX2 (16 registers): up to
+// kMaxRows, except a last five in one pass (a verification of four drafts; measured 4 % faster for 4-bit
+// codes and 14 % for 6-bit than four rows and then one; six and eight in one pass were no faster, or
+// slower).
 inline int64_t rows_in_pass(int64_t left) {
-#if QDOT_AVX2
+#if QDOT_AVX512_VNNI
+  return std::min<int64_t>(kMaxWideRows, left);
+#else
   if (left == kMaxRows + 1) return left;
-#endif
   return std::min<int64_t>(kMaxRows, left);
+#endif
 }
 
 // Where one linear's outputs go: y[i * ldy + j] for output j of activation row i, plus residual[i * ldr + j]
@@ -860,7 +881,7 @@ template <int BITS, int G, int SC>
 void run_blocks(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
                 const OutputRows& out, int64_t begin, int64_t end) {
   const int64_t block_bytes = 2 * a.k * BITS;
-  float dots[(kMaxRows + 1) * kBlockRows];
+  float dots[kMaxWideRows * kBlockRows];
   for (int64_t b = begin; b < end; ++b) {
     const uint8_t* w_block = w.codes + b * block_bytes;
     const BlockScales bs = w.block(b, a.k, G);

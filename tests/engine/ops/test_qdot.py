@@ -130,7 +130,7 @@ def test_kernel_matches_definition(ops, bits, group, with_zeros, k, n):
     codes, packed, ps, pz, scales, zeros = random_layout(n, k, bits, group, with_zeros, seed=k + bits)
     offset = 2 ** (bits - 1)
     bias = torch.randn(n)
-    for m in (1, 2, 3, 4, 5, 8, 9, 50):
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 50):  # every rows-per-pass instance, and passes after a full one
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         x[0, :32] = 0.0  # an all-zero activation group (dx = 0)
         for b in (None, bias):
@@ -188,7 +188,7 @@ def test_two_level_kernel_matches_definition(ops, bits, group, with_zeros, k, n)
     codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, bits, group, with_zeros, seed=k + bits)
     offset = 32 if bits == 6 else 0
     bias = torch.randn(n)
-    for m in (1, 3, 4, 9):
+    for m in (1, 3, 4, 5, 6, 7, 8, 9):  # every rows-per-pass instance (AVX-512: up to 8 a pass)
         x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
         for b in (None, bias):
             y = op(x, packed, ps, pz, sup, bits, group, offset, n, b)
@@ -436,7 +436,7 @@ def f(tmp_path_factory):
         yield fh
 
 
-def matmul_error(lin, w_ref, bias=None, widths=(1, 4, 5, 16)) -> float:
+def matmul_error(lin, w_ref, bias=None, widths=(1, 4, 5, 7, 16)) -> float:
     worst = 0.0
     for m in widths:
         x = torch.randn(m, lin.in_features, generator=torch.Generator().manual_seed(m))
