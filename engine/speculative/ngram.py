@@ -36,9 +36,17 @@ class NgramDrafter(Drafter):
     A source with thin evidence (few of the last ``window`` tokens agree) gets a one-token draft.
     The continuation may run into the suffix itself, which makes a periodic text propose whole
     periods (``a b a b`` -> ``a b a b ...``). Drafts are point masses.
+
+    Each round names its source before the depth is chosen (``round_source``): ``copy`` when all of
+    the last ``window`` tokens agree with it, ``lookup`` otherwise. The adaptive schedule prices the
+    two apart (``engine.speculative.depth.PerSourceDepth``): a certain copy is accepted whole on a
+    rewrite and on the stretches of code that repeat, while lookups in free text mostly are not, and
+    one estimate over both kept a rewrite's rounds shallow for its first dozen rounds after a code or
+    prose request had taught it the lookups' acceptance.
     """
 
     kind = "ngram"
+    sources = ("copy", "lookup")
 
     def __init__(self, n_max: int = 3, n_min: int = 1, window: int = 8, cursor_agreement: int = 6,
                  probe_below: int = 3):
@@ -63,6 +71,7 @@ class NgramDrafter(Drafter):
         self._cursor: int | None = None  # source position aligned with the last log token
         self._renames: dict[int, int] = {}  # source token -> the token the output writes instead
         self._pending: tuple[int, int, int] | None = None  # (source pos, source token, written token)
+        self._round: str | None = None  # the coming round's source, once round_source named it
 
     def begin(self, tokens: Sequence[int]) -> None:
         tokens = list(tokens)
@@ -76,6 +85,7 @@ class NgramDrafter(Drafter):
             self._extend(tokens)
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
+        self._round = None  # the evidence changes with every committed token
         n_before = len(self.tokens)
         self._extend(tokens_committed)
         if self._cursor is not None:
@@ -143,10 +153,17 @@ class NgramDrafter(Drafter):
         self._cursor = source
         return self.last_agreement
 
+    def round_source(self) -> str:
+        if self._round is None:
+            self._round = "copy" if self.select_source() >= self.window else "lookup"
+        return self._round
+
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
+        decided, self._round = self._round, None
         if k <= 0 or not self.tokens:
             return EMPTY
-        self.select_source()
+        if decided is None:  # a fixed schedule does not ask round_source first
+            self.select_source()
         return self.copy_from_source(k)
 
     def copy_from_source(self, k: int) -> Proposal:

@@ -104,6 +104,22 @@ def test_adaptive_drafts_copy_rounds_deep_and_keeps_model_rounds_shallow(models)
     assert run.spec.draft_n >= 5 * run.spec.draft_rounds  # the rounds it drafted went deep
 
 
+def test_ngram_adaptive_prices_certain_copies_apart_from_lookups(models):
+    """drafter=ngram with the adaptive schedule: the cycling text's certain-copy rounds get their own
+    controller and reach the cap while the lookup rounds' stays as shallow as its failures make it (one
+    controller for both took the lookups' acceptance into the copy rounds); the output is plain decoding's."""
+    engine = load_engine(models["bigram"], models["random"])
+    plain = generate(engine, **GREEDY, drafter="none")
+    copy_ctl = engine.controllers["ngram/copy"] = AdaptiveDepth(cost_model=free_drafting)
+    lookup_ctl = engine.controllers["ngram/lookup"] = AdaptiveDepth(cost_model=fake_cost)
+    run = generate(engine, temperature=0, num_predict=120, **spec_opts("ngram", 8, "adaptive"))
+    assert run.tokens[:len(plain.tokens)] == plain.tokens
+    assert run.spec.drafter == "ngram"
+    assert copy_ctl.step > 0 and lookup_ctl.step > 0  # the request had rounds of both kinds
+    assert copy_ctl.best(8) == 8
+    assert run.spec.draft_n >= 5 * run.spec.draft_rounds
+
+
 def test_a_source_that_never_drafted_reports_an_empty_state():
     """On text with nothing to copy the copy's controller never observes a round; the benchmark's and
     the logs' snapshot of it is empty, not an error."""

@@ -107,6 +107,22 @@ def test_ngram_cursor_gives_way_outside_a_copy():
     assert d.propose(2, ctx()).tokens == [104]  # a plain suffix match again (one token: thin evidence)
 
 
+def test_ngram_names_a_certain_copy_apart_from_a_lookup():
+    """The adaptive schedule prices the rounds of a copy that agrees on all of the last 8 tokens apart from
+    other lookups (runtime: one controller per source); the round then drafts from the source it named."""
+    src, log = copy_with_a_rename()
+    d = NgramDrafter()
+    d.begin(log)
+    assert d.sources == ("copy", "lookup")
+    assert d.round_source() == "copy"  # the ten copied tokens agree with the source: all of the last 8
+    assert d.propose(4, ctx()).tokens == src[10:14]
+    d.commit([99], len(log) + 1)  # an edit: 7 of the last 8 agree now
+    assert d.round_source() == "lookup"
+    assert d.propose(4, ctx()).tokens == src[11:15]  # still the cursor: a lookup source, not a different one
+    d.commit(src[11:16], len(log) + 6)
+    assert d.round_source() == "copy"  # the rename confirmed: renamed tokens count as agreement
+
+
 # ------------------------------------------------------------------------------------------------
 # draft model
 # ------------------------------------------------------------------------------------------------
