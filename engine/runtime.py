@@ -32,7 +32,7 @@ from engine.process.protocol import (
 from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.copy_first import CopyFirstDrafter
-from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth
+from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth, RecentTimes
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
 from engine.speculative.loop import (
@@ -90,6 +90,8 @@ class ModelRuntime:
         self.owned_files = parts.owned_files
         # Learned per drafter kind, kept for the lifetime of the loaded model.
         self.controllers: dict[str, AdaptiveDepth] = {}
+        # What a verification of each width costs on this target, shared by all of them (AdaptiveDepth.verify_times).
+        self._verify_times: dict[int, RecentTimes] = {}
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
         self.last_breakdown: TimeBreakdown | None = None
         self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily
@@ -202,7 +204,7 @@ class ModelRuntime:
     def _adaptive(self, key: str) -> AdaptiveDepth:
         """The adaptive controller kept for ``key`` across requests (what it learned carries over)."""
         if key not in self.controllers:
-            self.controllers[key] = AdaptiveDepth()
+            self.controllers[key] = AdaptiveDepth(verify_times=self._verify_times)
         return self.controllers[key]
 
     # ------------------------------------------------------------------------------------------

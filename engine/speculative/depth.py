@@ -23,7 +23,8 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   means past position 0 are scaled by how the request's own position 0 compares with the carried
   one: a text that rejects the first draft more often than the last text did rejects the later ones
   more often too, and those positions are observed only in rounds that reach them, so unscaled they
-  kept a harder text's rounds deep. Costs belong to the machine and carry over whole. If that prior
+  kept a harder text's rounds deep. Costs belong to the machine and carry over whole; the verification
+  costs are one table for every controller of a target (``verify_times``), whichever source drafted. If that prior
   says plain decoding, the request's first steps still draft one token each, back to back, until
   position 0 has ``min_trials`` of the request's own trials: the drafter has just read the prompt and
   stays in step while every step drafts, so these probes cost no catch-up, while any probe after a
@@ -166,7 +167,11 @@ class AdaptiveDepth:
     _succ: list[float] = field(default_factory=list)
     _carried: list[float] = field(default_factory=list)  # per position: the previous requests' a_j
     _trials: list[float] = field(default_factory=list)
-    _verify: dict[int, RecentTimes] = field(default_factory=dict)  # width -> step time minus drafting
+    # width -> step time minus drafting. The runtime hands every controller of one target the same table:
+    # a verification's cost belongs to the target and the machine, not to the source that drafted the round,
+    # and a source with few rounds (a rewrite's copy) priced its widths from one or two samples of its own,
+    # as old as its last round.
+    verify_times: dict[int, RecentTimes] = field(default_factory=dict)
     _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
@@ -196,7 +201,7 @@ class AdaptiveDepth:
         drafting = min(max(drafting, 0.0), seconds)
         # The verification width is what was drafted, not what was asked: an n-gram miss or a
         # draft_p_min stop verifies fewer tokens and costs less.
-        self._verify.setdefault(n_drafted + 1, RecentTimes()).add(seconds - drafting)
+        self.verify_times.setdefault(n_drafted + 1, RecentTimes()).add(seconds - drafting)
         if n_drafted > 0:
             self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
         self._measured_at[n_drafted] = self.step
@@ -284,9 +289,9 @@ class AdaptiveDepth:
 
     def verify_cost(self, width: int) -> float | None:
         """Measured step time (drafting excluded) at ``width``, or an optimistic estimate."""
-        if not self._verify:
+        if not self.verify_times:
             return None
-        return _estimate(self._verify, width, proportional=False)
+        return _estimate(self.verify_times, width, proportional=False)
 
     def drafting_cost(self, n: int) -> float:
         """The drafter's time for a proposal of ``n`` tokens (0 until measured: optimistic)."""
@@ -333,7 +338,7 @@ class AdaptiveDepth:
         cap = min(max(0, cap), MAX_CONSIDERED_DEPTH)  # per-token work independent of the cap
         if cap == 0:
             return 0
-        if not self._verify:
+        if not self.verify_times:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
@@ -379,10 +384,10 @@ class AdaptiveDepth:
         return {
             "step": self.step,
             "acceptance": [round(a, 4) for a in self.acceptances(len(self._succ))],
-            "verify_ms": {w: round(r.estimate() * 1e3, 3) for w, r in sorted(self._verify.items())},
+            "verify_ms": {w: round(r.estimate() * 1e3, 3) for w, r in sorted(self.verify_times.items())},
             "drafting_ms": {n: round(self.drafting_cost(n) * 1e3, 3) for n in sorted(self._drafting)},
             # nothing before the first observation (a source of PerSourceDepth that never drafted)
-            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self._verify, default=0))},
+            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self.verify_times, default=0))},
         }
 
 

@@ -120,6 +120,22 @@ def test_ngram_adaptive_prices_certain_copies_apart_from_lookups(models):
     assert run.spec.draft_n >= 5 * run.spec.draft_rounds
 
 
+def test_the_controllers_of_a_target_share_its_verification_costs(models):
+    """What verifying each width costs belongs to the target: a source that has not drafted yet (a rewrite's
+    certain copy) prices its first round from the widths the model's rounds measured, and drafts it, where a
+    table of its own would have nothing and take a plain step to start one."""
+    engine = load_engine(models["target"], models["self"])
+    generate(engine, **GREEDY, **spec_opts("model", 4, "adaptive"))
+    model = engine.controllers["model"]
+    ctl = engine.controller(engine.drafters["ngram"], "adaptive", 0)
+    copy = ctl.controllers["copy"]
+    assert copy.step == 0 and model.step > 0
+    for width in (1, 2, 3):
+        assert copy.verify_cost(width) == model.verify_cost(width) is not None
+    copy.begin_request()
+    assert copy.choose(4) >= 1
+
+
 def test_a_source_that_never_drafted_reports_an_empty_state():
     """On text with nothing to copy the copy's controller never observes a round; the benchmark's and
     the logs' snapshot of it is empty, not an error."""
