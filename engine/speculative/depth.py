@@ -24,8 +24,8 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   one: a text that rejects the first draft more often than the last text did rejects the later ones
   more often too, and those positions are observed only in rounds that reach them, so unscaled they
   kept a harder text's rounds deep. Costs belong to the machine and carry over whole; the verification
-  costs are one table for every controller of a target (``verify_times``), whichever source drafted. If that prior
-  says plain decoding, the request's first steps still draft one token each, back to back, until
+  costs are one table for every controller of a target (``verify_times``), whichever source drafted.
+  If that prior says plain decoding, the request's first steps still draft one token each, back to back, until
   position 0 has ``min_trials`` of the request's own trials: the drafter has just read the prompt and
   stays in step while every step drafts, so these probes cost no catch-up, while any probe after a
   plain step first forwards every token committed since the drafter last ran. (One probe and then
