@@ -238,11 +238,16 @@ class AdaptiveDepth:
         text it drafts at 0.92)."""
         return self._trials_at(0) < self.sync_trials and self.best(cap, optimism=1.0) > 0
 
+    def _in_step(self) -> bool:
+        """Whether drafting now needs no catch-up worth pricing: the drafter has seen all but the last token,
+        or it never had to catch up (an n-gram, an MTP head, a copy)."""
+        return self._behind <= 1 or not self._catchup.values
+
     def _repays_catchup(self, k: int) -> bool:
         """Whether drafting at depth ``k`` saves, over ``switch_horizon`` tokens, more than catching the
         drafter up on the plain steps since it last ran costs (True when it is not behind, or no
         catch-up was measured yet)."""
-        if self._behind <= 1 or not self._catchup.values:
+        if self._in_step():
             return True
         plain, drafting = self.throughput(0), self.throughput(k)
         if plain <= 0 or drafting <= 0:
@@ -342,10 +347,8 @@ class AdaptiveDepth:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
-        in_step = self._behind <= 1 or not self._catchup.values
-        if best == 0 and in_step and (not own_evidence or self._worth_more_trials(cap)):
-            return 1  # a probe that needs no catch-up (the drafter has seen all but the last token, or never
-            # had to catch up: an n-gram, an MTP head, a copy)
+        if best == 0 and self._in_step() and (not own_evidence or self._worth_more_trials(cap)):
+            return 1  # a probe that needs no catch-up
         if best > 0 and not self._repays_catchup(best):
             best = 0
         every = self.explore_every
