@@ -483,7 +483,7 @@ def _qdot_layout(srcs: Sequence[_Source]) -> tuple[int, int, int | None]:
 
 def _qdot_supers(srcs: Sequence[_Source]) -> int:
     """How many super-block factors the fused sources' packed layout keeps per super-block: S (1 or 2)
-    when they are all one K-quant type (their 8-bit scale codes are kept), else 0 (f16 scales)."""
+    when they are all one K-quant type (their own scale codes are kept), else 0 (f16 scales)."""
     types = {s.ggml_type for s in srcs}
     return dq.TWO_LEVEL_TYPES.get(types.pop(), 0) if len(types) == 1 else 0
 

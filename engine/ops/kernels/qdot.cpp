@@ -1027,7 +1027,7 @@ PackedWeights check_weights(const at::Tensor& codes, const at::Tensor& scales, c
   if (st == at::kHalf) {
     TORCH_CHECK(supers.numel() == 0, "qdot: f16 scales take no super-block factors");
   } else {
-    TORCH_CHECK(k % kSuper == 0, "qdot: 8-bit scale codes need K a multiple of 256, got ", k);
+    TORCH_CHECK(k % kSuper == 0, "qdot: scale codes need K a multiple of 256, got ", k);
     TORCH_CHECK(st == at::kByte || !has_zeros, "qdot: int8 scale codes take no zeros");
     const int64_t s_count = has_zeros ? 2 : 1;
     TORCH_CHECK(supers.scalar_type() == at::kHalf && supers.is_contiguous() && supers.dim() == 4 &&
@@ -1074,7 +1074,7 @@ struct DequantizeLayout {
 
 void check_scale_kind(int64_t bits, int sc) {
   TORCH_CHECK(sc == kScaleF16 || (sc == kScaleUint8 && (bits == 4 || bits == 5)) || (sc == kScaleInt8 && bits == 6),
-              "qdot: 8-bit scale codes are uint8 for 4- and 5-bit codes (Q4_K, Q5_K) and int8 for 6-bit ones (Q6_K)");
+              "qdot: scale codes are uint8 6-bit codes for 4- and 5-bit codes (Q4_K, Q5_K) and int8 for 6-bit ones (Q6_K)");
 }
 
 }  // namespace

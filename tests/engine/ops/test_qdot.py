@@ -225,7 +225,7 @@ def test_two_level_kernel_refuses_mismatched_factors():
     with pytest.raises(RuntimeError, match="supers must be"):
         op(x, packed, ps, pz, sup[:, :, :1].contiguous(), 4, 32, 0, 16, None)  # d without -dmin
     int8_codes = L.pack_group_values(torch.zeros(16, 8, dtype=torch.int8))  # Q6_K's kind of scale codes
-    with pytest.raises(RuntimeError, match="uint8 for 4- and 5-bit"):
+    with pytest.raises(RuntimeError, match="uint8 6-bit codes for 4- and 5-bit"):
         op(x, packed, int8_codes, torch.empty(0, dtype=torch.uint8), sup[:, :, :1].contiguous(), 4, 32, 0, 16, None)
     f16 = L.pack_group_values(torch.ones(16, 8).half())
     with pytest.raises(RuntimeError, match="take no super-block"):
