@@ -216,15 +216,6 @@ def test_two_level_portable_path_agrees(ops, bits, group, with_zeros):
                        portable.qdot_dequantize(packed, ps, pz, sup, bits, group, offset, n))
 
 
-def test_six_bit_codes_take_the_files_bytes_and_refuse_wider_codes():
-    """Q4_K's scale and min codes pack 16 to 12 bytes (a group of a block), as the file's; a code past 63
-    cannot be one of them."""
-    codes = torch.randint(0, 64, (20, 8), generator=torch.Generator().manual_seed(3))
-    assert L.pack_six_bit_codes(codes).shape == (2, 8, 12)
-    with pytest.raises(ValueError, match="0..63"):
-        L.pack_six_bit_codes(torch.full((16, 8), 64))
-
-
 def test_two_level_kernel_refuses_mismatched_factors():
     op = load_qdot()
     codes, packed, ps, pz, sup, scales, zeros = random_two_level(16, 256, 4, 32, True)
