@@ -199,8 +199,7 @@ class QDotLinear(Linear):
 
     ``codes`` uint8 [ceil(N/16), 2 K bits] in the kernel's layout (:func:`pack_codes`; bits 4, 5, 6
     or 8); ``scales``/``zeros`` [ceil(N/16), K/group, 16] (:func:`pack_group_values`): f16 values,
-    or for K-quants their own codes (int8 Q6_K scales; Q4_K/Q5_K 6-bit scales and mins packed to uint8
-    [ceil(N/16), K/group, 12] by :func:`pack_six_bit_codes`) with
+    or for K-quants their 8-bit codes (int8 Q6_K scales, uint8 Q4_K/Q5_K scales and mins) with
     ``supers`` f16 [ceil(N/16), K/256, S, 16] (:func:`pack_supers`; empty otherwise) holding each
     super-block's d (and -dmin); ``zeros`` is empty when every group uses ``w = scale * (code - offset)``.
     Activations and output are f32: the kernel quantizes each row to int8 per 32 values itself."""
@@ -229,7 +228,6 @@ class QDotLinear(Linear):
 
 
 QDOT_BLOCK_ROWS = 16  # the qdot kernel's weight rows per block (one per 32-bit register lane)
-SIX_BIT_GROUP_BYTES = 12  # a block's 16 six-bit codes of one group (pack_six_bit_codes)
 
 
 def _pack_high(high: torch.Tensor, bits: int) -> torch.Tensor:
@@ -274,21 +272,6 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def pack_group_values(values: torch.Tensor) -> torch.Tensor:
     """Per-group scales or zeros [N, K/G] -> the kernel's [ceil(N/16), K/G, 16] (padding rows 0)."""
     return _blocks_of_rows(values).transpose(1, 2).contiguous()
-
-
-def pack_six_bit_codes(codes: torch.Tensor) -> torch.Tensor:
-    """Q4_K/Q5_K 6-bit scale or min codes [N, K/G] -> the kernel's uint8 [ceil(N/16), K/G, 12]: a block's 16
-    codes of a group as two little-endian 32-bit words of their low 4 bits (row r in word r % 2 at bit 4 (r // 2))
-    and one of their high 2 bits (row r at bit 2 r), as many bytes as the file's (kSixBitGroupBytes in qdot.cpp)."""
-    c = pack_group_values(codes.to(torch.int64))  # [B, K/G, 16], padding rows 0
-    if c.numel() and (int(c.min()) < 0 or int(c.max()) > 63):
-        raise ValueError("6-bit codes must lie in 0..63")
-    low4, high2 = c & 0x0F, c >> 4
-    shifts4 = 4 * torch.arange(8)
-    words = [(low4[..., p::2] << shifts4).sum(-1) for p in (0, 1)]
-    words.append((high2 << (2 * torch.arange(16))).sum(-1))
-    byte_shifts = 8 * torch.arange(4)
-    return torch.cat([(w[..., None] >> byte_shifts) & 0xFF for w in words], dim=-1).to(torch.uint8).contiguous()
 
 
 def pack_supers(supers: torch.Tensor) -> torch.Tensor:
@@ -483,7 +466,7 @@ def _qdot_layout(srcs: Sequence[_Source]) -> tuple[int, int, int | None]:
 
 def _qdot_supers(srcs: Sequence[_Source]) -> int:
     """How many super-block factors the fused sources' packed layout keeps per super-block: S (1 or 2)
-    when they are all one K-quant type (their own scale codes are kept), else 0 (f16 scales)."""
+    when they are all one K-quant type (their 8-bit scale codes are kept), else 0 (f16 scales)."""
     types = {s.ggml_type for s in srcs}
     return dq.TWO_LEVEL_TYPES.get(types.pop(), 0) if len(types) == 1 else 0
 
@@ -494,7 +477,7 @@ def _qdot_specs(k: int, n: int, bits: int, group: int, offset: int | None,
     blocks = -(-n // QDOT_BLOCK_ROWS)
     scale_dtype = torch.float16 if not supers else torch.int8 if supers == 1 else torch.uint8
     zero_dtype = torch.float16 if not supers else torch.uint8
-    per_group = (k // group, QDOT_BLOCK_ROWS if supers != 2 else SIX_BIT_GROUP_BYTES)
+    per_group = (k // group, QDOT_BLOCK_ROWS)
     return {"codes": ((blocks, 2 * k * bits), torch.uint8),
             "scales": ((blocks, *per_group), scale_dtype),
             "zeros": ((blocks if offset is None else 0, *per_group), zero_dtype),
@@ -517,11 +500,9 @@ def _qdot_weight(srcs: Sequence[_Source]) -> dict[str, torch.Tensor]:
         parts = [_qdot_rows(s, a, b) for s, a, b in _windows(srcs, r0, r1)]
         out["codes"][b0:b1] = pack_codes(torch.cat([p.codes for p in parts]), bits)
         if supers:  # the file's own codes and factors: exact, and as many bytes as the file
-            scale_codes = torch.cat([p.scale_codes for p in parts])
-            out["scales"][b0:b1] = pack_six_bit_codes(scale_codes) if supers == 2 else \
-                pack_group_values(scale_codes.to(torch.int8))
+            out["scales"][b0:b1] = pack_group_values(torch.cat([p.scale_codes for p in parts]).to(out["scales"].dtype))
             if offset is None:
-                out["zeros"][b0:b1] = pack_six_bit_codes(torch.cat([p.zero_codes for p in parts]))
+                out["zeros"][b0:b1] = pack_group_values(torch.cat([p.zero_codes for p in parts]).to(torch.uint8))
             out["supers"][b0:b1] = pack_supers(torch.cat([p.supers for p in parts]))
             continue
         out["scales"][b0:b1] = pack_group_values(_to_f16(torch.cat([p.scales for p in parts]), srcs[0].name))

@@ -20,16 +20,16 @@
 //          = first slot, high = second), then the high bits of each slot: 5 bits, 8 bytes per slot
 //          (bit i = bit 4 of slot byte i); 6 bits, 16 bytes per slot (byte i holds bits 4-5 of slot
 //          bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7).
-//   scales, zeros  one value per (block, group, row), in one of two kinds: f16 values (the group's
-//          scale and zero themselves) [N/16, K/G, 16], or, for K-quants (Q4_K, Q5_K, Q6_K), the GGUF's
-//          own small integer codes: int8 scales for Q6_K [N/16, K/G, 16], 6-bit scales and mins for
-//          Q4_K/Q5_K packed 16 to 12 bytes [N/16, K/G, 12] (see kSixBitGroupBytes), with
+//   scales, zeros  one value per (block, group, row) [N/16, K/G, 16], in one of two kinds:
+//          f16 values (the group's scale and zero themselves), or, for K-quants (Q4_K, Q5_K, Q6_K),
+//          the GGUF's own small integer codes (int8 scales for Q6_K, uint8 scales and mins for
+//          Q4_K/Q5_K) with
 //   supers float16 [N/16, K/256, S, 16]: each row's super-block factors (S = 1: d; S = 2: d, -dmin),
 //          scale = d * sc, zero = -dmin * m, as ggml computes them. This keeps the bytes read per
-//          token at the GGUF's own (Q4_K 4.5 bits a weight, Q6_K 6.5625, as the file) instead of 5
-//          and 7 with f16 per-group values. Padding rows: 0.
+//          token at the GGUF's own (Q4_K 4.625 bits a weight against its 4.5, Q6_K 6.5625 as the
+//          file) instead of 5 and 7 with f16 per-group values. Padding rows: 0.
 //
-// Prompts go through the same integer path, up to eight activation rows per pass over a weight block
+// Prompts go through the same integer path, four activation rows per pass over a weight block
 // (measured 2x faster at 128 rows than dequantizing to f32 for MKL's GEMM, and every width then
 // rounds the same way, so a prefix computed in one chunk or token by token gives the same cache).
 //
@@ -150,23 +150,11 @@ constexpr int64_t kSuper = 256;  // values per super-block along K
 // (one activation scale dx) instead of twice, with the scale and offset of each 16 folded into an exact
 // integer.
 constexpr int32_t kCentre = 32;
-// Q4_K's and Q5_K's scale and min codes take 6 bits each, as in the file (8-bit bytes read 2.8 % more per
-// 4-bit weight): one group's codes of a block's 16 rows in 12 bytes, laid out for the vector paths' shifts.
-// Two little-endian 32-bit words hold the low 4 bits (row r in word r % 2, bits 4 (r / 2)), a third the
-// high 2 bits (row r at bits 2 r).
-constexpr int64_t kSixBitGroupBytes = 12;
-
-inline int32_t six_bit_code(const uint8_t* group, int64_t r) {
-  uint32_t low, high;
-  std::memcpy(&low, group + 4 * (r % 2), 4);
-  std::memcpy(&high, group + 8, 4);
-  return static_cast<int32_t>(((low >> (4 * (r / 2))) & 0x0F) | (((high >> (2 * r)) & 0x03) << 4));
-}
 
 // One block of 16 weight rows' group scales: pointers into scales, zeros and supers.
 struct BlockScales {
-  const void* s;          // [K/G, 16] f16 values or int8 codes, or [K/G, 12] 6-bit codes (kScaleUint8)
-  const void* z;          // like s (6-bit codes for kScaleUint8), or nullptr: offset
+  const void* s;          // [K/G, 16] f16 values or 8-bit codes
+  const void* z;          // [K/G, 16] like s (uint8 codes for kScaleUint8), or nullptr: offset
   const uint16_t* sup;    // [K/256, S, 16] f16, or nullptr (kScaleF16)
   int64_t sup_stride;     // S * 16
 };
@@ -185,14 +173,10 @@ inline ScaleZero scale_zero(const BlockScales& b, int64_t i, int64_t offset) {
   } else {
     const int64_t g = i / 16, r = i % 16;
     const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride;
-    const float code = SC == kScaleInt8
-        ? static_cast<float>(static_cast<const int8_t*>(b.s)[i])
-        : static_cast<float>(six_bit_code(static_cast<const uint8_t*>(b.s) + g * kSixBitGroupBytes, r));
+    const float code = SC == kScaleInt8 ? static_cast<float>(static_cast<const int8_t*>(b.s)[i])
+                                        : static_cast<float>(static_cast<const uint8_t*>(b.s)[i]);
     sc = half_to_float(sup[r]) * code;
-    if (b.z) {
-      const uint8_t* zg = static_cast<const uint8_t*>(b.z) + g * kSixBitGroupBytes;
-      zero = half_to_float(sup[16 + r]) * static_cast<float>(six_bit_code(zg, r));
-    }
+    if (b.z) zero = half_to_float(sup[16 + r]) * static_cast<float>(static_cast<const uint8_t*>(b.z)[i]);
   }
   if (!b.z) zero = -static_cast<float>(offset) * sc;
   return {sc, zero};
@@ -344,21 +328,6 @@ inline __m512i broadcast4(const int8_t* x) {
   return _mm512_set1_epi32(v);
 }
 
-// The 16 rows' 6-bit codes of one group (see kSixBitGroupBytes) as int32 lanes.
-inline __m512i six_bit_codes(const uint8_t* group) {
-  int64_t low;
-  int32_t high;
-  std::memcpy(&low, group, 8);
-  std::memcpy(&high, group + 8, 4);
-  // lane r: word r % 2 of the low bits (each 64-bit lane holds both words), shifted by 4 (r / 2)
-  const __m512i lo = _mm512_srlv_epi32(_mm512_set1_epi64(low),
-                                       _mm512_set_epi32(28, 28, 24, 24, 20, 20, 16, 16, 12, 12, 8, 8, 4, 4, 0, 0));
-  const __m512i hi = _mm512_srlv_epi32(_mm512_set1_epi32(high),
-                                       _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0));
-  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0x0F)),
-                         _mm512_slli_epi32(_mm512_and_si512(hi, _mm512_set1_epi32(0x03)), 4));
-}
-
 // The 16 rows' scale and zero of group g: vector form of scale_zero (int8 scale codes take
 // block_dots_centred instead).
 template <int SC, int G>
@@ -372,13 +341,14 @@ inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offs
     }
   } else {
     const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride;
-    const __m512i wide = six_bit_codes(static_cast<const uint8_t*>(b.s) + g * kSixBitGroupBytes);
+    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + g * 16));
+    const __m512i wide = _mm512_cvtepu8_epi32(codes);
     sv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup))),
                        _mm512_cvtepi32_ps(wide));
     if (b.z) {
-      const __m512i m = six_bit_codes(static_cast<const uint8_t*>(b.z) + g * kSixBitGroupBytes);
+      const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.z) + g * 16));
       zv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 16))),
-                         _mm512_cvtepi32_ps(m));
+                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
       return;
     }
   }
@@ -562,20 +532,6 @@ inline __m256i pair_products(const __m256i& w, const __m256i& x) {
   }
 }
 
-// Rows 8 h .. 8 h + 7 of one group's 6-bit codes (see kSixBitGroupBytes) as int32 lanes.
-inline __m256i six_bit_codes_half(const uint8_t* group, int h) {
-  int64_t low;
-  int32_t high;
-  std::memcpy(&low, group, 8);
-  std::memcpy(&high, group + 8, 4);
-  const __m256i lo_shift = h ? _mm256_set_epi32(28, 28, 24, 24, 20, 20, 16, 16) : _mm256_set_epi32(12, 12, 8, 8, 4, 4, 0, 0);
-  const __m256i hi_shift = h ? _mm256_set_epi32(30, 28, 26, 24, 22, 20, 18, 16) : _mm256_set_epi32(14, 12, 10, 8, 6, 4, 2, 0);
-  const __m256i lo = _mm256_srlv_epi32(_mm256_set1_epi64x(low), lo_shift);
-  const __m256i hi = _mm256_srlv_epi32(_mm256_set1_epi32(high), hi_shift);
-  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0x0F)),
-                         _mm256_slli_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(0x03)), 4));
-}
-
 // The 8 rows' scale and zero of group g in half h: vector form of scale_zero (int8 scale codes take
 // block_dots_centred instead).
 template <int BITS, int SC, int G>
@@ -592,13 +548,14 @@ inline void half_group_scales(const BlockScales& b, int64_t g, int h, const __m2
     }
   } else {
     const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride + 8 * h;
-    const __m256i wide = six_bit_codes_half(static_cast<const uint8_t*>(b.s) + g * kSixBitGroupBytes, h);
+    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + i));
+    const __m256i wide = _mm256_cvtepu8_epi32(codes);
     sv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup))),
                        _mm256_cvtepi32_ps(wide));
     if (b.z) {
-      const __m256i m = six_bit_codes_half(static_cast<const uint8_t*>(b.z) + g * kSixBitGroupBytes, h);
+      const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.z) + i));
       zv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16))),
-                         _mm256_cvtepi32_ps(m));
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
       have_zero = true;
     }
   }
@@ -885,11 +842,11 @@ struct PackedWeights {
   const void* scales;
   const void* zeros;       // nullptr: offset
   const uint16_t* supers;  // nullptr: f16 scales
-  int64_t group_bytes;     // one group's scales of a block: 32 (f16), 16 (int8 codes), 12 (6-bit codes)
+  int64_t scale_bytes;     // 2 (f16) or 1 (codes)
   int64_t sup_stride;      // S * 16
 
   BlockScales block(int64_t b, int64_t k, int64_t group) const {
-    const int64_t per_block = (k / group) * group_bytes;
+    const int64_t per_block = (k / group) * kBlockRows * scale_bytes;
     return {static_cast<const uint8_t*>(scales) + b * per_block,
             zeros ? static_cast<const uint8_t*>(zeros) + b * per_block : nullptr,
             supers ? supers + b * (k / kSuper) * sup_stride : nullptr, sup_stride};
@@ -999,9 +956,8 @@ int scale_kind(const at::Tensor& scales) {
   return scales.scalar_type() == at::kChar ? kScaleInt8 : kScaleUint8;
 }
 
-// Checks shared by the ops: codes [ceil(n/16), 2 K bits], scales (and zeros) [ceil(n/16), K/G, 16] (f16
-// values, int8 codes) or [ceil(n/16), K/G, 12] (uint8: 6-bit codes, see kSixBitGroupBytes), supers
-// [ceil(n/16), K/256, S, 16] (S = 1 + zeros given) with scale codes, empty with f16 scales.
+// Checks shared by the ops: codes [ceil(n/16), 2 K bits], scales (and zeros) [ceil(n/16), K/G, 16],
+// supers [ceil(n/16), K/256, S, 16] (S = 1 + zeros given) with 8-bit scale codes, empty with f16 scales.
 PackedWeights check_weights(const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& zeros,
                             const at::Tensor& supers, int64_t bits, int64_t group, int64_t n, int64_t k) {
   TORCH_CHECK((bits == 4 && group == 32) || (bits == 5 && group == 32) || (bits == 6 && group == 16) ||
@@ -1012,22 +968,20 @@ PackedWeights check_weights(const at::Tensor& codes, const at::Tensor& scales, c
               "qdot: codes must be contiguous uint8 [ceil(N/16), 2 K bits]");
   TORCH_CHECK(codes.size(1) == 2 * k * bits, "qdot: codes have ", codes.size(1), " bytes per block of 16 rows for K = ", k);
   const auto st = scales.scalar_type();
-  const int64_t per_group = st == at::kByte ? kSixBitGroupBytes : kBlockRows;
   TORCH_CHECK((st == at::kHalf || st == at::kChar || st == at::kByte) && scales.is_contiguous() && scales.dim() == 3 &&
-              scales.size(0) == blocks && scales.size(1) == k / group && scales.size(2) == per_group,
-              "qdot: scales must be contiguous f16 or int8 [ceil(N/16), K/G, 16], or uint8 6-bit codes "
-              "[ceil(N/16), K/G, 12]");
+              scales.size(0) == blocks && scales.size(1) == k / group && scales.size(2) == kBlockRows,
+              "qdot: scales must be contiguous f16, int8 or uint8 [ceil(N/16), K/G, 16]");
   const bool has_zeros = zeros.numel() > 0;
   if (has_zeros) {
     TORCH_CHECK(zeros.scalar_type() == (st == at::kHalf ? at::kHalf : at::kByte) && zeros.is_contiguous() &&
                 zeros.sizes() == scales.sizes(), "qdot: zeros must be contiguous like scales (uint8 with 8-bit scales)");
   }
   PackedWeights w{codes.data_ptr<uint8_t>(), scales.data_ptr(), has_zeros ? zeros.data_ptr() : nullptr, nullptr,
-                  st == at::kHalf ? 2 * kBlockRows : st == at::kChar ? kBlockRows : kSixBitGroupBytes, 0};
+                  st == at::kHalf ? 2 : 1, 0};
   if (st == at::kHalf) {
     TORCH_CHECK(supers.numel() == 0, "qdot: f16 scales take no super-block factors");
   } else {
-    TORCH_CHECK(k % kSuper == 0, "qdot: scale codes need K a multiple of 256, got ", k);
+    TORCH_CHECK(k % kSuper == 0, "qdot: 8-bit scale codes need K a multiple of 256, got ", k);
     TORCH_CHECK(st == at::kByte || !has_zeros, "qdot: int8 scale codes take no zeros");
     const int64_t s_count = has_zeros ? 2 : 1;
     TORCH_CHECK(supers.scalar_type() == at::kHalf && supers.is_contiguous() && supers.dim() == 4 &&
@@ -1074,7 +1028,7 @@ struct DequantizeLayout {
 
 void check_scale_kind(int64_t bits, int sc) {
   TORCH_CHECK(sc == kScaleF16 || (sc == kScaleUint8 && (bits == 4 || bits == 5)) || (sc == kScaleInt8 && bits == 6),
-              "qdot: scale codes are uint8 6-bit codes for 4- and 5-bit codes (Q4_K, Q5_K) and int8 for 6-bit ones (Q6_K)");
+              "qdot: 8-bit scale codes are uint8 for 4- and 5-bit codes (Q4_K, Q5_K) and int8 for 6-bit ones (Q6_K)");
 }
 
 }  // namespace

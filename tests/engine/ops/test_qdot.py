@@ -176,8 +176,8 @@ def random_two_level(n, k, bits, group, with_zeros, seed=0):
     d = sup[..., 0].repeat_interleave(per_super, dim=1)
     scales = d * sc.float()
     zeros = sup[..., 1].repeat_interleave(per_super, dim=1) * mc.float() if with_zeros else torch.empty(0, groups)
-    ps = L.pack_six_bit_codes(sc) if with_zeros else L.pack_group_values(sc.to(torch.int8))
-    pz = L.pack_six_bit_codes(mc) if with_zeros else torch.empty(0, dtype=torch.uint8)
+    ps = L.pack_group_values(sc.to(torch.uint8 if with_zeros else torch.int8))
+    pz = L.pack_group_values(mc.to(torch.uint8)) if with_zeros else torch.empty(0, dtype=torch.uint8)
     return codes, L.pack_codes(codes, bits), ps, pz, L.pack_supers(sup), scales, zeros
 
 
@@ -224,14 +224,11 @@ def test_two_level_kernel_refuses_mismatched_factors():
         op(x, packed, ps, pz, NO_SUPERS, 4, 32, 0, 16, None)  # codes without their factors
     with pytest.raises(RuntimeError, match="supers must be"):
         op(x, packed, ps, pz, sup[:, :, :1].contiguous(), 4, 32, 0, 16, None)  # d without -dmin
-    int8_codes = L.pack_group_values(torch.zeros(16, 8, dtype=torch.int8))  # Q6_K's kind of scale codes
-    with pytest.raises(RuntimeError, match="uint8 6-bit codes for 4- and 5-bit"):
-        op(x, packed, int8_codes, torch.empty(0, dtype=torch.uint8), sup[:, :, :1].contiguous(), 4, 32, 0, 16, None)
-    f16 = L.pack_group_values(torch.ones(16, 8).half())
+    with pytest.raises(RuntimeError, match="uint8 for 4- and 5-bit"):
+        op(x, packed, ps.view(torch.int8), torch.empty(0, dtype=torch.uint8), sup[:, :, :1].contiguous(),
+           4, 32, 0, 16, None)
     with pytest.raises(RuntimeError, match="take no super-block"):
-        op(x, packed, f16, f16, sup, 4, 32, 0, 16, None)
-    with pytest.raises(RuntimeError, match="6-bit codes"):  # 6-bit codes take 12 bytes a group, not 16
-        op(x, packed, L.pack_group_values(torch.zeros(16, 8, dtype=torch.uint8)), pz, sup, 4, 32, 0, 16, None)
+        op(x, packed, ps.half(), pz.half(), sup, 4, 32, 0, 16, None)
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
@@ -472,10 +469,10 @@ def test_exact_sources_keep_their_codes(f):
     lin = L.load_linear(f, "q50.weight", "qdot")
     assert (lin.bits, lin.group, lin.offset, lin.zeros.numel()) == (5, 32, 16, 0)
     lin = L.load_linear(f, "q4k.weight", "qdot")
-    assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (3, 8, 12)  # 3 blocks of 16 rows
-    # Q4_K: 4-bit codes, a 6-bit scale and min per 32, f16 d and -dmin per 256: exactly Q4_K's 144 bytes
-    # per 256 values (4.5 bits a weight)
-    assert lin.weight_nbytes() == 48 * 144 and lin.zeros.dtype == torch.uint8
+    assert (lin.bits, lin.group) == (4, 32) and lin.zeros.shape == (3, 8, 16)  # 3 blocks of 16 rows
+    # Q4_K: 4-bit codes, uint8 scale and min per 32, f16 d and -dmin per 256 = 4.625 bits a weight
+    # (the file's 6-bit scales pack to 4.5)
+    assert lin.weight_nbytes() == 48 * 256 * 4.625 / 8 and lin.zeros.dtype == torch.uint8
     # two Q4_K tensors fuse and keep their codes; Q4_0 has none to keep (f16 group scales)
     fused = L.load_linear(f, ["q4k.weight", "q4k2.weight"], "qdot")
     assert fused.format == "qdot" and fused.scales.dtype == torch.uint8 and fused.supers.shape == (6, 1, 2, 16)
