@@ -26,23 +26,23 @@ from engine.speculative.ngram import NgramDrafter
 class CopyFirstDrafter(Drafter):
     """``primary`` (a draft model or MTP head), except in rounds where ``copy`` has strong evidence."""
 
-    def __init__(self, primary: Drafter, copy: NgramDrafter, min_agreement: int = 8, weak_agreement: int = 4):
+    def __init__(self, primary: Drafter, copy: NgramDrafter, weak_agreement: int = 4):
         super().__init__()
         self.primary, self.copy = primary, copy
         self.kind = f"{primary.kind}+copy"  # what the request reports, and its own adaptive depth state
         self.needs_hidden = primary.needs_hidden
-        self.min_agreement = min_agreement  # of the copy's window (8): what "certain" means here
-        self.weak_agreement = weak_agreement  # from here up to certain: a weak copy, priced against the model
+        # from here (of the copy's window of 8) up to a certain copy: a weak copy, priced against the model
+        self.weak_agreement = weak_agreement
         self.copied_rounds = 0
         self._source: str | None = None  # the coming round's source, once decided
         self.sources = ("copy", "copy-weak", primary.kind)
         self.fallbacks = (("copy-weak", primary.kind),)
 
     def round_source(self) -> str:
-        if self._source is None:
-            agreement = self.copy.select_source()
-            self._source = "copy" if agreement >= self.min_agreement else \
-                "copy-weak" if agreement >= self.weak_agreement else self.primary.kind
+        if self._source is None:  # what a certain copy is, the n-gram drafter's own round_source says
+            certain = self.copy.round_source() == "copy"
+            self._source = "copy" if certain else \
+                "copy-weak" if self.copy.last_agreement >= self.weak_agreement else self.primary.kind
         return self._source
 
     def use_source(self, source: str) -> None:
