@@ -33,6 +33,7 @@ from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, format_problem, load_linear
+from engine.ops.memory import place_on_huge_pages
 from engine.ops.linear import default_format as linear_default_format
 from engine.ops.pack_cache import PackCache
 
@@ -245,6 +246,13 @@ def default_format(f: GGUFFile, device: torch.device, role: str = "target") -> s
 # ------------------------------------------------------------------------------------------------
 # model
 # ------------------------------------------------------------------------------------------------
+def _placed(module: nn.Module, device: torch.device) -> nn.Module:
+    """``module`` with the weights its load built moved onto 2 MB pages (``engine.ops.memory``), on the CPU."""
+    if device.type == "cpu":
+        place_on_huge_pages(module)
+    return module
+
+
 def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, device: torch.device) -> Model:
     # Embedding rows are dequantized on demand from the mmap: the GGUFFile must stay open.
     embed = Embedding(f, EMBEDDING, dtype, device=device)
@@ -296,6 +304,7 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
         if pack_dir is not None and device.type == "cpu":
             f.packs = PackCache(pack_dir, f.path, fmt)
         model = _build_model(f, config, fmt, dtype, device)
+        _placed(model, device)  # before the save below reads the tensors from another thread
         if f.packs is not None:
             f.packs.save(background=True)  # ``f.packs.wait()`` to know it is on disk
     except BaseException:
@@ -335,7 +344,7 @@ def load_assistant(target: Model, f: GGUFFile, fmt: str) -> Gemma4Assistant:
     if weights.pre_proj.in_features != 2 * target.config.n_embd:
         raise UnsupportedModelError(f"{f.path}: the assistant's pre-projection takes {weights.pre_proj.in_features} "
                                     f"values, not twice the target's width {target.config.n_embd}")
-    return Gemma4Assistant(cfg, target, weights).eval()
+    return _placed(Gemma4Assistant(cfg, target, weights).eval(), device)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,6 +390,7 @@ def load_nextn_head(target: Model, f: GGUFFile, block: int, fmt: str) -> NextNHe
         embed=(Embedding(f, p + "embed_tokens.weight", target.dtype, device=device)
                if p + "embed_tokens.weight" in f.tensors else None),
     )
+    _placed(nn.ModuleList([m for m in (module, weights.eh_proj, weights.head) if m is not None]), device)
     return NextNHead(target, weights)
 
 
@@ -434,4 +444,4 @@ def load_encoder(path_or_file: str | os.PathLike | GGUFFile, device: str | torch
         raise
     f.release_pages()
     model.gguf, model.source_path = f, f.path
-    return model.eval()
+    return _placed(model.eval(), device)

@@ -23,6 +23,7 @@ from engine.models.loader import output_weight_name
 from engine.models.transformer import Model
 from engine.ops import dequant as dq
 from engine.ops.linear import Linear, load_linear_rows
+from engine.ops.memory import place_on_huge_pages
 
 # Rows dequantized for requests' tokens, at most: past it they start over from the current request's.
 MAX_EXTRA_ROWS = 4096
@@ -91,3 +92,4 @@ def prune_output_head(model: Model, ids: torch.Tensor) -> None:
         return dq.dequantize_rows(dq.raw_tensor(f, name), info.ggml_type, info.shape, which)
 
     model.output = PrunedHead(load_linear_rows(f, name, model.fmt, ids), ids, model.config.vocab_size, rows)
+    place_on_huge_pages(model.output)

@@ -1,11 +1,34 @@
-"""Resident size of a module's weights, counting storage shared between tensors once."""
+"""Where a model's weights live in memory: their resident size, and their move onto 2 MB pages.
+
+Decoding one token streams every weight once, so its speed is the memory bus's. Weights a load builds
+(repacked codes, dequantized floats) are ordinary anonymous allocations in 4 kB pages: a 1 GB model
+spans 250,000 of them, and each page walk and each stop of the hardware prefetcher at a page boundary
+costs read bandwidth. The kernel backs a range with 2 MB pages when it is asked to (``madvise
+(MADV_HUGEPAGE)``; Linux's default transparent-huge-page mode is ``madvise``), which a plain
+allocation never is. :func:`place_on_huge_pages` copies such weights into one mapping so advised.
+Weights already mapped from a file (the pack cache, a GGUF) are left where they are: the page cache
+serves them in large folios already.
+"""
 
 from __future__ import annotations
 
+import bisect
+import ctypes
+import mmap
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 import torch
+
+HUGE_PAGE = 2 << 20
+MIN_BYTES = 64 << 10  # smaller storages (norms, biases) are not worth a place in the mapping
+THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def model_bytes(module: torch.nn.Module) -> int:
+    """Resident size of a module's weights, counting storage shared between tensors once."""
     seen: set[int] = set()
     total = 0
     for t in list(module.parameters()) + list(module.buffers()):
@@ -18,3 +41,117 @@ def model_bytes(module: torch.nn.Module) -> int:
             seen.add(key)
             total += size
     return total
+
+
+def huge_pages_available() -> bool:
+    """Whether this kernel backs an advised range with 2 MB pages (THP mode ``always`` or ``madvise``)."""
+    if not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return False
+    try:
+        mode = THP_MODE.read_text()
+    except OSError:
+        return False
+    return "[never]" not in mode
+
+
+@dataclass(frozen=True)
+class Mapping:
+    start: int
+    end: int
+    anonymous: bool  # no file behind it (the heap, malloc's large chunks, anonymous mmaps)
+    huge_advised: bool  # VmFlags has ``hg``: madvise(MADV_HUGEPAGE) was applied to it
+
+
+def process_mappings(smaps: str | None = None) -> list[Mapping]:
+    """This process's mappings from ``/proc/self/smaps`` (or the given text), sorted by address."""
+    if smaps is None:
+        smaps = Path("/proc/self/smaps").read_text()
+    out: list[Mapping] = []
+    start = end = 0
+    anonymous = False
+    for line in smaps.splitlines():
+        head = line.split(maxsplit=5)
+        if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+            span = head[0].split("-")
+            try:
+                start, end = int(span[0], 16), int(span[1], 16)
+            except ValueError:
+                continue
+            path = head[5].strip() if len(head) > 5 else ""
+            anonymous = head[4] == "0" and (path == "" or path == "[heap]" or path.startswith("[anon"))
+        elif line.startswith("VmFlags:"):
+            out.append(Mapping(start, end, anonymous, "hg" in line[len("VmFlags:"):].split()))
+    out.sort(key=lambda m: m.start)
+    return out
+
+
+def _containing(mappings: list[Mapping], starts: list[int], address: int) -> Mapping | None:
+    i = bisect.bisect_right(starts, address) - 1
+    if i >= 0 and mappings[i].start <= address < mappings[i].end:
+        return mappings[i]
+    return None
+
+
+def place_on_huge_pages(module: torch.nn.Module, *, min_bytes: int = MIN_BYTES) -> int:
+    """Copy ``module``'s weight storages that sit in anonymous 4 kB memory into one mapping advised for
+    2 MB pages; returns the bytes moved (0 where the kernel has no huge pages or nothing qualifies).
+
+    Every tensor keeps its identity (``Tensor.set_``), so modules, the pack cache's entries and views
+    sharing a storage all see the new place; each storage stays a storage of its own size (a pack-cache
+    save writes each once, as before). Call it before anything copies raw pointers out of the tensors
+    and before a background pack-cache save of them starts."""
+    if not huge_pages_available():
+        return 0
+    groups: dict[int, list[torch.Tensor]] = {}
+    sizes: dict[int, int] = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        if t.device.type != "cpu" or t.is_sparse or t.layout != torch.strided:
+            continue
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            continue
+        if storage.nbytes() < min_bytes:
+            continue
+        groups.setdefault(storage.data_ptr(), []).append(t)
+        sizes[storage.data_ptr()] = storage.nbytes()
+    if not groups:
+        return 0
+    mappings = process_mappings()
+    starts = [m.start for m in mappings]
+    chosen = []
+    for ptr in groups:
+        where = _containing(mappings, starts, ptr)
+        if where is not None and where.anonymous and not where.huge_advised:
+            chosen.append(ptr)
+    if not chosen:
+        return 0
+    slots = [(sizes[p] + 63) // 64 * 64 for p in chosen]
+    total = sum(slots)
+    length = -(-total // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MB boundary
+    area = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(area, dtype=np.uint8)  # holds ``area`` open while any view of it lives
+    skip = (-whole.ctypes.data) % HUGE_PAGE
+    area.madvise(mmap.MADV_HUGEPAGE, skip, length - skip)
+    offset = skip
+    with torch.no_grad():
+        for ptr, slot in zip(chosen, slots):
+            tensors = groups[ptr]
+            old = tensors[0].untyped_storage()
+            # a storage of its own over this slot; its numpy base keeps the mapping alive
+            new = torch.from_numpy(whole[offset:offset + old.nbytes()]).untyped_storage()
+            new.copy_(old)
+            for t in tensors:
+                t.set_(new, t.storage_offset(), t.size(), t.stride())
+            offset += slot
+    _return_freed_memory()
+    return offset - skip
+
+
+def _return_freed_memory() -> None:
+    """Hand the old copies' pages back to the system: glibc keeps freed heap memory for reuse, so without
+    this the process would hold both copies of every weight that came from its heap."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass

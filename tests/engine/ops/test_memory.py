@@ -1,0 +1,87 @@
+"""Weights on 2 MB pages (engine.ops.memory): what a load builds is moved into memory advised for huge
+pages, with every tensor keeping its identity, its values and its views; what is mapped from a file, what
+is small and what was already moved stays where it is; a loaded model's logits do not change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.models import loader
+from engine.ops import memory
+from engine.ops.memory import huge_pages_available, place_on_huge_pages, process_mappings
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
+
+needs_thp = pytest.mark.skipif(not huge_pages_available(), reason="this kernel has no transparent huge pages")
+
+SMAPS = """\
+55d0c0000000-55d0c0021000 rw-p 00000000 00:00 0                          [heap]
+Size:                132 kB
+VmFlags: rd wr mr mw me ac sd
+7f0000000000-7f0000400000 rw-p 00000000 00:00 0 
+Size:               4096 kB
+AnonHugePages:      2048 kB
+VmFlags: rd wr mr mw me ac sd hg
+7f0000400000-7f0000800000 r--s 00001000 fd:01 123456                     /store/packed-qdot.pt
+Size:               4096 kB
+VmFlags: rd mr me ms sd
+"""
+
+
+def _where(t: torch.Tensor) -> memory.Mapping:
+    ptr = t.untyped_storage().data_ptr()
+    found = [m for m in process_mappings() if m.start <= ptr < m.end]
+    assert len(found) == 1
+    return found[0]
+
+
+def test_mappings_are_read_with_their_kind_and_advice():
+    heap, anon, file = process_mappings(SMAPS)
+    assert (heap.start, heap.end) == (0x55d0c0000000, 0x55d0c0021000)
+    assert heap.anonymous and not heap.huge_advised
+    assert anon.anonymous and anon.huge_advised
+    assert not file.anonymous and not file.huge_advised
+
+
+@needs_thp
+def test_built_weights_move_onto_memory_advised_for_huge_pages():
+    m = torch.nn.Module()
+    m.register_buffer("codes", torch.arange(1 << 20, dtype=torch.int32).to(torch.uint8))  # 1 MB
+    m.register_buffer("rows", m.codes.view(1024, 1024)[10:20])  # a view of the same storage
+    m.register_buffer("norm", torch.ones(16))  # small: stays
+    m.weight = torch.nn.Parameter(torch.randn(512, 256), requires_grad=False)
+    codes, weight, norm_ptr = m.codes.clone(), m.weight.clone(), m.norm.data_ptr()
+    assert not _where(m.codes).huge_advised
+
+    moved = place_on_huge_pages(m)
+
+    assert moved >= (1 << 20) + 512 * 256 * 4
+    assert _where(m.codes).huge_advised and _where(m.weight).huge_advised
+    assert torch.equal(m.codes, codes) and torch.equal(m.weight, weight)
+    assert m.norm.data_ptr() == norm_ptr
+    m.codes[10 * 1024 + 3] = 77  # the view still shares its storage
+    assert m.rows[0, 3].item() == 77
+    assert m.codes.untyped_storage().nbytes() == 1 << 20  # a storage of its own size, not the whole mapping
+    assert place_on_huge_pages(m) == 0  # nothing left to move
+
+
+@needs_thp
+def test_weights_mapped_from_a_file_stay_there(tmp_path):
+    torch.save({"w": torch.randn(256, 256)}, tmp_path / "packs.pt")
+    m = torch.nn.Module()
+    m.register_buffer("w", torch.load(tmp_path / "packs.pt", mmap=True, weights_only=True)["w"])
+    ptr = m.w.data_ptr()
+    assert place_on_huge_pages(m) == 0
+    assert m.w.data_ptr() == ptr
+
+
+@needs_thp
+def test_a_loaded_model_has_its_weights_on_huge_pages_and_the_same_logits(tmp_path, monkeypatch):
+    path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", n_embd=256, n_ff=512, seed=5))
+    ids = [1, 5, 9, 2, 7]
+    placed = loader.load_model(path, "f32")
+    assert _where(placed.layers[0].ffn.w2.weight).huge_advised
+    monkeypatch.setattr(loader, "place_on_huge_pages", lambda module: 0)
+    plain = loader.load_model(path, "f32")
+    assert not _where(plain.layers[0].ffn.w2.weight).huge_advised
+    assert torch.equal(placed(ids, placed.new_cache(16)), plain(ids, plain.new_cache(16)))
