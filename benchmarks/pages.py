@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     del first
     models["pack cache"] = loader.load_model(args.model, pack_dir=packs.name)
 
-    prompt = list(range(1000, 1128))
+    vocab = models["placed"].config.vocab_size
+    prompt = [(1000 + i) % vocab for i in range(128)]
     caches = {name: m.new_cache(len(prompt) + args.tokens + 1) for name, m in models.items()}
     times: dict[str, list[float]] = {name: [] for name in models}
     names = list(models)
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 cache.truncate(len(prompt))
                 t0 = time.perf_counter()
                 for i in range(args.tokens):
-                    m.forward([2000 + i], cache, logits_for="last")
+                    m.forward([(2000 + i) % vocab], cache, logits_for="last")
                 times[name].append((time.perf_counter() - t0) / args.tokens * 1e3)
     mapped = {name: _huge_mapped(list(m.buffers()) + list(m.parameters())) for name, m in models.items()}
     packs.cleanup()
