@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
              f" --threads {args.threads}`",
              f"- host: {host_line(args.threads)}",
              f"- {time.strftime('%Y-%m-%dT%H:%M:%S%z')}", "",
-             "| weights | ms/token (median / min) | / placed per round (median, range) | 2 MB-mapped of resident |",
+             "| weights | ms/token (median / min) | / placed per round (median, range) | 2 MB-mapped of resident (the mappings holding its weights) |",
              "|---|---:|---:|---:|"]
     report = {"model": args.model, "rounds": args.rounds, "tokens": args.tokens, "results": {}}
     for name in names:
