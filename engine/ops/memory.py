@@ -6,8 +6,10 @@ spans 250,000 of them, and each page walk and each stop of the hardware prefetch
 costs read bandwidth. The kernel backs a range with 2 MB pages when it is asked to (``madvise
 (MADV_HUGEPAGE)``; Linux's default transparent-huge-page mode is ``madvise``), which a plain
 allocation never is. :func:`place_on_huge_pages` copies such weights into one mapping so advised.
-Weights already mapped from a file (the pack cache, a GGUF) are left where they are: the page cache
-serves them in large folios already.
+Weights mapped from a file (the pack cache) are not copied: a file's mapping takes 2 MB pages where the
+page cache holds the file in 2 MB folios, which a buffered write does not leave behind but a read through
+a mapping advised for huge pages does. :func:`recache_in_huge_folios` puts a freshly written file there, and
+:func:`advise_file_mappings` asks for it on every later load (pages read back after an eviction).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import mmap
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +149,62 @@ def place_on_huge_pages(module: torch.nn.Module, *, min_bytes: int = MIN_BYTES) 
             offset += slot
     _return_freed_memory()
     return offset - skip
+
+
+MADV_POPULATE_READ = 22  # Linux 5.14: fault a range in with one call
+
+
+def recache_in_huge_folios(path: str | os.PathLike) -> bool:
+    """Drop ``path``'s pages from the page cache and read it back through a mapping advised for huge pages,
+    so that every later mapping of it is served in 2 MB pages; True when that was done.
+
+    For a file just written (its pages clean after fsync): a buffered write leaves it cached in small
+    folios, which a later mapping can only map 4 kB at a time. The read back costs one read of the file
+    from disk, done where nobody waits on it (the pack cache's background writer)."""
+    if not huge_pages_available():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size < HUGE_PAGE:
+            return False
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ) as m:
+            m.madvise(mmap.MADV_HUGEPAGE)
+            try:
+                m.madvise(MADV_POPULATE_READ)
+            except OSError:  # an older kernel: touch a byte of every page
+                pages = np.frombuffer(m, dtype=np.uint8)[::4096]
+                int(pages.sum())
+                del pages
+    finally:
+        os.close(fd)
+    return True
+
+
+def advise_file_mappings(path: str | os.PathLike) -> int:
+    """Advise this process's mappings of ``path`` for huge pages (pages read in through them afterwards
+    come as 2 MB folios); returns how many mappings were advised."""
+    if not huge_pages_available():
+        return 0
+    target = os.path.realpath(path)
+    libc = ctypes.CDLL(None, use_errno=True)
+    done = 0
+    for start, end, mapped in _file_mappings():
+        if mapped == target and libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start),
+                                              mmap.MADV_HUGEPAGE) == 0:
+            done += 1
+    return done
+
+
+def _file_mappings() -> list[tuple[int, int, str]]:
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        head = line.split(maxsplit=5)
+        if len(head) == 6 and head[5].startswith("/"):
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            out.append((start, end, head[5].strip()))
+    return out
 
 
 def _return_freed_memory() -> None:

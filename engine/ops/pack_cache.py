@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from engine.ops.memory import advise_file_mappings, recache_in_huge_folios
+
 log = logging.getLogger("tandem.engine")
 
 # Bump whenever engine.ops.linear's qdot packing (pack_codes, pack_group_values) or the kernel's
@@ -77,6 +79,7 @@ class PackCache:
             log.warning("packed-weight cache %s does not match its source; rebuilding it", self.path)
             return
         self._entries = data["entries"]
+        advise_file_mappings(self.path)  # pages read back after an eviction come in 2 MB folios
 
     def get(self, key: str, specs: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> dict[str, torch.Tensor] | None:
         """The tensors saved under ``key``, if each has the shape and dtype the caller expects."""
@@ -141,3 +144,8 @@ class PackCache:
             if not isinstance(e, OSError):
                 raise
             log.warning("could not write the packed-weight cache %s: %s", self.path, e)
+            return
+        try:
+            recache_in_huge_folios(self.path)  # later loads map it in 2 MB pages
+        except OSError as e:  # a cache in small pages still works
+            log.debug("could not re-read %s in 2 MB folios: %s", self.path, e)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.ops import linear as L
-from engine.ops import pack_cache
+from engine.ops import memory, pack_cache
 from engine.ops.kernels import qdot_status
 from engine.models.loader import load_model
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
@@ -141,3 +141,45 @@ def test_the_runtime_finishes_its_cache_writes(tmp_path, gguf):
         assert not list((tmp_path / "packed").glob(".pack-*.tmp"))
     finally:
         runtime.close()
+
+
+def _file_pmd_mapped(path) -> tuple[int, bool]:
+    """(FilePmdMapped bytes, advised for huge pages) over this process's mappings of ``path``."""
+    import re
+    from pathlib import Path
+    pmd, advised = 0, False
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
+        if block.splitlines()[0].endswith(str(path)):
+            pmd += int(re.search(r"^FilePmdMapped:\s+(\d+)", block, re.M).group(1)) << 10
+            advised = advised or "hg" in re.search(r"^VmFlags:(.*)$", block, re.M).group(1).split()
+    return pmd, advised
+
+
+def _folio_support(directory) -> bool:
+    """Whether this kernel and filesystem cache a file in 2 MB folios when read through an advised mapping."""
+    import mmap
+    import os
+    probe = directory / "probe.bin"
+    probe.write_bytes(os.urandom(8 << 20))
+    if not memory.recache_in_huge_folios(probe):
+        return False
+    with open(probe, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        _ = bytes(m[::4096])
+        return _file_pmd_mapped(probe.resolve())[0] > 0
+
+
+@pytest.mark.skipif(not memory.huge_pages_available(), reason="this kernel has no transparent huge pages")
+def test_a_written_cache_is_mapped_in_2mb_pages_by_the_next_load(tmp_path):
+    """A buffered write leaves the file cached in small folios, which a mapping can only map 4 kB at a time:
+    the writer reads it back in 2 MB folios, and the next load's mapping of it is advised for them."""
+    if not _folio_support(tmp_path):
+        pytest.skip("this filesystem does not cache files in 2 MB folios")
+    big = write_tiny_gguf(tmp_path / "big.gguf", TinySpec(arch="qwen2", dtype="Q8_0", n_embd=512, n_ff=2048, seed=4))
+    packs = tmp_path / "packed"
+    _load(big, "qdot", packs)
+    [path] = [p.resolve() for p in packs.glob("*.pt")]
+    warm = _load(big, "qdot", packs)
+    assert warm.gguf.packs.hits > 0
+    _logits(warm)  # every weight read through the mapping
+    pmd, advised = _file_pmd_mapped(path)
+    assert advised and pmd >= 2 << 20
