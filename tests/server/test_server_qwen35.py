@@ -20,6 +20,9 @@ from tests.hf_tiny_qwen35 import make_pair, to_gguf_tensors
 from tests.server_thread import SPEC_FIELDS, ServerThread
 from tests.tiny_gguf import write_tiny_gguf
 
+# draft_copy is on by default, so a request drafting with the model reports the model with its copy cursor
+REPORTED_DRAFTER = {"none": "none", "model": "model+copy", "ngram": "ngram"}
+
 ARCHS = {"qwen35": False, "qwen35moe": True}
 
 
@@ -55,7 +58,7 @@ def test_chat_with_and_without_drafters(srv: ServerThread, arch: str) -> None:
                                              "options": {"num_predict": 24, "drafter": drafter}})
             assert r.status_code == 200, r.text
             runs[drafter] = out = r.json()
-            assert out["done"] and out["eval_count"] == 24 and SPEC_FIELDS <= set(out) and out["drafter"] == {"model": "model+copy"}.get(drafter, drafter)
+            assert out["done"] and out["eval_count"] == 24 and SPEC_FIELDS <= set(out) and out["drafter"] == REPORTED_DRAFTER[drafter]
     assert runs["model"]["draft_n_accepted"] > 0 and runs["model"]["acceptance_by_position"]
     assert runs["model"]["snapshot_bytes"] > 0  # the recurrent states held for rollback, reported per request
     assert runs["model"]["message"] == runs["none"]["message"] == runs["ngram"]["message"]
