@@ -63,6 +63,7 @@ class Mapping:
     end: int
     anonymous: bool  # no file behind it (the heap, malloc's large chunks, anonymous mmaps)
     huge_advised: bool  # VmFlags has ``hg``: madvise(MADV_HUGEPAGE) was applied to it
+    heap: bool = False  # part of the brk heap
 
 
 def process_mappings(smaps: str | None = None) -> list[Mapping]:
@@ -71,7 +72,7 @@ def process_mappings(smaps: str | None = None) -> list[Mapping]:
         smaps = Path("/proc/self/smaps").read_text()
     out: list[Mapping] = []
     start = end = 0
-    anonymous = False
+    anonymous = heap = False
     for line in smaps.splitlines():
         head = line.split(maxsplit=5)
         if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
@@ -81,9 +82,10 @@ def process_mappings(smaps: str | None = None) -> list[Mapping]:
             except ValueError:
                 continue
             path = head[5].strip() if len(head) > 5 else ""
-            anonymous = head[4] == "0" and (path == "" or path == "[heap]" or path.startswith("[anon"))
+            heap = path == "[heap]"
+            anonymous = head[4] == "0" and (path == "" or heap or path.startswith("[anon"))
         elif line.startswith("VmFlags:"):
-            out.append(Mapping(start, end, anonymous, "hg" in line[len("VmFlags:"):].split()))
+            out.append(Mapping(start, end, anonymous, "hg" in line[len("VmFlags:"):].split(), heap))
     out.sort(key=lambda m: m.start)
     return out
 
@@ -125,7 +127,10 @@ def place_on_huge_pages(module: torch.nn.Module, *, min_bytes: int = MIN_BYTES) 
     chosen = []
     for ptr in groups:
         where = _containing(mappings, starts, ptr)
-        if where is not None and where.anonymous and not where.huge_advised:
+        # Advised memory outside the heap is a mapping of ours (or a numpy array's own); inside the heap the
+        # advice may be numpy's (it advises its arrays of 4 MB and more, wherever malloc put them) over
+        # pages faulted in 4 kB before, which malloc then hands to anything: such storages move too.
+        if where is not None and where.anonymous and (where.heap or not where.huge_advised):
             chosen.append(ptr)
     if not chosen:
         return 0

@@ -35,12 +35,19 @@ def _where(t: torch.Tensor) -> memory.Mapping:
     return found[0]
 
 
+def _placed(t: torch.Tensor) -> bool:
+    """In a mapping advised for huge pages outside the heap: where placement puts a storage. (Part of the
+    heap may be advised too: numpy advises its large arrays wherever malloc put them.)"""
+    where = _where(t)
+    return where.huge_advised and not where.heap
+
+
 def test_mappings_are_read_with_their_kind_and_advice():
     heap, anon, file = process_mappings(SMAPS)
     assert (heap.start, heap.end) == (0x55d0c0000000, 0x55d0c0021000)
-    assert heap.anonymous and not heap.huge_advised
-    assert anon.anonymous and anon.huge_advised
-    assert not file.anonymous and not file.huge_advised
+    assert heap.anonymous and heap.heap and not heap.huge_advised
+    assert anon.anonymous and anon.huge_advised and not anon.heap
+    assert not file.anonymous and not file.huge_advised and not file.heap
 
 
 @needs_thp
@@ -51,12 +58,12 @@ def test_built_weights_move_onto_memory_advised_for_huge_pages():
     m.register_buffer("norm", torch.ones(16))  # small: stays
     m.weight = torch.nn.Parameter(torch.randn(512, 256), requires_grad=False)
     codes, weight, norm_ptr = m.codes.clone(), m.weight.clone(), m.norm.data_ptr()
-    assert not _where(m.codes).huge_advised
+    assert not _placed(m.codes) and not _placed(m.weight)
 
     moved = place_on_huge_pages(m)
 
     assert moved >= (1 << 20) + 512 * 256 * 4
-    assert _where(m.codes).huge_advised and _where(m.weight).huge_advised
+    assert _placed(m.codes) and _placed(m.weight)
     assert torch.equal(m.codes, codes) and torch.equal(m.weight, weight)
     assert m.norm.data_ptr() == norm_ptr
     m.codes[10 * 1024 + 3] = 77  # the view still shares its storage
@@ -80,8 +87,27 @@ def test_a_loaded_model_has_its_weights_on_huge_pages_and_the_same_logits(tmp_pa
     path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", n_embd=256, n_ff=512, seed=5))
     ids = [1, 5, 9, 2, 7]
     placed = loader.load_model(path, "f32")
-    assert _where(placed.layers[0].ffn.w2.weight).huge_advised
+    assert _placed(placed.layers[0].ffn.w2.weight)
     monkeypatch.setattr(loader, "place_on_huge_pages", lambda module: 0)
     plain = loader.load_model(path, "f32")
-    assert not _where(plain.layers[0].ffn.w2.weight).huge_advised
+    assert not _placed(plain.layers[0].ffn.w2.weight)
     assert torch.equal(placed(ids, placed.new_cache(16)), plain(ids, plain.new_cache(16)))
+
+
+@needs_thp
+def test_storages_in_advised_heap_memory_still_move(monkeypatch):
+    """numpy advises its arrays of 4 MB and more for huge pages wherever malloc put them, the brk heap
+    included, and malloc later hands that advised heap memory (faulted in 4 kB pages) to other
+    allocations: advice alone does not mean a storage was placed."""
+    m = torch.nn.Module()
+    m.register_buffer("codes", torch.arange(1 << 20, dtype=torch.int32).to(torch.uint8))
+    old = m.codes.data_ptr()
+    real = memory.process_mappings
+
+    def as_advised_heap(smaps=None):
+        return [memory.Mapping(x.start, x.end, True, True, True) if x.start <= old < x.end else x
+                for x in real(smaps)]
+
+    monkeypatch.setattr(memory, "process_mappings", as_advised_heap)
+    assert place_on_huge_pages(m) >= 1 << 20
+    assert m.codes.data_ptr() != old and _placed(m.codes)
