@@ -33,8 +33,8 @@ from engine.models.per_layer import PerLayerInput
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, format_problem, load_linear
-from engine.ops.memory import place_on_huge_pages
 from engine.ops.linear import default_format as linear_default_format
+from engine.ops.memory import place_on_huge_pages
 from engine.ops.pack_cache import PackCache
 
 EMBEDDING = "token_embd.weight"
