@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import tempfile
 import time
@@ -27,18 +26,11 @@ from benchmarks.output import emit, host_line
 
 def _huge_mapped(tensors) -> dict[str, int]:
     """Bytes of 2 MB mappings (anonymous and file) over the mappings that hold ``tensors``' storages."""
-    ptrs = sorted({t.untyped_storage().data_ptr() for t in tensors})
-    out = {"AnonHugePages": 0, "FilePmdMapped": 0, "Rss": 0}
-    text = Path("/proc/self/smaps").read_text()
-    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text):
-        start, end = (int(x, 16) for x in block.split(None, 1)[0].split("-"))
-        if not any(start <= p < end for p in ptrs):
-            continue
-        for key in out:
-            m = re.search(rf"^{key}:\s+(\d+) kB", block, re.M)
-            if m:
-                out[key] += int(m.group(1)) << 10
-    return out
+    from engine.ops.memory import process_mappings
+
+    ptrs = {t.untyped_storage().data_ptr() for t in tensors}
+    holding = [m for m in process_mappings() if any(m.start <= p < m.end for p in ptrs)]
+    return {key: sum(m.sizes.get(key, 0) for m in holding) for key in ("AnonHugePages", "FilePmdMapped", "Rss")}
 
 
 def main(argv: list[str] | None = None) -> int:

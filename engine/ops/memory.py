@@ -19,7 +19,7 @@ import ctypes
 import mmap
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,9 +61,15 @@ def huge_pages_available() -> bool:
 class Mapping:
     start: int
     end: int
+    path: str  # the file, "[heap]", "[anon:...]", or "" for an unnamed anonymous mapping
     anonymous: bool  # no file behind it (the heap, malloc's large chunks, anonymous mmaps)
     huge_advised: bool  # VmFlags has ``hg``: madvise(MADV_HUGEPAGE) was applied to it
-    heap: bool = False  # part of the brk heap
+    sizes: dict[str, int] = field(default_factory=dict)  # smaps' sizes in bytes: Rss, AnonHugePages, ...
+
+    @property
+    def heap(self) -> bool:
+        """Part of the brk heap."""
+        return self.path == "[heap]"
 
 
 def process_mappings(smaps: str | None = None) -> list[Mapping]:
@@ -72,7 +78,7 @@ def process_mappings(smaps: str | None = None) -> list[Mapping]:
         smaps = Path("/proc/self/smaps").read_text()
     out: list[Mapping] = []
     start = end = 0
-    anonymous = heap = False
+    path, anonymous, sizes = "", False, {}
     for line in smaps.splitlines():
         head = line.split(maxsplit=5)
         if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
@@ -82,10 +88,12 @@ def process_mappings(smaps: str | None = None) -> list[Mapping]:
             except ValueError:
                 continue
             path = head[5].strip() if len(head) > 5 else ""
-            heap = path == "[heap]"
-            anonymous = head[4] == "0" and (path == "" or heap or path.startswith("[anon"))
+            anonymous = head[4] == "0" and (path == "" or path == "[heap]" or path.startswith("[anon"))
+            sizes = {}
         elif line.startswith("VmFlags:"):
-            out.append(Mapping(start, end, anonymous, "hg" in line[len("VmFlags:"):].split(), heap))
+            out.append(Mapping(start, end, path, anonymous, "hg" in line[len("VmFlags:"):].split(), sizes))
+        elif len(head) == 3 and head[0].endswith(":") and head[2] == "kB":
+            sizes[head[0][:-1]] = int(head[1]) << 10
     out.sort(key=lambda m: m.start)
     return out
 
@@ -195,21 +203,11 @@ def advise_file_mappings(path: str | os.PathLike) -> int:
     target = os.path.realpath(path)
     libc = ctypes.CDLL(None, use_errno=True)
     done = 0
-    for start, end, mapped in _file_mappings():
-        if mapped == target and libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start),
-                                              mmap.MADV_HUGEPAGE) == 0:
+    for m in process_mappings():
+        if m.path == target and libc.madvise(ctypes.c_void_p(m.start), ctypes.c_size_t(m.end - m.start),
+                                             mmap.MADV_HUGEPAGE) == 0:
             done += 1
     return done
-
-
-def _file_mappings() -> list[tuple[int, int, str]]:
-    out = []
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        head = line.split(maxsplit=5)
-        if len(head) == 6 and head[5].startswith("/"):
-            start, end = (int(x, 16) for x in head[0].split("-"))
-            out.append((start, end, head[5].strip()))
-    return out
 
 
 def _return_freed_memory() -> None:

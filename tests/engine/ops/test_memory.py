@@ -4,6 +4,8 @@ is small and what was already moved stays where it is; a loaded model's logits d
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -48,6 +50,7 @@ def test_mappings_are_read_with_their_kind_and_advice():
     assert heap.anonymous and heap.heap and not heap.huge_advised
     assert anon.anonymous and anon.huge_advised and not anon.heap
     assert not file.anonymous and not file.huge_advised and not file.heap
+    assert file.path == "/store/packed-qdot.pt" and anon.sizes == {"Size": 4096 << 10, "AnonHugePages": 2048 << 10}
 
 
 @needs_thp
@@ -105,7 +108,7 @@ def test_storages_in_advised_heap_memory_still_move(monkeypatch):
     real = memory.process_mappings
 
     def as_advised_heap(smaps=None):
-        return [memory.Mapping(x.start, x.end, True, True, True) if x.start <= old < x.end else x
+        return [dataclasses.replace(x, path="[heap]", huge_advised=True) if x.start <= old < x.end else x
                 for x in real(smaps)]
 
     monkeypatch.setattr(memory, "process_mappings", as_advised_heap)

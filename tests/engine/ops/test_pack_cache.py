@@ -145,14 +145,8 @@ def test_the_runtime_finishes_its_cache_writes(tmp_path, gguf):
 
 def _file_pmd_mapped(path) -> tuple[int, bool]:
     """(FilePmdMapped bytes, advised for huge pages) over this process's mappings of ``path``."""
-    import re
-    from pathlib import Path
-    pmd, advised = 0, False
-    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
-        if block.splitlines()[0].endswith(str(path)):
-            pmd += int(re.search(r"^FilePmdMapped:\s+(\d+)", block, re.M).group(1)) << 10
-            advised = advised or "hg" in re.search(r"^VmFlags:(.*)$", block, re.M).group(1).split()
-    return pmd, advised
+    mine = [m for m in memory.process_mappings() if m.path == str(path)]
+    return sum(m.sizes.get("FilePmdMapped", 0) for m in mine), any(m.huge_advised for m in mine)
 
 
 def _folio_support(directory) -> bool:
