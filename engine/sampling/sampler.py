@@ -1,6 +1,7 @@
 """Token sampling: Ollama options -> filtered, renormalised distributions -> seeded draws.
 
-Pure torch, no model code. One call processes ``n`` rows of logits at once so that a speculative
+Torch, no model code (a greedy row's argmax is one native pass where the kernels are built:
+``engine/ops/kernels/logits.cpp``). One call processes ``n`` rows of logits at once so that a speculative
 verification batch (``[t_last, d_1..d_k]`` -> ``p_1..p_{k+1}``) is filtered in one go.
 
 Pipeline, in this order (docs/speculation.md, "Sampling pipeline"):
@@ -40,6 +41,8 @@ Randomness contract (shared with ``engine.speculative.acceptance``)
 """
 
 from __future__ import annotations
+
+import functools
 
 import os
 from dataclasses import dataclass, fields
@@ -256,9 +259,29 @@ class Distribution:
 _ARGMAX_BLOCK = 2048
 
 
+@functools.cache
+def _row_ops():
+    from engine.ops.kernels import load_block_ops
+
+    return load_block_ops()
+
+
+def native_row_ops(values: Tensor):
+    """The native row reductions (``engine/ops/kernels/logits.cpp``) when they can take ``values``
+    (float32 [n, V] rows on the CPU, each contiguous) and the kernels are built, else None."""
+    if values.dim() != 2 or values.dtype != torch.float32 or values.device.type != "cpu" or values.stride(-1) != 1:
+        return None
+    return _row_ops()
+
+
 def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     """Row-wise argmax returning the lowest token id among ties (not relying on kernel tie order)."""
     if ids is None and values.dim() == 2 and values.shape[-1] >= 2 * _ARGMAX_BLOCK:
+        ops = native_row_ops(values)
+        if ops is not None:
+            at = ops.logits_argmax(values)
+            if min(at.tolist()) >= 0:  # -1: a row holding NaN, which the general path below decides
+                return at
         wide = _wide_argmax(values)
         if wide is not None:
             return wide

@@ -37,7 +37,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
-from engine.sampling.sampler import SamplingOptions, process
+from engine.sampling.sampler import SamplingOptions, native_row_ops, process
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,11 @@ def fit_vocab(logits: Tensor, vocab: int) -> Tensor:
 def confidence(logits: Tensor) -> float:
     """The drafter's top probability at temperature 1 (what draft_p_min is compared with, as in
     llama.cpp: a temperature-0 request would otherwise always be 'certain')."""
-    return float(torch.softmax(logits.float(), dim=-1).amax().item())
+    rows = logits.float().reshape(-1, logits.shape[-1])
+    ops = native_row_ops(rows)
+    if ops is not None:  # one pass, without writing the probabilities of a whole vocabulary
+        return float(ops.logits_top_probability(rows).amax().item())
+    return float(torch.softmax(rows, dim=-1).amax().item())
 
 
 def draw(logits: Tensor, history: list[int], ctx: DraftContext) -> tuple[int, Tensor | None]:

@@ -3,7 +3,8 @@
 One library holds them all: ``qdot.cpp`` (the quantized matmul, ``torch.ops.tandem.qdot_linear``),
 ``blockops.cpp`` (a decoder block's small ops fused: RMSNorm, RoPE, attention, SiLU x up), ``decoder.cpp``
 (a stack of decoder blocks run by one call, ``torch.classes.tandem.DecoderStack``), ``gguf_rows.cpp``
-(GGUF rows dequantized for embedding lookups) and ``probe.cpp`` (the read-bandwidth probe); each file's header says what it computes. ``load_qdot()``, ``load_block_ops()``
+(GGUF rows dequantized for embedding lookups), ``logits.cpp`` (a row of logits' argmax and top probability,
+for sampling) and ``probe.cpp`` (the read-bandwidth probe); each file's header says what it computes. ``load_qdot()``, ``load_block_ops()``
 and ``decoder_stack_class()`` hand them out. The build takes
 20-60 s once and is cached under torch's extensions directory (``TORCH_EXTENSIONS_DIR``, default
 ``~/.cache/torch_extensions``), keyed by the sources and this machine's CPU features because it is
@@ -34,8 +35,8 @@ from pathlib import Path
 import torch
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp", "decoder.cpp", "gguf_rows.cpp",
-                                                  "probe.cpp")]
-_HEADERS = [Path(__file__).with_name("native.h")]  # part of the build's key, not compiled on their own
+                                                  "logits.cpp", "probe.cpp")]
+_HEADERS = [Path(__file__).with_name(n) for n in ("native.h", "vec.h")]  # part of the build's key, not compiled on their own
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "native.h"
+#include "vec.h"
 
 namespace {
 
@@ -42,47 +43,6 @@ void check_f32(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.device().is_cpu(), what, " must be on the CPU");
   TORCH_CHECK(t.scalar_type() == at::kFloat, what, " must be float32, got ", t.scalar_type());
   TORCH_CHECK(t.dim() == 0 || t.stride(-1) == 1, what, " must be contiguous in its last dimension");
-}
-
-// Eight floats as one value (GCC vector extension: 256-bit registers where the build has them, two
-// 128-bit ones otherwise); aligned(4) makes a dereference an unaligned load, may_alias lets it read
-// and write float arrays (as the intrinsics' __m256 does).
-typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
-
-typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
-
-inline float hsum(v8f v) {
-  return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
-}
-
-// The first n < 8 floats at p in a vector (the other lanes 0), and back.
-inline v8f load_first(const float* p, int64_t n) {
-  v8f v = {};
-  std::memcpy(&v, p, n * sizeof(float));
-  return v;
-}
-
-inline void store_first(float* p, v8f v, int64_t n) {
-  std::memcpy(p, &v, n * sizeof(float));
-}
-
-// e^x for x <= 0 (a softmax's exponent once its maximum is taken away; SiLU's of -|x|), within 2 ulp
-// of expf: x = n ln2 + f with |f| <= ln2 / 2, e^f by Cephes' degree-6 polynomial, 2^n put into the
-// exponent bits. In vector form because a scalar loop of it (or of libm's expf) does not vectorize
-// under strict float semantics; below -87 it gives ~1.6e-38 instead of 0, which no sum notices.
-inline v8f exp_nonpositive(v8f x) {
-  const v8f lo = x * 0.0f - 87.0f;
-  x = x < lo ? lo : x;
-  const v8i n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v8i);  // nearest, as x <= 0
-  const v8f i = __builtin_convertvector(n, v8f);
-  const v8f f = (x - i * 0.693359375f) + i * 2.12194440e-4f;
-  v8f p = f * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * f + 8.3334519073e-3f;
-  p = p * f + 4.1665795894e-2f;
-  p = p * f + 1.6666665459e-1f;
-  p = p * f + 5.0000001201e-1f;
-  const v8f e = p * f * f + f + 1.0f;
-  return e * reinterpret_cast<v8f>((n + 127) << 23);
 }
 
 // silu(g) * u = g * sigmoid(g) * u, the sigmoid from t = e^-|g| (never overflows): 1 / (1 + t) for
