@@ -197,11 +197,42 @@ def _round(p: Target, q: Tensor | None, d: Tensor, k: int) -> _Round:
     is_max = v == row_max[r]
     big = torch.iinfo(torch.int64).max
     amax = torch.full((k,), big, dtype=torch.int64).scatter_reduce_(0, r[is_max], c[is_max], "amin")
-    if q is None:
-        q_d = [1.0] * k
-    else:
-        q_d = q[torch.arange(k, device=q.device), d.to(q.device)].double().tolist()
+    q_d = _draft_q(q, d, k)
     return _Round(ids, row_vals, p_d.tolist(), q_d, rank.tolist(), counts[:k].tolist(), amax.tolist())
+
+
+def _point_masses(p: Target) -> tuple[list[int], list[float]] | None:
+    """Each row's one token and its probability when every row of ``p`` is a point mass (greedy
+    decoding, constrained or not), else None."""
+    if not isinstance(p, Distribution) or not p.greedy or p.cand_ids.shape[1] != 1:
+        return None
+    probs = p.cand_probs[:, 0].tolist()
+    if not all(v > 0 for v in probs):
+        return None  # the general path reports a row without mass
+    return p.cand_ids[:, 0].tolist(), probs
+
+
+def _point_mass_round(best: list[int], probs: list[float], q_d: list[float], dl: list[int],
+                      accepted: DecisionKind) -> AcceptResult:
+    """A round whose target rows are point masses: draft i stays iff it is row i's token (p = 1
+    there, 0 everywhere else, so no uniform can change that and a relaxed rank can only be 0 when
+    the strict test passed), and the first row that differs, or the bonus row, gives the next
+    token. The general path's result and trace, without reducing the rows to their supports: that
+    took more time than the rest of a greedy step outside the forward."""
+    decisions: list[Decision] = []
+    for i, d in enumerate(dl):
+        hit = d == best[i]
+        decisions.append(Decision(i, d, best[i], 0 if hit else -1, probs[i] if hit else 0.0, q_d[i], 1,
+                                  accepted if hit else "reject", d if hit else best[i]))
+        if not hit:
+            return _finish(dl, decisions, best[i])
+    return _finish(dl, decisions, best[len(dl)])
+
+
+def _draft_q(q: Tensor | None, d: Tensor, k: int) -> list[float]:
+    if q is None:
+        return [1.0] * k
+    return q[torch.arange(k, device=q.device), d.to(q.device)].double().tolist()
 
 
 def _depth(drafts: Tensor | Sequence[int]) -> int:
@@ -247,6 +278,11 @@ def relaxed_accept_from_uniforms(
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
     if relaxed is not None and len(relaxed) < k:
         raise ValueError(f"relaxed needs a flag for each of the {k} drafted positions, got {len(relaxed)}")
+    masses = _point_masses(p)
+    if masses is not None:
+        q_d = _draft_q(q, d, k)
+        if all(v > 0 for v in q_d):  # (q(d) = 0, a drafter's bug, rejects even the target's token)
+            return _point_mass_round(*masses, q_d, d.tolist(), "accept-strict")
     s, dl = _round(p, q, d, k), d.tolist()
     decisions: list[Decision] = []
     for i in range(k):
@@ -280,6 +316,9 @@ def match_accept_from_uniforms(
     d, k = _check(p, q, drafts)
     if len(u) != k + 1:
         raise ValueError(f"a round of depth {k} takes {k + 1} uniforms, got {len(u)}")
+    masses = _point_masses(p)
+    if masses is not None:  # the target's sample of a point mass is its token, whatever u
+        return _point_mass_round(*masses, _draft_q(q, d, k), d.tolist(), "accept-match")
     s, dl = _round(p, q, d, k), d.tolist()
     decisions: list[Decision] = []
     for i in range(k):

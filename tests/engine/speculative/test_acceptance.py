@@ -462,3 +462,27 @@ def test_rules_read_a_distribution_as_they_read_its_dense_rows(opts: SamplingOpt
         for rule in (strict_accept_from_uniforms, match_accept_from_uniforms,
                      lambda p, q, d, u: relaxed_accept_from_uniforms(p, q, d, u, top_n=5)):
             assert rule(dist, q, drafts, u) == rule(dist.probs, q, drafts, u)
+
+
+@pytest.mark.parametrize("q_kind", ["none", "positive", "zero at a draft"])
+def test_greedy_rounds_decide_as_the_dense_rows_do(q_kind: str) -> None:
+    """At temperature 0 every target row is a point mass and the rules decide without reducing the
+    rows to their supports; what they keep, emit and report is still what the dense rows give,
+    including a drafter's q(d) = 0, which rejects even the target's own token under the strict rule."""
+    gen = torch.Generator().manual_seed(31)
+    V, k = 50, 4
+    for trial in range(30):
+        logits = torch.randn(k + 1, V, generator=gen)
+        best = [int(i) for i in logits[:k].argmax(-1)]
+        drafts = best[:trial % (k + 1)] + [int(torch.randint(0, V, (1,), generator=gen))
+                                           for _ in range(k - trial % (k + 1))]
+        q = None
+        if q_kind != "none":
+            q = torch.stack([random_dist(gen, V) for _ in range(k)])
+            if q_kind == "zero at a draft":
+                q[trial % k, drafts[trial % k]] = 0.0
+        dist = process(logits, [], drafts, SamplingOptions(temperature=0))
+        u = draw_uniforms(gen, k + 1)
+        for rule in (strict_accept_from_uniforms, match_accept_from_uniforms,
+                     lambda p, q, d, u: relaxed_accept_from_uniforms(p, q, d, u, top_n=3)):
+            assert rule(dist, q, drafts, u) == rule(dist.probs, q, drafts, u)
