@@ -2,7 +2,7 @@
 
     python -m benchmarks.speculation --model target.gguf --draft draft.gguf [--tokens 128 --runs 3 --warmup 1]
         [--prompts code,prose,repetitive] [--temps 0,0.6] [--configs plain,strict-n4,...]
-        [--json out.json] [--markdown out.md]
+        [--paired] [--json out.json] [--markdown out.md]
 
 Configurations (issue 4): plain; strict with n_max 1, 2, 4, 8; n_max 16 with p_min 0.8; relaxed top-N
 for N in 1, 2, 5, 20 at n_max 2 and 4; adaptive; n-gram (fixed and adaptive); and llama.cpp's
@@ -12,10 +12,13 @@ prose and a repetitive code edit; temperature 0 and 0.6 (min_p 0.01); 128 tokens
 Each repetition runs every (prompt, temperature, configuration) once, in the same order, so a slow
 patch of the machine hits all configurations alike; the first ``--warmup`` repetitions are dropped
 and the table shows medians. Ratios are to plain decoding of the same prompt and temperature in the
-same run. The breakdown (milliseconds per generated token) says where time went: drafting (the
-drafter's proposals and its catch-up), verification (target forwards), acceptance (sampling
-pipeline + rule) and the rest (bookkeeping, detokenization, stop strings); together with the measured
-cost of a target forward at widths 1-16 it explains a configuration that misses its target.
+same run; with ``--paired``, plain decoding also runs right before every other configuration and
+"× plain (paired)" is the median of those adjacent ratios (a shared host's memory bandwidth drifts
+within minutes, and a ratio of medians taken minutes apart carries that drift). The breakdown
+(milliseconds per generated token) says where time went: drafting (the drafter's proposals and its
+catch-up), verification (target forwards), acceptance (sampling pipeline + rule) and the rest
+(bookkeeping, detokenization, stop strings); together with the measured cost of a target forward at
+widths 1-16 it explains a configuration that misses its target.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class Sample:
     evaluated: int = 0
     strict_accept_sum: float = 0.0
     match_accept_sum: float = 0.0
+    adjacent_ratio: float | None = None  # tok/s over the plain run just before it (--paired)
 
 
 @dataclass
@@ -114,6 +118,8 @@ class Cell:
             "mean_depth": round(sum(s.depth_sum for s in self.samples) / forwards, 3) if forwards else None,
             "ms_per_token": {p: round(self.median(lambda s, p=p: s.ms_per_token[p]), 3) for p in parts},
             "all_tok_s": [round(s.tok_s, 3) for s in self.samples],
+            "paired_ratio": round(statistics.median(pr), 3) if (pr := [s.adjacent_ratio for s in self.samples
+                                                                        if s.adjacent_ratio is not None]) else None,
             "paired_acceptance": paired,
         }
 
@@ -179,15 +185,18 @@ def explain(row: dict, plain: dict | None) -> str:
 
 
 def markdown(rows: list[dict], widths: dict, draft_widths: dict | None) -> str:
-    out = ["| prompt | temp | config | tok/s | × plain | accept | mean acc. len | depth | "
-           "draft ms/tok | verify ms/tok | overhead ms/tok | dominant extra cost |",
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    paired = any(r.get("paired_ratio") is not None for r in rows)
+    out = ["| prompt | temp | config | tok/s | × plain | " + ("× plain (paired) | " if paired else "") +
+           "accept | mean acc. len | depth | draft ms/tok | verify ms/tok | overhead ms/tok | dominant extra cost |",
+           "|---|---|---|---:|---:|" + ("---:|" if paired else "") + "---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         m = r["ms_per_token"]
         acc = "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
+        pr = r.get("paired_ratio")
+        pcell = ("– | " if pr is None else f"{pr:.2f} | ") if paired else ""
         out.append(
             f"| {r['prompt']} | {r['temperature']} | {r['config']} | {r['tok_s']:.2f} | "
-            f"{r.get('ratio', float('nan')):.2f} | {acc} | {r['mean_accepted_length']:.2f} | "
+            f"{r.get('ratio', float('nan')):.2f} | {pcell}{acc} | {r['mean_accepted_length']:.2f} | "
             f"{r['mean_depth']:.2f} | {m['drafting']:.2f} | {m['verify']:.2f} | "
             f"{m['accept'] + m['other']:.2f} | {r.get('explain', '')} |")
     out.append("")
@@ -235,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--raw", action="store_true", help="do not wrap prompts in ChatML")
+    ap.add_argument("--paired", action="store_true",
+                    help="run plain decoding again right before every other configuration and report the "
+                         "median of those adjacent ratios too (a shared machine's speed drifts within minutes)")
     ap.add_argument("--json", help="write the results as JSON to this path ('-' = stdout)")
     ap.add_argument("--markdown", help="also write the markdown table to this path")
     args = ap.parse_args(argv)
@@ -253,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = [c for c in CONFIGS if (not wanted or c.name in wanted or c.name == "plain")
                and (args.draft or not c.needs_draft)]
 
+    plain = next(c for c in CONFIGS if c.name == "plain")
     cells: dict[tuple[str, str, str], Cell] = {}
     for rep in range(args.warmup + args.runs):
         for pname, prompt in prompts.items():
@@ -261,17 +274,23 @@ def main(argv: list[str] | None = None) -> int:
                     if cfg.temps and temp not in cfg.temps:
                         continue
                     # num_ctx: the whole cache, as before options had a 4096 default.
-                    opts = dict(TEMPERATURES[temp], num_predict=args.tokens, seed=1000 + rep,
-                                num_ctx=engine.cache.capacity, **cfg.options)
-                    sample = run_once(engine, prompt, opts)
+                    base = dict(TEMPERATURES[temp], num_predict=args.tokens, seed=1000 + rep,
+                                num_ctx=engine.cache.capacity)
+                    before = run_once(engine, prompt, dict(base, **plain.options)) \
+                        if args.paired and cfg.name != "plain" else None
+                    sample = run_once(engine, prompt, dict(base, **cfg.options))
+                    if before is not None and before.tok_s > 0:
+                        sample.adjacent_ratio = sample.tok_s / before.tok_s
                     if rep >= args.warmup:
-                        cells.setdefault((pname, temp, cfg.name), Cell(pname, temp, cfg.name)).samples.append(sample)
+                        for name, s in (("plain", before), (cfg.name, sample)):
+                            if s is not None:
+                                cells.setdefault((pname, temp, name), Cell(pname, temp, name)).samples.append(s)
                 print(f"rep {rep + 1}/{args.warmup + args.runs} {pname} done", file=sys.stderr, flush=True)
 
     rows = [c.summary() for c in cells.values()]
-    plain = {(r["prompt"], r["temperature"]): r for r in rows if r["config"] == "plain"}
+    plain_rows = {(r["prompt"], r["temperature"]): r for r in rows if r["config"] == "plain"}
     for r in rows:
-        p = plain.get((r["prompt"], r["temperature"]))
+        p = plain_rows.get((r["prompt"], r["temperature"]))
         r["ratio"] = round(r["tok_s"] / p["tok_s"], 3) if p and p["tok_s"] else float("nan")
         r["explain"] = explain(r, p)
     ids = engine.tokenize(next(iter(prompts.values())))

@@ -393,7 +393,7 @@ def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_
     target, draft = pair
     assert bench_spec.main(["--model", str(target), "--draft", str(draft), "--tokens", "4", "--runs", "1",
                             "--warmup", "0", "--prompts", "code", "--temps", "0,0.6", "--configs",
-                            "plain,strict-n2,strict-n4,match-n4", "--threads", "1", "--json", str(tmp_path / "s.json"),
+                            "plain,strict-n2,strict-n4,match-n4", "--threads", "1", "--paired", "--json", str(tmp_path / "s.json"),
                             "--markdown", str(tmp_path / "s.md")]) == 0
     report = json.loads((tmp_path / "s.json").read_text())
     # The written table names the host and the command that produced it.
@@ -402,6 +402,11 @@ def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_
     assert "`python -m benchmarks.speculation --model" in md and "--configs plain,strict-n2,strict-n4,match-n4" in md
     rows = report["results"]
     assert [r["config"] for r in rows] == ["plain", "strict-n2", "strict-n4"] + ["plain", "strict-n2", "strict-n4", "match-n4"]
+    # --paired: plain also ran right before each other configuration (its cell holds those runs too),
+    # and each configuration reports the median of its ratios to those adjacent runs.
+    assert [r["runs"] for r in rows] == [3, 1, 1, 4, 1, 1, 1]
+    assert all((r["paired_ratio"] is None) == (r["config"] == "plain") for r in rows)
+    assert "| × plain (paired) |" in md
     # The rule comparison pairs match-n4 with strict-n4 and scores both rules on strict's drafts.
     [mvs] = report["match_vs_strict"]
     assert mvs["temperature"] == "0.6" and mvs["paired_positions"] > 0
