@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from benchmarks.output import host_line
-from engine.options import Options
+from engine.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
 from server.bench.prompt_sets import PROMPTS, TEMPERATURES
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-ctx", type=int, default=2048)
     ap.add_argument("--weight-format", default="auto")
     ap.add_argument("--draft-weight-format", default="auto")
-    ap.add_argument("--draft-vocab", type=int, default=32768,
+    ap.add_argument("--draft-vocab", type=int, default=DEFAULT_DRAFT_VOCAB,
                     help="keep only this many tokens in the draft model's head (0 = all; default: the engine's)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=0)

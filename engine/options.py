@@ -60,6 +60,10 @@ WeightFormat = Literal["auto", "f32", "bf16", "bf16-packed", "int8", "int4", "au
 #: The largest ``draft_num_predict``: deeper drafts are never worth verifying, and every drafted
 #: token costs a drafter step, so an unbounded cap would let one request make decoding arbitrarily slow.
 MAX_DRAFT_NUM_PREDICT = 64
+# The draft model head's kept tokens: with the request's own tokens kept too, 16,384 drafts the same
+# tokens as 32,768 on the benchmark's code, prose and rewrite (strict acceptance identical) and halves
+# the head's reads (docs/bench/draft-vocab-qwen.md).
+DEFAULT_DRAFT_VOCAB = 16384
 
 
 def _speculation(default: Any, **bounds: float) -> Any:
@@ -97,7 +101,7 @@ class Options:
         Load-time: the draft model's output head keeps only this many tokens, the most frequent in a
         reference text and the request's own tokens (``engine.models.pruned_head``); 0 = the whole
         vocabulary. Cuts the drafter's reads; lossless either way (a token it cannot propose is still
-        sampled by the target). Default 32768, chosen by measurement (docs/bench/draft-vocab-qwen.md).
+        sampled by the target). Default 16384, chosen by measurement (docs/bench/draft-vocab-qwen.md).
     ``relaxed_top_n``
         0 = strict, lossless acceptance; N > 0 also accepts a draft ranked among the target's top
         N filtered candidates (lossy).
@@ -156,7 +160,7 @@ class Options:
     drafter: DrafterChoice = _speculation("auto")
     draft_trace: bool = _speculation(False)
     draft_acceptance: AcceptanceRule = _speculation("strict")
-    draft_vocab: int = _speculation(32768, min=0)  # load-time: a change reloads the engine
+    draft_vocab: int = _speculation(DEFAULT_DRAFT_VOCAB, min=0)  # load-time: a change reloads the engine
 
     explicit: frozenset[str] = field(default=frozenset(), repr=False)
 

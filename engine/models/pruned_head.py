@@ -1,7 +1,7 @@
 """A draft model's output head cut to the tokens that occur (``draft_vocab``), plus the request's own.
 
-The drafter then reads only those rows of its head (Qwen2.5-Coder-0.5B at 32k of its 151,936 tokens:
-a fifth of them) and gives every other token the logit -inf: its distribution is the full head's
+The drafter then reads only those rows of its head (Qwen2.5-Coder-0.5B by default at 16k of its
+151,936 tokens, a ninth of them) and gives every other token the logit -inf: its distribution is the full head's
 renormalised over the kept tokens. Which tokens are kept: the most frequent in a reference text
 (``engine.text.token_frequency``), and every token of the requests it drafts for (``include``: the
 prompt, and what the target generates), whose rows it dequantizes on first sight. A prompt's own

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.options import Options
+from engine.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.speculative.stats import SpeculationStats
 
 # Seconds an exiting engine may spend finishing a packed-weight cache write, beating meanwhile, before
@@ -55,7 +55,7 @@ class LoadSpec:
     weight_format: str = "auto"  # target weights: auto | f32 | bf16 | bf16-packed | int8 | int4 | auto-int4 | qdot
     draft_weight_format: str = "auto"
     # a draft model's output head keeps only this many tokens (engine.models.pruned_head); 0 = all
-    draft_vocab: int = 32768
+    draft_vocab: int = DEFAULT_DRAFT_VOCAB
     # where packed kernel layouts are cached (engine.ops.pack_cache), None = rebuilt at every load
     pack_dir: str | None = None
 

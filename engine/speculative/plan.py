@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.options import SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options, RelaxedScope
+from engine.options import (DEFAULT_DRAFT_VOCAB, SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options,
+                            RelaxedScope)
 
 PlannedDrafter = Literal["model", "mtp", "ngram", "none"]
 
@@ -31,7 +32,7 @@ class SpeculationPlan:
     trace: bool  # the draft_trace option (the engine also honours TANDEM_DRAFT_TRACE)
     relaxed_scope: RelaxedScope = "all"  # where relaxed_top_n applies: everywhere or the reasoning only
     copy: bool = False  # draft_copy: rounds that copy the context draft the copy (model and mtp drafters)
-    vocab: int = 32768  # draft_vocab: load-time (the engine's pruned draft head), shown with the rest
+    vocab: int = DEFAULT_DRAFT_VOCAB  # draft_vocab: load-time (the engine's pruned draft head), shown with the rest
 
     def as_options(self) -> dict[str, Any]:
         """The plan under the option names, in :data:`SPECULATION_DEFAULTS` order (/api/show)."""

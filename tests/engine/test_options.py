@@ -67,7 +67,7 @@ def test_speculation_defaults():
     assert SPECULATION_DEFAULTS == {
         "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
         "relaxed_scope": "all", "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
-        "draft_acceptance": "strict", "draft_copy": True, "draft_vocab": 32768}
+        "draft_acceptance": "strict", "draft_copy": True, "draft_vocab": 16384}
     # every default passes its own validation
     typed = coerce_options(SPECULATION_DEFAULTS)
     assert typed == SPECULATION_DEFAULTS
@@ -251,7 +251,7 @@ def test_plan_carries_the_tunables():
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
         "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "model", "draft_trace": True, "draft_acceptance": "match",
-        "draft_copy": True, "draft_vocab": 32768}
+        "draft_copy": True, "draft_vocab": 16384}
     # only a draft model or MTP head has copy rounds: n-gram lookup already is the copy, and none drafts nothing
     for drafter in ("ngram", "none"):
         other = plan_speculation(Options.from_map({"drafter": drafter, "draft_copy": True}),

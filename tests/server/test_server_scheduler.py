@@ -244,7 +244,7 @@ def test_load_option_change_reloads(model_store: BlobStore) -> None:
         # Same weights, another name with its own num_ctx parameter: one engine slot, reloaded.
         assert s.load_spec(with_ctx, Options.from_map({"num_ctx": 128})).num_ctx == 128
         # draft_vocab is load-time too: set, it reaches the engine's spec and reloads it
-        assert s.load_spec(model, Options()).draft_vocab == 32768  # the default
+        assert s.load_spec(model, Options()).draft_vocab == 16384  # the default
         await run_one(s, model, load={"num_ctx": 100, "draft_vocab": 0})
         assert len(FakeEngine.instances) == 3 and FakeEngine.instances[2].spec.draft_vocab == 0
         await s.shutdown()
