@@ -42,11 +42,9 @@ Randomness contract (shared with ``engine.speculative.acceptance``)
 
 from __future__ import annotations
 
-import functools
-
 import os
 from dataclasses import dataclass, fields
-from functools import cached_property
+from functools import cache, cached_property
 from typing import Sequence
 
 import torch
@@ -259,7 +257,7 @@ class Distribution:
 _ARGMAX_BLOCK = 2048
 
 
-@functools.cache
+@cache
 def _row_ops():
     from engine.ops.kernels import load_block_ops
 
@@ -278,13 +276,14 @@ def argmax_lowest_id(values: Tensor, ids: Tensor | None = None) -> Tensor:
     """Row-wise argmax returning the lowest token id among ties (not relying on kernel tie order)."""
     if ids is None and values.dim() == 2 and values.shape[-1] >= 2 * _ARGMAX_BLOCK:
         ops = native_row_ops(values)
-        if ops is not None:
+        if ops is None:
+            wide = _wide_argmax(values)
+            if wide is not None:
+                return wide
+        else:
             at = ops.logits_argmax(values)
             if min(at.tolist()) >= 0:  # -1: a row holding NaN, which the general path below decides
                 return at
-        wide = _wide_argmax(values)
-        if wide is not None:
-            return wide
     # Narrower rows (candidates) and rows with NaN: the common case first, every row's maximum unique, so
     # whichever index the kernel returns is the answer. Rows with ties, NaN or nothing but -inf take the
     # exact path below.

@@ -75,59 +75,52 @@ int64_t first_index_of(const float* x, int64_t V, float m) {
   return 0;  // unreachable: m is one of the row's values (-inf too, when every value is)
 }
 
-at::Tensor logits_argmax(const at::Tensor& x) {
+// out[i] = value(row i, V, its RowMax) for every row of x, rows in parallel; out has T's dtype.
+template <typename T, typename F>
+at::Tensor per_row(const at::Tensor& x, const char* op, F value) {
   check_rows(x);
   const int64_t n = x.size(0), V = x.size(1), stride = x.stride(0);
-  TORCH_CHECK(V > 0, "logits_argmax: rows must not be empty");
-  at::Tensor out = at::empty({n}, x.options().dtype(at::kLong));
+  TORCH_CHECK(V > 0, op, ": rows must not be empty");
+  at::Tensor out = at::empty({n}, x.options().dtype(c10::CppTypeToScalarType<T>::value));
   const float* xp = x.data_ptr<float>();
-  int64_t* op = out.data_ptr<int64_t>();
+  T* dst = out.data_ptr<T>();
   at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const float* row = xp + i * stride;
-      const RowMax m = row_max(row, V);
-      op[i] = m.nan ? -1 : first_index_of(row, V, m.value);
+      dst[i] = value(row, V, row_max(row, V));
     }
   });
   return out;
 }
 
-at::Tensor logits_top_probability(const at::Tensor& x) {
-  check_rows(x);
-  const int64_t n = x.size(0), V = x.size(1), stride = x.stride(0);
-  TORCH_CHECK(V > 0, "logits_top_probability: rows must not be empty");
-  at::Tensor out = at::empty({n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float* row = xp + i * stride;
-      const RowMax m = row_max(row, V);
-      if (m.nan || std::isinf(m.value)) {
-        op[i] = std::numeric_limits<float>::quiet_NaN();
-        continue;
-      }
-      // e^(x - max) <= 1 everywhere. A -inf logit (a pruned head's) is clamped here first, as
-      // exp_nonpositive's own clamp cannot take infinities, to -87: ~1.6e-38 each, which no sum of
-      // a vocabulary notices.
-      // Float sums over 512 values, added up in double: one float sum over 152k terms drifts by
-      // ~1e-5 (as torch's float32 softmax does); this stays within 1e-7 of float64.
-      const v8f lo = v8f{} - 87.0f;
-      double sum = 0.0;
-      int64_t j = 0;
-      while (j + 8 <= V) {
-        v8f acc = {};
-        for (const int64_t stop = std::min(V, j + 512); j + 8 <= stop; j += 8) {
-          const v8f d = *reinterpret_cast<const v8f*>(row + j) - m.value;
-          acc += exp_nonpositive(d > lo ? d : lo);
-        }
-        sum += hsum(acc);
-      }
-      for (; j < V; ++j) sum += std::exp(row[j] - m.value);
-      op[i] = static_cast<float>(1.0 / sum);
-    }
+at::Tensor logits_argmax(const at::Tensor& x) {
+  return per_row<int64_t>(x, "logits_argmax", [](const float* row, int64_t V, const RowMax& m) -> int64_t {
+    return m.nan ? -1 : first_index_of(row, V, m.value);
   });
-  return out;
+}
+
+at::Tensor logits_top_probability(const at::Tensor& x) {
+  return per_row<float>(x, "logits_top_probability", [](const float* row, int64_t V, const RowMax& m) -> float {
+    if (m.nan || std::isinf(m.value)) return std::numeric_limits<float>::quiet_NaN();
+    // e^(x - max) <= 1 everywhere. A -inf logit (a pruned head's) is clamped here first, as
+    // exp_nonpositive's own clamp cannot take infinities, to -87: ~1.6e-38 each, which no sum of
+    // a vocabulary notices.
+    // Float sums over 512 values, added up in double: one float sum over 152k terms drifts by
+    // ~1e-5 (as torch's float32 softmax does); this stays within 1e-7 of float64.
+    const v8f lo = v8f{} - 87.0f;
+    double sum = 0.0;
+    int64_t j = 0;
+    while (j + 8 <= V) {
+      v8f acc = {};
+      for (const int64_t stop = std::min(V, j + 512); j + 8 <= stop; j += 8) {
+        const v8f d = *reinterpret_cast<const v8f*>(row + j) - m.value;
+        acc += exp_nonpositive(d > lo ? d : lo);
+      }
+      sum += hsum(acc);
+    }
+    for (; j < V; ++j) sum += std::exp(row[j] - m.value);
+    return static_cast<float>(1.0 / sum);
+  });
 }
 
 }  // namespace
