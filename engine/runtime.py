@@ -32,7 +32,7 @@ from engine.process.protocol import (
 from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.copy_first import CopyFirstDrafter
-from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth, RecentTimes
+from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth, WidthCosts
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
 from engine.speculative.loop import (
@@ -91,7 +91,7 @@ class ModelRuntime:
         # Learned per drafter kind, kept for the lifetime of the loaded model.
         self.controllers: dict[str, AdaptiveDepth] = {}
         # What a verification of each width costs on this target, shared by all of them (AdaptiveDepth.verify_times).
-        self._verify_times: dict[int, RecentTimes] = {}
+        self._verify_times = WidthCosts()
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
         self.last_breakdown: TimeBreakdown | None = None
         self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily

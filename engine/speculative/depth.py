@@ -42,7 +42,9 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   shape, another process) must not condemn a depth for good, which a moving average did. A length
   never measured is interpolated between measured ones, or extrapolated with the slope across the
   measured range (proportionally from a single one): optimistic, so a promising depth is tried once
-  and then known.
+  and then known. The verification table (``WidthCosts``) also forgets a sample after ``max_age``
+  observations and never prices a width above a wider one: a width the controller rarely verifies
+  was otherwise priced by whatever minute it was last measured in.
 * ``choose`` returns ``argmax_k E[committed(k)] / cost(k)``, ``E[committed(k)] = 1 + sum_{i<=k}
   prod_{j<=i} a_j``. Every ``explore_every``-th step it probes instead, among the best depth's
   neighbours and plain decoding (depth 0), the one measured least recently: that keeps the costs
@@ -118,20 +120,86 @@ CostModel = Callable[[int, int], float]  # (depth, n_drafted) -> seconds; replac
 
 @dataclass
 class RecentTimes:
-    """The last ``window`` measurements of one quantity; its estimate is their ``quantile``."""
+    """The last ``window`` measurements of one quantity; its estimate is their ``quantile``. Each
+    measurement may carry a stamp (an observation count) so that old ones can be left out."""
 
     window: int = 8
     quantile: float = 0.25
     values: deque = field(default_factory=deque)
+    stamps: deque = field(default_factory=deque)
 
-    def add(self, seconds: float) -> None:
+    def add(self, seconds: float, stamp: int = 0) -> None:
         self.values.append(seconds)
+        self.stamps.append(stamp)
         while len(self.values) > self.window:
             self.values.popleft()
+            self.stamps.popleft()
 
-    def estimate(self) -> float:
-        ordered = sorted(self.values)
+    def estimate(self, since: int | None = None) -> float | None:
+        """The quantile of the measurements stamped ``since`` or later (all of them without ``since``);
+        None when there are none."""
+        kept = self.values if since is None else [v for v, t in zip(self.values, self.stamps) if t >= since]
+        if not kept:
+            return None
+        ordered = sorted(kept)
         return ordered[int(self.quantile * (len(ordered) - 1))]
+
+
+@dataclass
+class WidthCosts:
+    """What a verification over each number of tokens (its width) costs on one target, shared by all of
+    the target's controllers: a verification's cost belongs to the target and the machine, not to the
+    source that drafted the round, and a source with few rounds (a rewrite's copy) priced its widths
+    from one or two samples of its own, as old as its last round.
+
+    Widths that a controller rarely verifies are the ones an old or unlucky sample can misprice for a
+    long time, so two rules keep such a sample from steering the depth:
+
+    * a sample counts for ``max_age`` observations (of any width) and is then forgotten: a width with
+      no recent sample is priced from its measured neighbours, optimistically, and the controller soon
+      tries it again. Costs drift with a shared host's memory bandwidth (plain decoding at 27 and at 43
+      tokens/s minutes apart on the Zen 4 host), and one slow minute otherwise priced a depth for good;
+    * more tokens never verify faster, so where a width's estimate exceeds a wider one's the two are
+      pooled (their mean weighted by their samples: isotonic regression), not left to price the depths
+      between them: a rewrite's trace had a 5-token sample of 52 ms from a slow minute beside 49 ms
+      measured at 7 tokens, which priced 4 drafts above 6. (Capping each width by the cheapest wider
+      one instead pulled the narrow widths, plain decoding among them, down to whichever wider
+      sample was luckiest.)
+
+    The estimates are worked out once per observation (``choose`` prices every depth up to the cap).
+    """
+
+    max_age: int = 256
+    times: dict[int, RecentTimes] = field(default_factory=dict)
+    count: int = 0  # observations so far; each sample is stamped with it
+    _points: dict[int, float] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.times)
+
+    def add(self, width: int, seconds: float) -> None:
+        self.count += 1
+        self.times.setdefault(width, RecentTimes()).add(seconds, self.count)
+        self._points = None
+
+    def points(self) -> dict[int, float]:
+        """Width -> estimated seconds, for each width with a recent sample (capped by every wider one)."""
+        if self._points is None:
+            since = self.count - self.max_age + 1
+            fresh = []  # (width, estimate, fresh samples), by width
+            for w in sorted(self.times):
+                r = self.times[w]
+                n = sum(1 for t in r.stamps if t >= since)
+                if n:
+                    fresh.append((w, r.estimate(since), n))
+            self._points = _non_decreasing(fresh)
+        return self._points
+
+    def estimate(self, width: int) -> float | None:
+        """Seconds for a verification of ``width`` tokens: measured, else interpolated between the
+        measured widths around it or extrapolated (see ``_interpolate``); None before any sample."""
+        points = self.points()
+        return _interpolate(points, width, proportional=False) if points else None
 
 
 @dataclass
@@ -167,11 +235,8 @@ class AdaptiveDepth:
     _succ: list[float] = field(default_factory=list)
     _carried: list[float] = field(default_factory=list)  # per position: the previous requests' a_j
     _trials: list[float] = field(default_factory=list)
-    # width -> step time minus drafting. The runtime hands every controller of one target the same table:
-    # a verification's cost belongs to the target and the machine, not to the source that drafted the round,
-    # and a source with few rounds (a rewrite's copy) priced its widths from one or two samples of its own,
-    # as old as its last round.
-    verify_times: dict[int, RecentTimes] = field(default_factory=dict)
+    # width -> step time minus drafting; the runtime hands every controller of one target the same table
+    verify_times: WidthCosts = field(default_factory=WidthCosts)
     _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
@@ -201,7 +266,7 @@ class AdaptiveDepth:
         drafting = min(max(drafting, 0.0), seconds)
         # The verification width is what was drafted, not what was asked: an n-gram miss or a
         # draft_p_min stop verifies fewer tokens and costs less.
-        self.verify_times.setdefault(n_drafted + 1, RecentTimes()).add(seconds - drafting)
+        self.verify_times.add(n_drafted + 1, seconds - drafting)
         if n_drafted > 0:
             self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
         self._measured_at[n_drafted] = self.step
@@ -294,9 +359,7 @@ class AdaptiveDepth:
 
     def verify_cost(self, width: int) -> float | None:
         """Measured step time (drafting excluded) at ``width``, or an optimistic estimate."""
-        if not self.verify_times:
-            return None
-        return _estimate(self.verify_times, width, proportional=False)
+        return self.verify_times.estimate(width)
 
     def drafting_cost(self, n: int) -> float:
         """The drafter's time for a proposal of ``n`` tokens (0 until measured: optimistic)."""
@@ -387,10 +450,10 @@ class AdaptiveDepth:
         return {
             "step": self.step,
             "acceptance": [round(a, 4) for a in self.acceptances(len(self._succ))],
-            "verify_ms": {w: round(r.estimate() * 1e3, 3) for w, r in sorted(self.verify_times.items())},
+            "verify_ms": {w: round(v * 1e3, 3) for w, v in self.verify_times.points().items()},
             "drafting_ms": {n: round(self.drafting_cost(n) * 1e3, 3) for n in sorted(self._drafting)},
             # nothing before the first observation (a source of PerSourceDepth that never drafted)
-            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self.verify_times, default=0))},
+            "cost_ms": {k: round(self.cost(k) * 1e3, 3) for k in range(max(self.verify_times.points(), default=0))},
         }
 
 
@@ -453,14 +516,38 @@ class PerSourceDepth:
         self.controllers[self._current].observe_catchup(tokens, seconds)
 
 
+def _non_decreasing(points: list[tuple[int, float, int]]) -> dict[int, float]:
+    """Weighted isotonic regression (pool adjacent violators) of ``(x, value, weight)`` sorted by x:
+    the closest non-decreasing values, x -> value."""
+    blocks: list[list[float]] = []  # [mean, weight, count of points]
+    for _, value, weight in points:
+        blocks.append([value, float(weight), 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            v2, w2, c2 = blocks.pop()
+            v1, w1, c1 = blocks.pop()
+            blocks.append([(v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2, c1 + c2])
+    out, i = {}, 0
+    for mean, _, count in blocks:
+        for x, _, _ in points[i:i + count]:
+            out[x] = mean
+        i += count
+    return out
+
+
 def _estimate(measured: dict[int, RecentTimes], x: int, proportional: bool) -> float:
-    """The time at ``x`` from per-``x`` measurements: measured, else interpolated between neighbours,
-    else extrapolated with the slope across the measured range (never negative). A single measurement
-    is taken as the cost at every ``x`` (``proportional=False``: a verification width) or as ``x``
-    times its per-unit cost (``proportional=True``: drafted tokens)."""
+    """The time at ``x`` from per-``x`` measurements (see ``_interpolate``)."""
     if x in measured:
         return measured[x].estimate()
-    points = {w: r.estimate() for w, r in measured.items()}
+    return _interpolate({w: r.estimate() for w, r in measured.items()}, x, proportional)
+
+
+def _interpolate(points: dict[int, float], x: int, proportional: bool) -> float:
+    """The time at ``x`` from times at some ``x``: measured, else interpolated between neighbours, else
+    extrapolated with the slope across the measured range (never negative). A single point is taken as
+    the cost at every ``x`` (``proportional=False``: a verification width) or as ``x`` times its
+    per-unit cost (``proportional=True``: drafted tokens)."""
+    if x in points:
+        return points[x]
     xs = sorted(points)
     lo = [w for w in xs if w < x]
     hi = [w for w in xs if w > x]

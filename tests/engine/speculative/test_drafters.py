@@ -8,7 +8,7 @@ import torch
 
 from engine.models.loader import find_nextn_block, load_nextn_head
 from engine.sampling.sampler import SamplingOptions, make_generator, process
-from engine.speculative.depth import AdaptiveDepth, FixedDepth
+from engine.speculative.depth import AdaptiveDepth, FixedDepth, WidthCosts
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import DraftContext, TargetOutput
 from engine.speculative.mtp import MtpDrafter
@@ -354,8 +354,55 @@ def test_adaptive_cost_is_verification_plus_drafting_by_length():
     assert ctl.drafting_cost(8) == pytest.approx(0.250 + 3 * 0.040)  # extrapolated across 2..5
     assert ctl.drafting_cost(1) == pytest.approx(0.090)  # and below the measured range
     # A proposal shorter than asked (an n-gram miss) is priced at the width it verified.
-    ctl.observe(4, 1, 1, 0.200, drafting=0.0)
-    assert ctl.verify_cost(2) == pytest.approx(0.200)
+    ctl.observe(4, 1, 1, 0.165, drafting=0.0)
+    assert ctl.verify_cost(2) == pytest.approx(0.165)  # not the 160 ms interpolated before
+
+
+def test_a_width_never_costs_more_than_a_wider_one():
+    """A stale slow sample at one width (measured in a slow minute of a shared host) is pooled with the
+    wider verification it exceeds: more tokens never verify faster (the rewrite's trace that showed it
+    had 52 ms at 5 tokens beside 49 ms at 7). Pooled by their samples, so a width measured often is
+    not pulled far by one odd sample of another."""
+    ctl = AdaptiveDepth(explore_every=0)
+    for width, ms in ((1, 28.0), (2, 31.0), (3, 33.0), (4, 37.0), (5, 52.0), (7, 49.0), (9, 67.0)):
+        ctl.observe(width - 1, width - 1, width - 1, ms / 1e3)
+    assert ctl.verify_cost(5) == pytest.approx(0.0505)  # pooled with width 7
+    assert ctl.verify_cost(7) == pytest.approx(0.0505)
+    assert ctl.verify_cost(6) == pytest.approx(0.0505)
+    assert ctl.verify_cost(4) == pytest.approx(0.037)  # below them: as measured
+    assert ctl.snapshot()["verify_ms"][5] == pytest.approx(50.5)
+    for _ in range(3):  # width 1 measured four times, then one lucky sample at width 2
+        ctl.observe(0, 0, 0, 0.028)
+    ctl.observe(1, 1, 1, 0.020)
+    assert ctl.verify_cost(1) == pytest.approx((4 * 0.028 + 2 * 0.020) / 6)  # min of width 2's two samples
+    assert ctl.verify_cost(1) > 0.025  # not capped at the lucky 20 ms
+
+
+def test_isotonic_pooling_of_violators():
+    from engine.speculative.depth import _non_decreasing
+    assert _non_decreasing([(1, 1.0, 1), (2, 3.0, 1), (3, 2.0, 1), (4, 5.0, 2)]) == {1: 1.0, 2: 2.5, 3: 2.5, 4: 5.0}
+    assert _non_decreasing([(1, 4.0, 3), (2, 1.0, 1), (5, 0.0, 4)]) == {1: 1.625, 2: 1.625, 5: 1.625}  # (12 + 1 + 0) / 8
+    assert _non_decreasing([]) == {}
+
+
+def test_old_verification_samples_are_forgotten():
+    """A width's samples count for ``max_age`` observations of the table; after that the width is
+    priced from the widths measured since (interpolated), so a slow minute does not price it for good."""
+    costs = WidthCosts(max_age=10)
+    costs.add(1, 0.030)
+    costs.add(3, 0.060)  # measured in a slow minute
+    costs.add(5, 0.050)
+    assert costs.estimate(3) == pytest.approx(0.055)  # pooled with width 5 meanwhile
+    for _ in range(9):
+        costs.add(1, 0.028)
+        costs.add(5, 0.048)
+    assert 3 not in costs.points()
+    assert costs.estimate(3) == pytest.approx(0.028 + (0.048 - 0.028) / 2)  # from its neighbours now
+    assert costs.count == 21
+    # the controllers of one target share it (the runtime hands each the same table)
+    a, b = AdaptiveDepth(verify_times=costs), AdaptiveDepth(verify_times=costs)
+    a.observe(2, 2, 2, 0.040)
+    assert b.verify_cost(3) == pytest.approx(0.040)
 
 
 def test_adaptive_probes_often_until_acceptance_is_known():
