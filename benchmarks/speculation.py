@@ -68,7 +68,7 @@ CONFIGS: list[Config] = [
     Config("strict-n4-copy", _fixed(4, draft_copy=True)),
     Config("adaptive-copy", dict(drafter="model", draft_num_predict=8, draft_schedule="adaptive", draft_copy=True)),
     *[Config(f"ngram-n{n}", dict(drafter="ngram", draft_num_predict=n, draft_schedule="fixed"), needs_draft=False)
-      for n in (2, 3, 4)],
+      for n in (2, 3, 4, 8)],
     Config("ngram-adaptive", dict(drafter="ngram", draft_num_predict=8, draft_schedule="adaptive"),
            needs_draft=False),
     Config("match-n4", _fixed(4, draft_acceptance="match"), temps=("0.6",)),
