@@ -43,8 +43,8 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   never measured is interpolated between measured ones, or extrapolated with the slope across the
   measured range (proportionally from a single one): optimistic, so a promising depth is tried once
   and then known. The verification table (``WidthCosts``) also forgets a sample after ``max_age``
-  observations and never prices a width above a wider one: a width the controller rarely verifies
-  was otherwise priced by whatever minute it was last measured in.
+  observations and keeps its estimates non-decreasing in width: a width the controller rarely
+  verifies was otherwise priced by whatever minute it was last measured in.
 * ``choose`` returns ``argmax_k E[committed(k)] / cost(k)``, ``E[committed(k)] = 1 + sum_{i<=k}
   prod_{j<=i} a_j``. Every ``explore_every``-th step it probes instead, among the best depth's
   neighbours and plain decoding (depth 0), the one measured least recently: that keeps the costs
@@ -157,16 +157,16 @@ class WidthCosts:
 
     * a sample counts for ``max_age`` observations (of any width) and is then forgotten: a width with
       no recent sample is priced from its measured neighbours, optimistically, and the controller soon
-      tries it again. Costs drift with a shared host's memory bandwidth (plain decoding at 27 and at 43
-      tokens/s minutes apart on the Zen 4 host), and one slow minute otherwise priced a depth for good;
+      tries it again. Costs drift with a shared host's memory bandwidth, by half within minutes, and
+      one slow minute otherwise priced a depth for good;
     * more tokens never verify faster, so where a width's estimate exceeds a wider one's the two are
       pooled (their mean weighted by their samples: isotonic regression), not left to price the depths
-      between them: a rewrite's trace had a 5-token sample of 52 ms from a slow minute beside 49 ms
-      measured at 7 tokens, which priced 4 drafts above 6. (Capping each width by the cheapest wider
-      one instead pulled the narrow widths, plain decoding among them, down to whichever wider
-      sample was luckiest.)
+      between them (a stale slow width-5 sample beside a cheaper width 7 priced 4 drafts above 6).
+      Capping each width by the cheapest wider one instead pulled the narrow widths, plain decoding
+      among them, down to whichever wider sample was luckiest.
 
-    The estimates are worked out once per observation (``choose`` prices every depth up to the cap).
+    The traces behind both are in docs/measurements.md, "Adaptive depth". The estimates are worked out
+    once per observation (``choose`` prices every depth up to the cap).
     """
 
     max_age: int = 256
@@ -183,7 +183,7 @@ class WidthCosts:
         self._points = None
 
     def points(self) -> dict[int, float]:
-        """Width -> estimated seconds, for each width with a recent sample (capped by every wider one)."""
+        """Width -> estimated seconds, for each width with a recent sample, non-decreasing in width."""
         if self._points is None:
             since = self.count - self.max_age + 1
             fresh = []  # (width, estimate, fresh samples), by width

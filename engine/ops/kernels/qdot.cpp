@@ -362,10 +362,9 @@ inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t 
                        __m512i* sums) {
   constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
   // One row keeps two sums, two independent dot chains in flight. From two rows on the rows give the
-  // independent chains and one sum a row is faster: measured 5-12 % less time at two to four rows for
-  // 4- and 6-bit codes on Zen 4 than two sums a row (docs/measurements.md, "qdot kernel"),
-  // and it leaves the registers for eight rows' sums and float accumulators. Integer sums: the same
-  // either way.
+  // independent chains, and one sum a row measured faster at two to four rows for 4- and 6-bit codes
+  // (docs/measurements.md, "qdot kernel") and leaves the registers for eight rows' sums and float
+  // accumulators. Integer sums: the same either way.
   constexpr bool kTwoChains = MB == 1;
   __m512i sum0[MB], sum1[kTwoChains ? MB : 1];
   for (int i = 0; i < MB; ++i) {
