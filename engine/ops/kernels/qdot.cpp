@@ -115,7 +115,8 @@ namespace {
 constexpr int64_t kActGroup = 32;  // activation quantization group
 constexpr int kMaxRows = 4;        // activation rows sharing one pass over a weight block
 // AVX-512 has 32 vector registers: a verification of up to seven drafts (eight rows) shares one pass,
-// so the block's codes are unpacked once for all of them (see rows_in_pass).
+// so the block's codes are unpacked once for all of them, and so does one of eight drafts (nine rows,
+// only as a last pass: see rows_in_pass).
 constexpr int kMaxWideRows = 8;
 constexpr int64_t kBlockRows = 16;  // weight rows per block (one per 32-bit lane)
 constexpr int64_t kPrefetchBytes = 2048;  // how far ahead in a block's codes the vector path prefetches
@@ -750,6 +751,7 @@ inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs,
   if constexpr (SC == kScaleInt8) {
     switch (mb) {
 #if QDOT_AVX512_VNNI
+      case 9: block_dots_centred<9>(w_block, bs, a, m0, out); return;
       case 8: block_dots_centred<8>(w_block, bs, a, m0, out); return;
       case 7: block_dots_centred<7>(w_block, bs, a, m0, out); return;
       case 6: block_dots_centred<6>(w_block, bs, a, m0, out); return;
@@ -763,6 +765,7 @@ inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs,
   } else {
     switch (mb) {
 #if QDOT_AVX512_VNNI
+      case 9: block_dots<BITS, G, SC, 9>(w_block, bs, offset, a, m0, out); break;
       case 8: block_dots<BITS, G, SC, 8>(w_block, bs, offset, a, m0, out); break;
       case 7: block_dots<BITS, G, SC, 7>(w_block, bs, offset, a, m0, out); break;
       case 6: block_dots<BITS, G, SC, 6>(w_block, bs, offset, a, m0, out); break;
@@ -855,12 +858,15 @@ struct PackedWeights {
 };
 
 // Activation rows in one pass over a weight block. AVX-512: up to kMaxWideRows (a verification of up to
-// seven drafts unpacks each block once; docs/bench/qdot-avx512-widths.md). AVX2 (16 registers): up to
+// seven drafts unpacks each block once; docs/bench/qdot-avx512-widths.md), and a last nine in one pass
+// (a verification of eight drafts, the deepest a cap of 8 asks; nine a pass throughout made a 64-row
+// prompt chunk's 6-bit linears slower: docs/measurements.md, "qdot kernel"). AVX2 (16 registers): up to
 // kMaxRows, except a last five in one pass (a verification of four drafts; measured 4 % faster for 4-bit
 // codes and 14 % for 6-bit than four rows and then one; six and eight in one pass were no faster, or
 // slower).
 inline int64_t rows_in_pass(int64_t left) {
 #if QDOT_AVX512_VNNI
+  if (left == kMaxWideRows + 1) return left;
   return std::min<int64_t>(kMaxWideRows, left);
 #else
   if (left == kMaxRows + 1) return left;
@@ -882,7 +888,7 @@ template <int BITS, int G, int SC>
 void run_blocks(const QuantizedActivations& a, const PackedWeights& w, int64_t offset, const float* bias, int64_t n,
                 const OutputRows& out, int64_t begin, int64_t end) {
   const int64_t block_bytes = 2 * a.k * BITS;
-  float dots[kMaxWideRows * kBlockRows];
+  float dots[(kMaxWideRows + 1) * kBlockRows];
   for (int64_t b = begin; b < end; ++b) {
     const uint8_t* w_block = w.codes + b * block_bytes;
     const BlockScales bs = w.block(b, a.k, G);
