@@ -140,3 +140,22 @@ def test_bench_with_llama_cpp(tmp_path, tiny, capsys):
     order = data["repetitions"][0]["order"]
     assert set(order) == {"tandem int8", "llama.cpp"}
     assert "## tandem / llama.cpp (same run)" in printed
+
+
+def test_llama_cpp_loads_without_extra_buffer_types_only_when_asked():
+    """llama.cpp built natively on an AMX host crashes after repacking its weights for AMX; the bench then
+    loads it with ``use_extra_bufts`` off. ``Llama()`` has no such argument, so the defaults it reads are
+    overridden for the load alone, and only when asked."""
+    import types
+
+    class Params:
+        use_extra_bufts = True
+
+    low = types.SimpleNamespace(llama_model_default_params=Params)
+    module = types.SimpleNamespace(llama_cpp=low)
+    with bench._extra_buffer_types(module, True):
+        assert low.llama_model_default_params().use_extra_bufts is True
+    with bench._extra_buffer_types(module, False):
+        assert low.llama_model_default_params().use_extra_bufts is False
+    assert low.llama_model_default_params is Params
+    assert low.llama_model_default_params().use_extra_bufts is True
