@@ -300,11 +300,14 @@ def test_default_format():
                     assert L.default_format(role, types, amx=amx, qdot=qdot) in L.FORMATS
     assert L.default_format("drafter", q4km, qdot=False) == "auto-int4"
     # the qdot kernel keeps every quantized tensor's codes: the choice wherever its fast path exists,
-    # except a non-Q4 target on an AMX CPU (bf16-packed verifies 16 tokens for the price of 1)
+    # on AMX CPUs too (bf16-packed would round a Q8_0 target's weights and decode it 2.3x slower)
     assert L.default_format("drafter", q4km, qdot=True) == "qdot"
     assert L.default_format("target", q4km, amx=True, qdot=True) == "qdot"
     assert L.default_format("target", ["Q8_0", "F32"], amx=False, qdot=True) == "qdot"
-    assert L.default_format("target", ["Q8_0"], amx=True, qdot=True) == "bf16-packed"
+    assert L.default_format("target", ["Q8_0"], amx=True, qdot=True) == "qdot"
+    assert L.default_format("target", ["Q5_0", "Q8_0", "Q6_K"], amx=True, qdot=True) == "qdot"
+    # without the kernel, AMX's flat-cost bf16 is the choice for a non-Q4 target
+    assert L.default_format("target", ["Q8_0"], amx=True, qdot=False) == "bf16-packed"
     # a float target is served at its stored precision (an unquantized import, as Ollama serves it);
     # a float drafter only moves the acceptance rate, so it keeps the fast integer kernel
     for amx in (True, False):
