@@ -518,16 +518,10 @@ class LlamaCppSubject:
 _LLAMA_PROBE = """
 import sys
 import llama_cpp
-if sys.argv[3] == "0":
-    import llama_cpp.llama_cpp as low
-    original = low.llama_model_default_params
-    def defaults():
-        params = original()
-        params.use_extra_bufts = False
-        return params
-    low.llama_model_default_params = defaults
-llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]), n_threads_batch=int(sys.argv[2]),
-                      verbose=False)
+from benchmarks.decode import _extra_buffer_types
+with _extra_buffer_types(llama_cpp, sys.argv[3] == "1"):
+    llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]),
+                          n_threads_batch=int(sys.argv[2]), verbose=False)
 ids = [i % llm.n_vocab() for i in range(1, 17)]
 llm.eval(ids)       # a batch (prefill / verification kernels)
 llm.eval(ids[:1])   # one token (decode kernels)
