@@ -706,7 +706,9 @@ class Report:
             "## Speed",
             "",
             "Rates are median (best) tokens/s; spread = (max - min) / median of the times; "
-            "bound = read bandwidth / bytes per token.",
+            "bound = read bandwidth / bytes per token. Load: tandem packs its kernel layout from the GGUF here "
+            "(no pack cache, which lives beside a server's store; `python -m benchmarks.load` measures the "
+            "server's warm load from it), llama.cpp maps the file.",
             "",
             "| subject | load s | MB/token | prefill tok/s | decode tok/s (end to end) | decode tok/s (forward only) "
             "| spread e2e / fwd | bound tok/s | % of bound (fwd) | RSS +MB (anon) | other procs / steal (cores) |",
