@@ -47,7 +47,6 @@ times; the JSON holds every sample. During each sample the CPU time of OTHER pro
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as _dt
 import gc
 import json
@@ -64,6 +63,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 import torch
+
+from benchmarks.llama_load import extra_buffer_types
 
 TANDEM_FORMATS = ("auto", "f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot")
 DEFAULT_FORMATS = ("auto", "bf16-packed", "int8")
@@ -398,31 +399,6 @@ class TandemSubject:
         self.engine.close()
 
 
-@contextlib.contextmanager
-def _extra_buffer_types(llama_cpp_module, enabled: bool):
-    """Load with llama.cpp's extra weight buffer types (its AMX and CPU repacking) on or off.
-
-    ``Llama()`` takes no switch for ``llama_model_params.use_extra_bufts``; it reads the defaults from
-    ``llama_cpp.llama_cpp.llama_model_default_params`` at construction, so that function is wrapped for
-    the duration of the load."""
-    low = getattr(llama_cpp_module, "llama_cpp", None)
-    if enabled or low is None or not hasattr(low, "llama_model_default_params"):
-        yield
-        return
-    original = low.llama_model_default_params
-
-    def defaults():
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    low.llama_model_default_params = defaults
-    try:
-        yield
-    finally:
-        low.llama_model_default_params = original
-
-
 class LlamaCppSubject:
     kind = "llama.cpp"
     requested = format = "gguf"
@@ -430,7 +406,7 @@ class LlamaCppSubject:
     def __init__(self, llama_cpp_module, path: str, n_ctx: int, threads: int, n_batch: int, extra_bufts: bool = True):
         self.lc = llama_cpp_module
         t0 = _clock()
-        with _extra_buffer_types(llama_cpp_module, extra_bufts):
+        with extra_buffer_types(llama_cpp_module, extra_bufts):
             self.llm = llama_cpp_module.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads,
                                               n_threads_batch=threads, n_batch=n_batch, seed=0, verbose=False)
         self.load_seconds = _clock() - t0
@@ -518,8 +494,8 @@ class LlamaCppSubject:
 _LLAMA_PROBE = """
 import sys
 import llama_cpp
-from benchmarks.decode import _extra_buffer_types
-with _extra_buffer_types(llama_cpp, sys.argv[3] == "1"):
+from benchmarks.llama_load import extra_buffer_types
+with extra_buffer_types(llama_cpp, sys.argv[3] == "1"):
     llm = llama_cpp.Llama(model_path=sys.argv[1], n_ctx=64, n_threads=int(sys.argv[2]),
                           n_threads_batch=int(sys.argv[2]), verbose=False)
 ids = [i % llm.n_vocab() for i in range(1, 17)]
@@ -535,8 +511,7 @@ def probe_llama_cpp(path: str, threads: int, timeout: float = 600.0, extra_bufts
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     try:
         cp = subprocess.run([sys.executable, "-c", _LLAMA_PROBE, path, str(threads), "1" if extra_bufts else "0"],
-                            env=env,
-                            capture_output=True, text=True, timeout=timeout)
+                            env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return f"a probe run (load + 17 tokens) took over {timeout:.0f} s"
     if cp.returncode == 0 and "ok" in cp.stdout:
@@ -904,7 +879,6 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
     # --- llama.cpp availability
     llama_info: dict[str, Any]
     llama_mod = None
-    llama_extra_bufts = True  # llama.cpp loads with its extra weight buffer types unless they crash
     if not settings.llama:
         llama_info = {"status": "skipped (--no-llama)"}
     else:
@@ -927,7 +901,6 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
                 # llama-cpp-python 0.3.36 built natively on an AMX host repacks the weights for AMX at load
                 # and dies with SIGSEGV at the first evaluation; without the extra buffer types it runs its
                 # AVX-512 kernels, which is what such a user can run.
-                llama_extra_bufts = False
                 llama_info["extra_bufts"] = False
                 llama_info["status"] += (f"; extra buffer types (AMX / CPU repacking) off: with them {problem}")
                 problem = None
@@ -970,7 +943,8 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
         if llama_mod is not None:
             before = _rss_mb()
             log("loading llama.cpp ...")
-            s = LlamaCppSubject(llama_mod, path, n_ctx, settings.threads, max(512, settings.prefill), llama_extra_bufts)
+            s = LlamaCppSubject(llama_mod, path, n_ctx, settings.threads, max(512, settings.prefill),
+                                llama_info.get("extra_bufts", True))
             after = _rss_mb()
             subjects.append(s)
             log(f"  llama.cpp: {s.load_seconds:.1f} s")

@@ -11,6 +11,7 @@ import statistics
 import pytest
 
 from benchmarks import decode as bench
+from benchmarks.llama_load import extra_buffer_types
 from engine.ops.linear import format_problem
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -153,9 +154,9 @@ def test_llama_cpp_loads_without_extra_buffer_types_only_when_asked():
 
     low = types.SimpleNamespace(llama_model_default_params=Params)
     module = types.SimpleNamespace(llama_cpp=low)
-    with bench._extra_buffer_types(module, True):
+    with extra_buffer_types(module, True):
         assert low.llama_model_default_params().use_extra_bufts is True
-    with bench._extra_buffer_types(module, False):
+    with extra_buffer_types(module, False):
         assert low.llama_model_default_params().use_extra_bufts is False
     assert low.llama_model_default_params is Params
     assert low.llama_model_default_params().use_extra_bufts is True
