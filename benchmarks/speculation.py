@@ -38,7 +38,7 @@ from benchmarks.output import host_line
 from engine.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
-from server.bench.prompt_sets import PROMPTS, TEMPERATURES
+from server.bench.prompt_sets import PROMPTS, TEMPERATURES, TEXT_KINDS
 
 # PROMPTS and TEMPERATURES are shared with `tandem bench` (server/bench/).
 
@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
-    ap.add_argument("--prompts", default=",".join(PROMPTS))
+    ap.add_argument("--prompts", default=",".join(PROMPTS),
+                    help="names from the speed set (code, prose, repetitive) or the text kinds set "
+                         f"({','.join(TEXT_KINDS)}); 'kinds' = all of the latter")
     ap.add_argument("--temps", default=",".join(TEMPERATURES))
     ap.add_argument("--configs", default="", help="comma-separated config names (default: all)")
     ap.add_argument("--num-ctx", type=int, default=2048)
@@ -259,7 +261,12 @@ def main(argv: list[str] | None = None) -> int:
                                   device=args.device, weight_format=args.weight_format,
                                   draft_weight_format=args.draft_weight_format, draft_vocab=args.draft_vocab))
     load_s = time.perf_counter() - t0
-    prompts = {k: render_prompt(engine, PROMPTS[k], args.raw) for k in args.prompts.split(",") if k}
+    known = {**PROMPTS, **TEXT_KINDS}
+    names = list(TEXT_KINDS) if args.prompts == "kinds" else [k for k in args.prompts.split(",") if k]
+    unknown = [k for k in names if k not in known]
+    if unknown:
+        ap.error(f"unknown prompt(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    prompts = {k: render_prompt(engine, known[k], args.raw) for k in names}
     temps = [t for t in args.temps.split(",") if t]
     wanted = set(c for c in args.configs.split(",") if c)
     configs = [c for c in CONFIGS if (not wanted or c.name in wanted or c.name == "plain")

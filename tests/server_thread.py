@@ -26,7 +26,7 @@ from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 #: The speculation fields tandem adds to every final answer (/api and /v1).
 SPEC_FIELDS = {"drafter", "draft_n", "draft_n_accepted", "draft_rounds", "acceptance_rate", "mean_accepted_length",
-               "acceptance_by_position", "mean_depth"}
+               "acceptance_by_position", "mean_depth", "plain_steps"}
 
 
 def free_port() -> int:

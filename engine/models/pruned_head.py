@@ -9,8 +9,13 @@ words (a function's name, a topic) are the rare tokens an answer repeats most, a
 them all.
 
 Speculation stays lossless whatever the drafter proposes (strict acceptance samples from the target's
-distribution either way); what pruning can cost is acceptance, when the target picks a token the
-drafter cannot propose.
+distribution either way); what pruning alone costs is acceptance, when the target picks a token the
+drafter cannot propose (a prose answer's rare words, another language's pieces: on SmolLM2 a 16k
+table missed 5-10 of every 64 tokens of English prose, docs/bench/speculation-defaults.md). So the head
+also keeps the rows it does not score (``rest``), and after a chain of drafts the drafter scores them
+for every drafted position in ONE matmul (``complete``) and corrects the chain to what the full head
+would have drafted (``engine.speculative.full_head_check``): one read of the rest a round instead of one
+a drafted token, and the drafts of the whole vocabulary.
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ class PrunedHead(Linear):
     format = "pruned"
 
     def __init__(self, head: Linear, ids: torch.Tensor, vocab_size: int,
-                 rows: Callable[[torch.Tensor], torch.Tensor]):
-        """``head``: a linear over the rows ``ids``; ``rows(ids)``: f32 [len(ids), K] rows of the full head."""
+                 rows: Callable[[torch.Tensor], torch.Tensor], rest: Linear | None = None,
+                 rest_ids: torch.Tensor | None = None):
+        """``head``: a linear over the rows ``ids``; ``rows(ids)``: f32 [len(ids), K] rows of the full head;
+        ``rest``: a linear over every other row (``rest_ids``), for ``complete``."""
         super().__init__(head.in_features, vocab_size, head.compute_dtype)
         self.head = head
+        self.rest = rest
         self.register_buffer("ids", ids.to(torch.long))
+        self.register_buffer("rest_ids", (rest_ids if rest_ids is not None else torch.empty(0)).to(torch.long))
         self._rows = rows
         self._kept = torch.zeros(vocab_size, dtype=torch.bool)
         self._kept[self.ids] = True
@@ -70,8 +79,24 @@ class PrunedHead(Linear):
             out[:, self.extra_ids] = x2 @ self.extra_rows.t()
         return out
 
+    @property
+    def can_complete(self) -> bool:
+        return self.rest is not None and len(self.rest_ids) > 0
+
+    def complete(self, inputs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The full head's logits for head inputs ``inputs`` [m, K] (the model's final-normed hidden
+        states) whose pruned logits are ``logits`` [m, V]: every token this head did not score gets the
+        rest's score, in one matmul over the m rows (the scored ones keep theirs)."""
+        full = logits.clone()
+        rest = self.rest(inputs.to(self.rest.compute_dtype)).to(full.dtype)
+        unscored = ~self._kept[self.rest_ids]  # a rest row added since by ``include`` is scored already
+        cols = self.rest_ids[unscored]
+        full[:, cols] = rest[:, unscored]
+        return full
+
     def _storage_tensors(self) -> list[torch.Tensor]:
-        return self.head._storage_tensors() + [self.extra_rows]
+        rest = self.rest._storage_tensors() if self.rest is not None else []
+        return self.head._storage_tensors() + [self.extra_rows] + rest
 
     def extra_repr(self) -> str:
         return f"kept={len(self.ids)}+{len(self.extra_ids)} of {self.out_features}, head={self.head.format}"
@@ -91,5 +116,9 @@ def prune_output_head(model: Model, ids: torch.Tensor) -> None:
     def rows(which: torch.Tensor) -> torch.Tensor:
         return dq.dequantize_rows(dq.raw_tensor(f, name), info.ggml_type, info.shape, which)
 
-    model.output = PrunedHead(load_linear_rows(f, name, model.fmt, ids), ids, model.config.vocab_size, rows)
+    rest_ids = torch.ones(model.config.vocab_size, dtype=torch.bool)
+    rest_ids[ids] = False
+    rest_ids = torch.nonzero(rest_ids).flatten()
+    model.output = PrunedHead(load_linear_rows(f, name, model.fmt, ids), ids, model.config.vocab_size, rows,
+                              rest=load_linear_rows(f, name, model.fmt, rest_ids), rest_ids=rest_ids)
     place_on_huge_pages(model.output)

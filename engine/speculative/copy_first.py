@@ -13,20 +13,68 @@ keeps one estimate per source (``engine.speculative.depth.PerSourceDepth``). Bet
 copy's last 8 tokens agree) and no evidence (under 4) lies the weak copy: on a rewrite it is right often
 enough to beat the model for free, on code it is not, so that source competes with the model and the
 controller takes whichever it expects more tokens a second from.
+
+A copy must also earn its rounds on the text at hand. Where the output only looks like a copy (a
+counting list: ``11, 12, 13,`` agrees with ``1, 2, 3,`` token for token in its commas and spaces) its
+drafts are mostly wrong, and every round it drafts is lost to the model, which would have been right.
+So the copy is checked in the shadow of every round in which it has evidence: what it would have
+drafted is compared with what the round committed (free: it is a list lookup), and the draft model's
+own drafts with the same. The copy drafts only while its last checked tokens in this request all
+agreed, as many of them as ``min_streak`` times the model's estimated per-token acceptance
+(``copy_trusted``): beside a good drafter a copy must be right for a long stretch before it replaces it
+(a free round that fails costs the model's accepted tokens), beside a poor one a few suffice. On a
+rewrite the streak soon is long, on a counting list never. (A per-token estimate compared with the
+model's let a copy that agrees for long stretches and then fails draft those failures: a counting
+list's copy is right on its commas and spaces.)
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from engine.speculative.drafter import DraftContext, Drafter, Proposal, TargetOutput
 from engine.speculative.ngram import NgramDrafter
 
+#: How far ahead the copy's shadow proposal reaches (a certain copy drafts up to the cap, at most 8 deep).
+SHADOW_TOKENS = 8
+
+
+@dataclass
+class TokenAcceptance:
+    """A per-token acceptance estimate from drafts checked against committed tokens: decayed counts
+    behind a Beta mean (``prior`` worth ``weight`` tokens)."""
+
+    prior: float = 0.5
+    weight: float = 2.0
+    decay: float = 0.9  # per checked round: what the last ~10 rounds said
+    hits: float = 0.0
+    trials: float = 0.0
+    streak: int = 0  # checked tokens that agreed since the last that did not
+
+    def check(self, drafted: Sequence[int], committed: Sequence[int]) -> None:
+        """Drafts ``drafted`` against the round's ``committed`` run: the agreeing prefix counts as accepted,
+        the first disagreement as rejected, and nothing past it (or past the run) is known."""
+        checked = min(len(drafted), len(committed))
+        if checked == 0:
+            return
+        agree = 0
+        while agree < checked and drafted[agree] == committed[agree]:
+            agree += 1
+        self.streak = self.streak + agree if agree == checked else 0
+        self.hits = self.decay * self.hits + agree
+        self.trials = self.decay * self.trials + agree + (1 if agree < checked else 0)
+
+    @property
+    def estimate(self) -> float:
+        return (self.prior * self.weight + self.hits) / (self.weight + self.trials)
+
 
 class CopyFirstDrafter(Drafter):
     """``primary`` (a draft model or MTP head), except in rounds where ``copy`` has strong evidence."""
 
-    def __init__(self, primary: Drafter, copy: NgramDrafter, weak_agreement: int = 4):
+    def __init__(self, primary: Drafter, copy: NgramDrafter, weak_agreement: int = 4, min_streak: int = 16):
         super().__init__()
         self.primary, self.copy = primary, copy
         self.kind = f"{primary.kind}+copy"  # what the request reports, and its own adaptive depth state
@@ -37,12 +85,30 @@ class CopyFirstDrafter(Drafter):
         self._source: str | None = None  # the coming round's source, once decided
         self.sources = ("copy", "copy-weak", primary.kind)
         self.fallbacks = (("copy-weak", primary.kind),)
+        self.min_streak = min_streak
+        self._new_request_checks()
+
+    def _new_request_checks(self) -> None:
+        self.copy_acceptance = TokenAcceptance()
+        # until the model has drafted, take it to be good: the copy must then prove itself at length
+        self.model_acceptance = TokenAcceptance(prior=1.0)
+        self._shadow: list[int] = []  # what the copy would draft this round (empty: no evidence)
+        self._model_drafts: list[int] = []  # what the model drafted this round
+
+    def copy_trusted(self) -> bool:
+        """Whether the copy's recent checks say it drafts at least as well as the model."""
+        needed = max(2, math.ceil(self.min_streak * self.model_acceptance.estimate))
+        return self.copy_acceptance.streak >= needed
 
     def round_source(self) -> str:
         if self._source is None:  # what a certain copy is, the n-gram drafter's own round_source says
             certain = self.copy.round_source() == "copy"
-            self._source = "copy" if certain else \
-                "copy-weak" if self.copy.last_agreement >= self.weak_agreement else self.primary.kind
+            evidence = certain or self.copy.last_agreement >= self.weak_agreement
+            self._shadow = list(self.copy.copy_from_source(SHADOW_TOKENS).tokens) if evidence else []
+            if not evidence or not self.copy_trusted():
+                self._source = self.primary.kind
+            else:
+                self._source = "copy" if certain else "copy-weak"
         return self._source
 
     def use_source(self, source: str) -> None:
@@ -57,9 +123,13 @@ class CopyFirstDrafter(Drafter):
         self.copy.begin(tokens)
         self.copied_rounds = 0
         self._source = None
+        self._new_request_checks()
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         self._source = None  # the copy's evidence changes with every committed token
+        self.copy_acceptance.check(self._shadow, tokens_committed)
+        self.model_acceptance.check(self._model_drafts, tokens_committed)
+        self._shadow, self._model_drafts = [], []
         super().commit(tokens_committed, n_total, target)
         self.primary.commit(tokens_committed, n_total, target)
         self.copy.commit(tokens_committed, n_total, target)
@@ -72,10 +142,13 @@ class CopyFirstDrafter(Drafter):
             if copied.tokens:
                 self.copied_rounds += 1
                 return copied
-        return self.primary.propose(k, ctx)
+        proposal = self.primary.propose(k, ctx)
+        self._model_drafts = list(proposal.tokens)
+        return proposal
 
     def reset(self) -> None:
         self._source = None
+        self._new_request_checks()
         super().reset()
         self.primary.reset()
         self.copy.reset()

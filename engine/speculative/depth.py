@@ -230,6 +230,12 @@ class AdaptiveDepth:
     # position 0, while its acceptance one standard deviation up would make drafting best
     # (_worth_more_trials).
     sync_trials: float = 12.0
+    # A request drafts at most this deep until a round is accepted whole, and each round accepted whole
+    # doubles the limit (a slow start). What earlier texts taught is a prior worth ``carry_weight`` trials,
+    # too little to stop a prose request after a rewrite from drafting its first rounds 4-8 deep on the
+    # rewrite's acceptance: each such round costs 2-4 plain steps and commits 1-2 tokens (docs/bench/
+    # speculation-defaults.md). A text that keeps accepting is at its depth within two or three rounds.
+    start_depth: int = 2
     cost_model: CostModel | None = None
 
     _succ: list[float] = field(default_factory=list)
@@ -245,6 +251,7 @@ class AdaptiveDepth:
     # the tokens a draft model will catch up on before its next proposal
     _behind: int = 0
     _catchup: RecentTimes = field(default_factory=RecentTimes)  # seconds per token caught up
+    _ramp: int = MAX_CONSIDERED_DEPTH  # the deepest this request may draft now (begin_request: start_depth)
 
     # -- learning ------------------------------------------------------------------------------
     def begin_request(self) -> None:
@@ -252,6 +259,7 @@ class AdaptiveDepth:
         decoding is the choice its first steps probe, back to back, the drafter being in step."""
         self._plain_probes = 0
         self._behind = 0
+        self._ramp = max(1, self.start_depth)
         if self._succ:
             self._carried = self.acceptances(len(self._succ))
             self._succ = [0.0] * len(self._succ)
@@ -271,6 +279,8 @@ class AdaptiveDepth:
             self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
         self._measured_at[n_drafted] = self.step
         self._behind = self._behind + 1 if n_drafted == 0 else 0
+        if n_drafted >= self._ramp and n_accepted == n_drafted:
+            self._ramp = min(2 * self._ramp, MAX_CONSIDERED_DEPTH)
         # Positions 0..a are observed (a accepted, then the first failure); deeper ones are not.
         for j in range(min(n_accepted + 1, depth)):
             self._grow(j + 1)
@@ -403,7 +413,7 @@ class AdaptiveDepth:
     # -- decision ------------------------------------------------------------------------------
     def choose(self, cap: int) -> int:
         self.step += 1
-        cap = min(max(0, cap), MAX_CONSIDERED_DEPTH)  # per-token work independent of the cap
+        cap = min(max(0, cap), MAX_CONSIDERED_DEPTH, self._ramp)  # per-token work independent of the cap
         if cap == 0:
             return 0
         if not self.verify_times:

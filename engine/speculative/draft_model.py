@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+import torch
 from torch import Tensor
 
 from engine.cache.kv import KVCache
 from engine.ops.memory import model_bytes
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
+from engine.speculative.full_head_check import correct_chain
 
 
 class DraftModelDrafter(Drafter):
@@ -30,6 +32,7 @@ class DraftModelDrafter(Drafter):
         self.cache: KVCache = model.new_cache(capacity)
         self.vocab_size = vocab_size
         self.prefill_chunk = prefill_chunk
+        self.corrected = 0  # drafts the full head replaced (a pruned head's misses), since load
 
     def _include(self, tokens: Sequence[int]) -> None:
         """A pruned head (``draft_vocab``) scores the request's own tokens too."""
@@ -80,14 +83,42 @@ class DraftModelDrafter(Drafter):
             caught_up = len(self.tokens) - 2 - self.cache.length
             self._forward_tail(upto=len(self.tokens) - 2, want_logits=False)
             catchup = time.perf_counter() - t0
-        logits = self._forward_tail(upto=len(self.tokens), want_logits=True)
-        return sample_chain(k, ctx, self.tokens, self.vocab_size, logits[-1:],
-                            lambda token: self.model.forward([token], self.cache, logits_for="last"), catchup,
-                            caught_up)
+        head = self.model.output
+        check = getattr(head, "can_complete", False)  # a pruned head (draft_vocab) that keeps its other rows
+        inputs: list[Tensor] = []  # the head's input at each drafted position, for the full head's check
+
+        def step(tokens: list[int]) -> Tensor:
+            if not check:
+                return self.model.forward(tokens, self.cache, logits_for="last")
+            out = self.model.forward(tokens, self.cache, logits_for="last", return_hidden=True)
+            inputs.append(out.hidden[-1:])
+            return out.logits
+
+        final = (len(self.tokens) - self.cache.length - 1) % self.prefill_chunk + 1  # the last chunk's tokens
+        self._forward_tail(upto=len(self.tokens) - final, want_logits=False)
+        logits = step(self.tokens[self.cache.length:])
+        pruned = [logits[-1:]]
+
+        def advance(token: int) -> Tensor:
+            row = step([token])
+            pruned.append(row)
+            return row
+
+        prop = sample_chain(k, ctx, self.tokens, self.vocab_size, logits[-1:], advance, catchup, caught_up)
+        if not check or not prop.tokens:
+            return prop
+        n = len(prop.tokens)  # one scoring per drafted position (a draft_p_min stop scored one more)
+        full = head.complete(torch.cat(inputs[:n]), torch.cat(pruned[:n]))
+        prop, replaced = correct_chain(prop, full, self.tokens, ctx, self.vocab_size)
+        self.corrected += replaced
+        return prop
 
     def reset(self) -> None:
         super().reset()
         self.cache.reset()
+
+    def fork(self, target_cache) -> "DraftModelDrafter":
+        return DraftModelDrafter(self.model, self.cache.capacity, self.vocab_size, self.prefill_chunk, self.fuse_tokens)
 
     def memory_bytes(self) -> int:
         return model_bytes(self.model) + self.cache.nbytes()

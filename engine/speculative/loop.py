@@ -397,6 +397,8 @@ class DecodeLoop:
         st = self.stats
         st.target_forwards += 1
         st.depth_sum += k
+        if not drafts:
+            st.plain_steps += 1
         if drafts:
             st.draft_rounds += 1
             st.draft_n += len(drafts)

@@ -16,6 +16,9 @@ class SpeculationStats:
     draft_n_accepted: int = 0
     draft_rounds: int = 0  # target forwards that verified at least one drafted token
     target_forwards: int = 0  # all decode forwards of the target (rounds + plain steps)
+    # decode steps that verified no draft: the adaptive controller chose plain decoding (the text does not
+    # pay for drafting on this machine) or the drafter had nothing to propose
+    plain_steps: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # accepted count at draft position i
     drafted_per_position: list[int] = field(default_factory=list)  # drafted count at position i
     depth_sum: int = 0  # sum of chosen depths over all decode steps (for the mean depth)
@@ -57,6 +60,7 @@ class SpeculationStats:
             "mean_accepted_length": round(self.mean_accepted_length(committed_tokens), 4),
             "acceptance_by_position": [round(x, 4) for x in self.per_position_acceptance],
             "mean_depth": round(self.mean_depth, 4),
+            "plain_steps": self.plain_steps,
         }
         if self.snapshot_bytes:
             out["snapshot_bytes"] = self.snapshot_bytes

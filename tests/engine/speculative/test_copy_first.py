@@ -101,7 +101,8 @@ def test_adaptive_drafts_copy_rounds_deep_and_keeps_model_rounds_shallow(models)
     assert run.tokens[:len(plain.tokens)] == plain.tokens
     assert copy_ctl.step > 0 and model_ctl.step > 0  # both sources drafted rounds
     assert copy_ctl.best(8) == 8 and model_ctl.best(8) <= 1
-    assert run.spec.draft_n >= 5 * run.spec.draft_rounds  # the rounds it drafted went deep
+    # the rounds it drafted went deep (a request starts at depth 2 and doubles: AdaptiveDepth.start_depth)
+    assert run.spec.draft_n >= 4 * run.spec.draft_rounds
 
 
 def test_ngram_adaptive_prices_certain_copies_apart_from_lookups(models):

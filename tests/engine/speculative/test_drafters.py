@@ -421,11 +421,27 @@ def test_adaptive_probes_often_until_acceptance_is_known():
     assert ctl._trials_at(0) >= ctl.min_trials
 
 
+def test_a_request_starts_shallow_and_doubles_its_depth_while_rounds_are_accepted_whole():
+    """What earlier texts taught is only a prior: a request drafts 2 deep until a round is accepted whole, and
+    each such round doubles the limit. A prose request after a rewrite otherwise drafted its first rounds at
+    the rewrite's depth and lost most of each."""
+    cost = lambda k, n: 1.0 + 0.3 * n  # noqa: E731
+    ctl = AdaptiveDepth(cost_model=cost)
+    drive(ctl, 1.0, 80)
+    ctl.begin_request()
+    depths = []
+    for accepted_whole in (True, False, True, True, True):
+        k = ctl.choose(8)
+        depths.append(k)
+        ctl.observe(k, k, k if accepted_whole else k - 1, 0.0)
+    assert depths == [2, 4, 4, 8, 8]
+
+
 def test_adaptive_carries_acceptance_into_a_request_as_a_prior():
     """A request starts from what earlier ones learned (a perfect drafter: deep from the first round)
     but its own rounds outweigh that within a few observations, not the ~20 of the decayed counts."""
     cost = lambda k, n: 1.0 + 0.3 * n  # noqa: E731
-    ctl = AdaptiveDepth(cost_model=cost)
+    ctl = AdaptiveDepth(cost_model=cost, start_depth=8)  # no slow start (its own test below)
     drive(ctl, 1.0, 80)
     assert ctl.best(8) == 8
     ctl.begin_request()

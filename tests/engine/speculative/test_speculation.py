@@ -449,12 +449,13 @@ def test_adaptive_goes_deep_for_a_perfect_drafter(self_engine, plain):
     run = generate(self_engine, temperature=0, num_predict=80, **spec_opts("model", 8, "adaptive"))
     assert run.tokens[:40] == plain.tokens
     assert ctl.best(8) == 8
-    assert run.spec.mean_depth > 5
-    # The learned state persists: the next request drafts at the cap from its first round
-    # (1 prefill token + 3 rounds of 8 drafts and a bonus token = 28).
-    again = generate(self_engine, "other text", temperature=0, num_predict=28, **spec_opts("model", 8, "adaptive"))
-    assert again.spec.draft_rounds == 3 and again.spec.draft_n == 24
-    assert again.spec.target_forwards == 4
+    assert run.spec.mean_depth > 4.5  # a cold start's first plain step and probes, then 2, 4, 8, 8, ...
+    # The learned state persists: the next request reaches the cap as fast as its slow start allows
+    # (1 prefill token + rounds of 2, 4, 8 and 8 drafts, each with a bonus token = 27; the last may be an
+    # exploration probe one shallower).
+    again = generate(self_engine, "other text", temperature=0, num_predict=27, **spec_opts("model", 8, "adaptive"))
+    assert again.spec.draft_rounds == 4 and again.spec.draft_n >= 21
+    assert again.spec.drafted_per_position[:3] == [4, 4, 3] and len(again.spec.drafted_per_position) == 8
 
 
 def test_adaptive_settles_on_plain_decoding_for_a_useless_drafter(random_engine, plain):
