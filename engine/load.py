@@ -4,6 +4,8 @@ builds; everything here happens once per load, never per request."""
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 
 import torch
@@ -48,6 +50,33 @@ class LoadedParts:
     facts: ModelFacts
     draft_kind: str | None = None  # what the DRAFT layer became: "model", "mtp" (a head) or None
     owned_files: list[GGUFFile] = field(default_factory=list)  # mappings a drafter reads from
+    num_parallel: int = 1  # sequence slots to build (engine.runtime: one cache and drafter state each)
+
+
+#: ``num_parallel`` 0 (auto) serves at most this many sequences at once, as Ollama's default of 4 slots...
+AUTO_PARALLEL = 4
+#: ... when their caches fit in this share of the memory available at load (else fewer, down to 1).
+AUTO_PARALLEL_MEMORY_SHARE = 0.25
+
+
+def resolve_num_parallel(asked: int, slot_bytes: int, available_bytes: int | None) -> int:
+    """The slots a load builds: ``asked`` when > 0; for 0, the most of AUTO_PARALLEL, 2 and 1 whose extra
+    slots' caches fit in AUTO_PARALLEL_MEMORY_SHARE of the available memory (1 when it is unknown)."""
+    if asked > 0:
+        return asked
+    if not available_bytes or slot_bytes <= 0:
+        return 1
+    for n in (AUTO_PARALLEL, 2):
+        if (n - 1) * slot_bytes <= AUTO_PARALLEL_MEMORY_SHARE * available_bytes:
+            return n
+    return 1
+
+
+def available_memory() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def resolve_device(device: str) -> torch.device:
@@ -173,7 +202,12 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
         if f.packs is not None:
             f.packs.save(background=True)  # the head's packed weights join the target's
 
-    memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values())
+    # What one more sequence slot costs: a target cache and each drafter's own cache (weights are shared).
+    slot_bytes = cache.nbytes() + sum(d.cache.nbytes() for d in drafters.values()
+                                      if isinstance(getattr(d, "cache", None), KVCache) and d.cache is not cache)
+    num_parallel = resolve_num_parallel(spec.num_parallel, slot_bytes, available_memory())
+    memory = model_bytes(target) + cache.nbytes() + sum(d.memory_bytes() for d in drafters.values()) + \
+        (num_parallel - 1) * slot_bytes
     toks = tokenizer.token_strings()
 
     def name(i):
@@ -191,9 +225,10 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
         bos_token=name(tokenizer.bos_id),
         eos_token=name(tokenizer.eos_id),
         add_bos=bool(tokenizer.add_bos),
+        num_parallel=num_parallel,
     )
     return LoadedParts(spec=spec, target=target, gguf=f, tokenizer=tokenizer, cache=cache, drafters=drafters,
-                       facts=facts, draft_kind=draft_kind, owned_files=owned)
+                       facts=facts, draft_kind=draft_kind, owned_files=owned, num_parallel=num_parallel)
 
 
 def _load_encoder_parts(spec: LoadSpec, f: GGUFFile, device: torch.device) -> LoadedParts:

@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from typing import Callable, Iterator
 
+from engine.batching.arbiter import BatchedModel, ForwardArbiter
+from engine.batching.slots import SequenceSlot, SlotPool
 from engine.load import LoadedParts, load_parts
 from engine.process.protocol import (
     ContextLengthError,
@@ -61,6 +64,10 @@ def generation_limit(num_predict: int, num_ctx: int) -> int:
     return num_predict
 
 
+#: With several sequences in flight, a prompt is evaluated this many tokens a step: its chunk shares each
+#: forward with the other sequences' decode rows, and a larger one would stall their streams for its length.
+PARALLEL_PREFILL_CHUNK = 64
+
 #: An embedding batch holds at most this many padded token positions (sequences x longest).
 EMBED_BATCH_TOKENS = 8192
 
@@ -88,10 +95,24 @@ class ModelRuntime:
         self.facts = parts.facts
         self.draft_kind = parts.draft_kind  # what the DRAFT layer became: "model", "mtp" (a head) or None
         self.owned_files = parts.owned_files
-        # Learned per drafter kind, kept for the lifetime of the loaded model.
-        self.controllers: dict[str, AdaptiveDepth] = {}
         # What a verification of each width costs on this target, shared by all of them (AdaptiveDepth.verify_times).
         self._verify_times = WidthCosts()
+        # Sequences served at once (engine.batching): one slot each; slot 0 holds the load's own cache and
+        # drafters. With more than one, every forward goes through the arbiter, which batches the sequences'.
+        self.arbiter: ForwardArbiter | None = None
+        slots = [SequenceSlot(0, parts.cache, parts.drafters)] if parts.cache is not None else []
+        if parts.num_parallel > 1 and parts.cache is not None:
+            self.arbiter = ForwardArbiter(run_batch=lambda model, calls: model.forward_batch(calls))
+            for i in range(1, parts.num_parallel):
+                cache = self.target.new_cache(parts.cache.capacity)
+                slots.append(SequenceSlot(i, cache, {k: d.fork(cache) for k, d in parts.drafters.items()}))
+            for slot in slots:
+                for d in slot.drafters.values():
+                    if isinstance(d, DraftModelDrafter):
+                        d.model = BatchedModel(d.model, self.arbiter, draft=True)
+        self.slots = SlotPool(slots) if slots else None
+        # Learned per drafter kind, kept for the lifetime of the loaded model (slot 0's; each slot has its own).
+        self.controllers: dict[str, AdaptiveDepth] = slots[0].controllers if slots else {}
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
         self.last_breakdown: TimeBreakdown | None = None
         self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily
@@ -100,9 +121,14 @@ class ModelRuntime:
     def load(cls, spec: LoadSpec) -> "ModelRuntime":
         return cls(load_parts(spec))
 
+    @property
+    def num_parallel(self) -> int:
+        return len(self.slots) if self.slots is not None else 1
+
     def _models(self) -> list:
         """The target and every draft model: what holds a GGUF mapping."""
-        return [self.target] + [d.model for d in self.drafters.values() if isinstance(d, DraftModelDrafter)]
+        return [self.target] + [getattr(d.model, "unbatched", d.model) for d in self.drafters.values()
+                                if isinstance(d, DraftModelDrafter)]
 
     def _files(self) -> list:
         files = [m.gguf for m in self._models() if getattr(m, "gguf", None) is not None] + list(self.owned_files)
@@ -177,35 +203,40 @@ class ModelRuntime:
                                 draft_layer="mtp" if self.draft_kind == "mtp" else "model",
                                 has_mtp_head="mtp" in self.drafters)
 
-    def resolve_drafter(self, plan: SpeculationPlan) -> tuple[Drafter, int]:
+    def resolve_drafter(self, plan: SpeculationPlan, drafters: dict[str, Drafter] | None = None) -> tuple[Drafter, int]:
         """(drafter, depth cap) for a plan; cap 0 means plain decoding. The plan chose the drafter;
         this only checks that the model has it (an explicit ``model``/``mtp`` it lacks is a 400)."""
+        drafters = self.drafters if drafters is None else drafters
         kind = plan.drafter
         if kind == "model" and self.draft_kind == "mtp":
             kind = "mtp"  # the DRAFT layer is an MTP head: asking for the DRAFT drafter gets the head
-        if kind == "model" and "model" not in self.drafters:
+        if kind == "model" and "model" not in drafters:
             raise EngineError("drafter 'model' was requested but this model has no draft model (DRAFT)", 400)
-        if kind == "mtp" and "mtp" not in self.drafters:
+        if kind == "mtp" and "mtp" not in drafters:
             raise EngineError("drafter 'mtp' was requested but this model has no MTP (NextN) head", 400)
         if kind == "none":
             return NullDrafter(), 0
         if plan.copy:  # the plan has copy rounds only for a draft model or MTP head
-            return CopyFirstDrafter(self.drafters[kind], self.drafters["ngram"]), plan.cap
-        return self.drafters[kind], plan.cap
+            return CopyFirstDrafter(drafters[kind], drafters["ngram"]), plan.cap
+        return drafters[kind], plan.cap
 
-    def controller(self, drafter: Drafter, schedule: str, n_min: int) -> DepthController:
+    def controller(self, drafter: Drafter, schedule: str, n_min: int,
+                   controllers: dict[str, AdaptiveDepth] | None = None) -> DepthController:
+        """``controllers``: the slot's learned controllers (slot 0's by default)."""
         if schedule == "fixed":
             return FixedDepth(n_min=n_min)
+        kept = self.controllers if controllers is None else controllers
         if drafter.sources:  # a drafter that picks its source per round: each source priced on its own
-            return PerSourceDepth({src: self._adaptive(f"{drafter.kind}/{src}") for src in drafter.sources},
+            return PerSourceDepth({src: self._adaptive(kept, f"{drafter.kind}/{src}") for src in drafter.sources},
                                   drafter.round_source, dict(drafter.fallbacks), drafter.use_source)
-        return self._adaptive(drafter.kind)
+        return self._adaptive(kept, drafter.kind)
 
-    def _adaptive(self, key: str) -> AdaptiveDepth:
+    def _adaptive(self, kept: dict[str, AdaptiveDepth], key: str) -> AdaptiveDepth:
         """The adaptive controller kept for ``key`` across requests (what it learned carries over)."""
-        if key not in self.controllers:
-            self.controllers[key] = AdaptiveDepth(verify_times=self._verify_times)
-        return self.controllers[key]
+        if key not in kept:
+            load = (lambda: self.arbiter.active) if self.arbiter is not None else None
+            kept[key] = AdaptiveDepth(verify_times=self._verify_times, load=load)
+        return kept[key]
 
     # ------------------------------------------------------------------------------------------
     # generate
@@ -274,9 +305,25 @@ class ModelRuntime:
             node = compile_format(req.format)
         except SchemaError as e:
             raise EngineError(str(e), 400) from None
+        if not prompt:
+            yield GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,
+                                 prompt_eval_duration_ns=0, eval_count=0, eval_duration_ns=0, context=[])
+            return
+        slot = self.slots.acquire(prompt)
+        try:
+            yield from self._generate_in(slot, req, prompt, node, num_ctx, num_keep, should_stop)
+        finally:
+            self.slots.release(slot)
+
+    def _generate_in(self, slot: SequenceSlot, req: GenerateRequest, prompt: list[int], node, num_ctx: int,
+                     num_keep: int, should_stop: Callable[[], bool]) -> Iterator[TokenChunk | GenerateResult]:
+        """One request's decode loop over ``slot``'s cache and drafters (through the arbiter when the model
+        serves several sequences)."""
         plan = self.plan(req)
-        drafter, cap = self.resolve_drafter(plan)
+        drafter, cap = self.resolve_drafter(plan, slot.drafters)
         s = self.settings(req, plan, cap, num_ctx, num_keep if num_keep >= 0 else len(prompt))
+        if self.arbiter is not None:
+            s = replace(s, prefill_chunk=min(s.prefill_chunk, PARALLEL_PREFILL_CHUNK))
         constraint = None
         if node is not None:
             if self.pieces is None:
@@ -287,19 +334,18 @@ class ModelRuntime:
             else:
                 constraint = ReasoningFirst(node, self.pieces, s.eog_ids, tags.open_id, tags.close_id,
                                             inside=tags.inside_after(prompt, False))
-        controller = self.controller(drafter, s.schedule, s.n_min) if cap > 0 else FixedDepth()
+        controller = self.controller(drafter, s.schedule, s.n_min, slot.controllers) if cap > 0 else FixedDepth()
 
         seed = req.options.seed
         if seed < 0:  # one random seed for both streams, so a request is internally consistent
             seed = int.from_bytes(os.urandom(8), "little") >> 1
-        loop = DecodeLoop(target=self.target, cache=self.cache, tokenizer=self.tokenizer, drafter=drafter,
+        target = self.target if self.arbiter is None else BatchedModel(self.target, self.arbiter, draft=False)
+        loop = DecodeLoop(target=target, cache=slot.cache, tokenizer=self.tokenizer, drafter=drafter,
                           controller=controller, settings=s, target_gen=make_generator(seed),
                           draft_gen=make_generator(seed, stream=1), constraint=constraint,
                           **({"clock": self.clock} if self.clock is not None else {}))
-        if not prompt:
-            yield GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,
-                                 prompt_eval_duration_ns=0, eval_count=0, eval_duration_ns=0, context=[])
-            return
+        if self.arbiter is not None:
+            self.arbiter.join()
         try:
             result = yield from loop.run(prompt, should_stop)
         except GeneratorExit:
@@ -309,9 +355,11 @@ class ModelRuntime:
         except BaseException:
             # An error mid-round may leave a drafter's speculative state in doubt; the target's
             # cache records its own tokens, so its prefix reuse stays safe.
-            for d in self.drafters.values():
+            for d in slot.drafters.values():
                 d.reset()
             raise
         finally:
+            if self.arbiter is not None:
+                self.arbiter.leave()
             self.last_breakdown = loop.times
         yield result

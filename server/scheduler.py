@@ -3,9 +3,12 @@
 One engine process serves one model (target and drafter together). A *slot* exists per model weights
 pair (copies of a model share one engine, as Ollama keys runners by model path) and holds:
 
-* an asyncio.Lock that serialises requests on that engine (the engine runs one generation at a time),
-* the number of requests waiting for that lock, bounded by ``max_queue`` (503 beyond it),
-* the running engine, if any, with the LoadSpec it was built from and when it expires.
+* the running engine, if any, with the LoadSpec it was built from and when it expires;
+* how many requests hold a lease on it now: up to the engine's sequence slots (``ModelFacts.num_parallel``,
+  from ``TANDEM_NUM_PARALLEL`` / ``OLLAMA_NUM_PARALLEL``), which it serves at once (engine.batching);
+* an asyncio.Lock held while a request decides what to do with the engine (reuse, load, reload) and by
+  unloads, never across a generation; a reload (other load options) waits until the engine is idle;
+* the number of requests waiting for a lease, bounded by ``max_queue`` (503 beyond it).
 
 Every blocking EngineClient call runs in a worker thread so the event loop never blocks. A generation
 runs in its own thread (`GenerationStream`) that feeds the event loop through a queue; the lock is
@@ -129,6 +132,20 @@ class Slot:
     runner: LoadedModel | None = None
     timer: asyncio.TimerHandle | None = None
     loading: bool = False
+    active: int = 0  # leases held now
+    # set (and replaced by a fresh one) whenever a lease ends: what a request waiting for a lease awaits
+    freed: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: asyncio.Event | None = None  # an engine of this slot is being stopped; set when it is
+
+    def lease_ended(self) -> None:
+        self.active -= 1
+        self.freed.set()
+        self.freed = asyncio.Event()
+
+    def full(self) -> bool:
+        """Whether a request would have to wait (every sequence slot leased, or a load or unload running)."""
+        capacity = self.runner.facts.num_parallel if self.runner is not None else 1
+        return self.lock.locked() or self.active >= max(1, capacity)
 
     def cancel_timer(self) -> None:
         if self.timer is not None:
@@ -211,6 +228,7 @@ class Scheduler:
             weight_format=weight_format,
             draft_vocab=options.draft_vocab,
             pack_dir=str(self.pack_dir) if self.pack_dir is not None else None,
+            num_parallel=self.settings.num_parallel,
         )
 
     async def acquire(self, model: StoredModel, options: Options, keep_alive: float) -> Lease:
@@ -223,43 +241,69 @@ class Scheduler:
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = Slot(key)
-        if slot.lock.locked() and slot.waiting >= self.settings.max_queue:
+        if slot.full() and slot.waiting >= self.settings.max_queue:
             raise QueueFullError()
+        wait = self.settings.queue_timeout
+        deadline = None if math.isinf(wait) else started + wait
         slot.waiting += 1
         try:
-            wait = self.settings.queue_timeout
-            with anyio.fail_after(None if math.isinf(wait) else wait):
-                await slot.lock.acquire()
-        except TimeoutError:
-            raise QueueTimeoutError(self.settings.queue_timeout) from None
+            while True:
+                if slot.lock.locked():
+                    await self._until(slot.lock.acquire(), deadline)
+                else:  # taken at once, before any other request runs: the next one sees it held
+                    await slot.lock.acquire()
+                try:
+                    lease, wait_for = await self._try_lease(slot, model, options, keep_alive, started)
+                finally:
+                    slot.lock.release()
+                if lease is not None:
+                    return lease
+                await self._until(wait_for.wait(), deadline)
         finally:
             slot.waiting -= 1
+
+    async def _until(self, awaitable: Any, deadline: float | None) -> Any:
+        """Await ``awaitable`` until ``deadline`` (monotonic; None: for ever), else QueueTimeoutError."""
+        if deadline is None:
+            return await awaitable
         try:
-            if self._closing:
-                raise EngineError(SHUTDOWN_MESSAGE, 503)
-            slot.cancel_timer()
-            spec = self.load_spec(model, options)
-            runner = slot.runner
-            if runner is not None and runner.engine.alive() and runner.spec == spec:
-                if not await self._answers(runner):
-                    log.warning("engine of %s (pid %s) did not answer a health ping; starting a new one",
-                                runner.name, runner.engine.pid)
-            if runner is not None and (not runner.engine.alive() or runner.spec != spec):
-                why = "engine exited" if not runner.engine.alive() else "load options changed"
-                log.info("reloading %s (%s)", runner.name, why)
-                slot.runner = None
-                await anyio.to_thread.run_sync(_stop_engine, runner.engine)
-                runner = None
-            if runner is None:
-                runner = await self._load(slot, model, spec, keep_alive)
-            # Copies share an engine (same weights); /api/ps names it after the model that used it last.
-            runner.name, runner.model = model.name.display(), model
-            runner.keep_alive = keep_alive
-            runner.expires_at = expiry(keep_alive)
-            return Lease(self, slot, runner, keep_alive, time.monotonic() - started)
-        except BaseException:
-            slot.lock.release()
-            raise
+            return await asyncio.wait_for(awaitable, max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise QueueTimeoutError(self.settings.queue_timeout) from None
+
+    async def _try_lease(self, slot: Slot, model: StoredModel, options: Options, keep_alive: float,
+                         started: float) -> tuple[Lease | None, asyncio.Event | None]:
+        """With the slot's lock held: a lease on the model's engine (reusing, loading or reloading it), or
+        what to wait for first (a free sequence slot, the engine going idle for a reload, a stop)."""
+        if self._closing:
+            raise EngineError(SHUTDOWN_MESSAGE, 503)
+        if slot.stopping is not None:
+            return None, slot.stopping
+        spec = self.load_spec(model, options)
+        runner = slot.runner
+        if runner is not None and runner.engine.alive() and runner.spec == spec and slot.active == 0:
+            if not await self._answers(runner):
+                log.warning("engine of %s (pid %s) did not answer a health ping; starting a new one",
+                            runner.name, runner.engine.pid)
+        if runner is not None and (not runner.engine.alive() or runner.spec != spec):
+            if slot.active > 0 and runner.engine.alive():
+                return None, slot.freed  # other load options: reload once the running requests end
+            why = "engine exited" if not runner.engine.alive() else "load options changed"
+            log.info("reloading %s (%s)", runner.name, why)
+            slot.runner = None
+            await anyio.to_thread.run_sync(_stop_engine, runner.engine)
+            runner = None
+        if runner is None:
+            runner = await self._load(slot, model, spec, keep_alive)
+        elif slot.active >= max(1, runner.facts.num_parallel):
+            return None, slot.freed
+        slot.cancel_timer()
+        slot.active += 1
+        # Copies share an engine (same weights); /api/ps names it after the model that used it last.
+        runner.name, runner.model = model.name.display(), model
+        runner.keep_alive = keep_alive
+        runner.expires_at = expiry(keep_alive)
+        return Lease(self, slot, runner, keep_alive, time.monotonic() - started), None
 
     async def _answers(self, runner: LoadedModel) -> bool:
         """The watchdog's check before an idle engine is reused: it answers a health ping in time (one that
@@ -290,10 +334,10 @@ class Scheduler:
             await asyncio.sleep(self.ping_interval)
             for slot in list(self._slots.values()):
                 runner = slot.runner
-                if runner is None or slot.lock.locked() or slot.waiting or self._closing:
+                if runner is None or slot.lock.locked() or slot.active or slot.waiting or self._closing:
                     continue
                 async with slot.lock:
-                    if slot.runner is not runner or self._closing or await self._answers(runner):
+                    if slot.runner is not runner or slot.active or self._closing or await self._answers(runner):
                         continue
                     log.warning("engine of %s (pid %s) did not answer a health ping; unloading it",
                                 runner.name, runner.engine.pid)
@@ -334,39 +378,48 @@ class Scheduler:
     # -- releasing ----------------------------------------------------------------------------
     def _release(self, lease: Lease) -> None:
         slot, runner = lease.slot, lease.runner
+        slot.lease_ended()
         if slot.runner is not runner:  # unloaded or replaced meanwhile
-            slot.lock.release()
             return
         if lease.crashed or not runner.engine.alive():
             slot.runner = None
+            slot.cancel_timer()
             log.warning("engine of %s (pid %s) died; the next request starts a new one", runner.name, runner.engine.pid)
-            self._spawn(self._stop_and_unlock(slot, runner.engine))
+            self._spawn_stop(slot, runner.engine)
+            return
+        if slot.active > 0:  # other requests still run on it: the last one to end applies its keep_alive
             return
         if lease.keep_alive <= 0 or self._closing:
             slot.runner = None
             log.info("unloading %s (keep_alive 0)", runner.name)
-            # The lock is handed to the stop: a following request must not load a second copy beside
-            # the one still shutting down.
-            self._spawn(self._stop_and_unlock(slot, runner.engine))
+            self._spawn_stop(slot, runner.engine)
             return
         runner.expires_at = expiry(lease.keep_alive)
         if not math.isinf(lease.keep_alive):
             loop = asyncio.get_running_loop()
             slot.timer = loop.call_later(lease.keep_alive, lambda: self._spawn(self._expire(slot, runner)))
-        slot.lock.release()
 
-    async def _stop_and_unlock(self, slot: Slot, engine: EngineHandle) -> None:
-        try:
-            await anyio.to_thread.run_sync(_stop_engine, engine)
-        finally:
-            slot.lock.release()
+    def _spawn_stop(self, slot: Slot, engine: EngineHandle) -> None:
+        """Stop ``engine`` in the background; until it is stopped, a request for the slot waits (it must not
+        load a second copy beside the one still shutting down)."""
+        stopped = slot.stopping = asyncio.Event()
+
+        async def stop() -> None:
+            try:
+                await anyio.to_thread.run_sync(_stop_engine, engine)
+            finally:
+                if slot.stopping is stopped:
+                    slot.stopping = None
+                stopped.set()
+
+        self._spawn(stop())
 
     async def _expire(self, slot: Slot, runner: LoadedModel) -> None:
         slot.timer = None
-        if slot.runner is not runner or slot.waiting or slot.lock.locked():
+        if slot.runner is not runner or slot.waiting or slot.active or slot.lock.locked():
             return
         async with slot.lock:
-            if slot.runner is not runner or slot.waiting:
+            if slot.runner is not runner or slot.waiting or slot.active:
                 return
             if runner.expires_at > datetime.now(timezone.utc) + timedelta(milliseconds=50):
                 return
@@ -398,9 +451,9 @@ class Scheduler:
             slot.lock.release()
 
     async def _lock_for_unload(self, slot: Slot) -> None:
-        """Take the slot's lock after the running request, as Ollama's unload waits for it; but an
-        engine silent for UNLOAD_SILENCE meanwhile is frozen: kill it (its request fails as the
-        watchdog's would), so an unload never waits on a wedged engine."""
+        """Take the slot's lock once the running requests have ended, as Ollama's unload waits for them
+        (new ones wait meanwhile); but an engine silent for UNLOAD_SILENCE meanwhile is frozen: kill it
+        (its requests fail as the watchdog's would), so an unload never waits on a wedged engine."""
         # With the watchdog off there is no heartbeat either, so silence proves nothing: just wait.
         bound = math.inf if math.isinf(self.settings.engine_timeout) else min(UNLOAD_SILENCE,
                                                                               self.settings.engine_timeout)
@@ -409,7 +462,11 @@ class Scheduler:
             while True:
                 done, _ = await asyncio.wait({acquire}, timeout=0.25)
                 if done:
-                    return
+                    if not slot.active:
+                        return
+                    waiter = asyncio.ensure_future(slot.freed.wait())
+                    await asyncio.wait({waiter}, timeout=0.25)
+                    waiter.cancel()
                 runner = slot.runner
                 if runner is not None and runner.engine.silent_for() > bound and runner.engine.alive():
                     log.warning("engine of %s (pid %s) silent for %.0fs during an unload; killing it",
@@ -512,6 +569,7 @@ class GenerationStream:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue = asyncio.Queue()
         self._cancelled = threading.Event()
+        self._handle: Any = None  # the engine's stream, once started: cancels this generation alone
         self._started = False
         self.finished = asyncio.Event()
         lease._scheduler._streams.add(self)
@@ -533,7 +591,7 @@ class GenerationStream:
         try:
             if self._cancelled.is_set():
                 return
-            it = engine.generate(self.request)
+            it = self._handle = engine.generate(self.request)
             try:
                 for item in it:
                     self._post(item)
@@ -574,7 +632,13 @@ class GenerationStream:
             self._queue.put_nowait(_END)  # a consumer still iterating ends at once
             return
         try:
-            self.lease.engine.cancel()
+            handle = self._handle
+            if handle is None:
+                return  # not asked of the engine yet: the worker sees the flag before it asks
+            if hasattr(handle, "cancel"):
+                handle.cancel()  # this generation only: the engine may serve others at once
+            else:
+                self.lease.engine.cancel()
         except Exception:
             pass
 

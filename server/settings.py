@@ -13,6 +13,7 @@
 | TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
 | TANDEM_ENGINE_TIMEOUT  | (tandem only)           | 5m; 0 = no watchdog     |
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
+| TANDEM_NUM_PARALLEL    | OLLAMA_NUM_PARALLEL (read too) | 0 = up to 4, as memory allows |
 | TANDEM_WEIGHT_FORMAT   | (tandem only)           | auto (see weight_format) |
 | TANDEM_CREATE_PATHS    | (tandem only)           | (none)                  |
 
@@ -296,6 +297,8 @@ class Settings:
     debug: bool = False
     load_timeout: float = DEFAULT_LOAD_TIMEOUT  # seconds an engine may take to load; inf = no limit
     num_thread: int = 0  # engine threads when the request does not say (0 = the engine's choice)
+    # sequences a loaded model serves at once (engine.batching); 0 = as many as fit, up to 4 (engine.load)
+    num_parallel: int = 0
     weight_format: str = "auto"  # the target's weight format when neither model nor request says
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.scheduler); inf = off
@@ -320,6 +323,8 @@ class Settings:
             debug=env_bool(env, "TANDEM_DEBUG"),
             load_timeout=load_timeout,
             num_thread=_env_uint(env, "TANDEM_NUM_THREAD", 0),
+            # an Ollama user's OLLAMA_NUM_PARALLEL is honoured too (TANDEM_ first)
+            num_parallel=_env_uint(env, "TANDEM_NUM_PARALLEL", _env_uint(env, "OLLAMA_NUM_PARALLEL", 0)),
             weight_format=env_weight_format(env),
             create_paths=create_paths(env),
             engine_timeout=env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),

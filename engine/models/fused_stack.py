@@ -39,6 +39,14 @@ class FusedStack:
         cos, sin = rope
         return self._native.forward(x, cache.k, cache.v, start, cos, sin)
 
+    def forward_batch(self, x: torch.Tensor, caches: Sequence[KVCache], starts: Sequence[int],
+                      lengths: Sequence[int], rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        """Several sequences' rows ``x`` [N, D] (segment s: ``lengths[s]`` rows at ``starts[s]`` of
+        ``caches[s]``), each causal over its own cache; ``rope``: every row's (cos, sin)."""
+        cos, sin = rope
+        return self._native.forward_batch(x, [c.k for c in caches], [c.v for c in caches], list(starts),
+                                          list(lengths), cos, sin)
+
 
 def _config_reason(cfg: ModelConfig) -> str | None:
     """Why the config's blocks are not the shape the native stack runs, or None."""

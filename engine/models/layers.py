@@ -112,6 +112,26 @@ class ForwardStep:
 
 
 @dataclass
+class Segment:
+    """One sequence's rows in a forward over several: ``rows`` of the batch, its own cache and step."""
+
+    rows: slice
+    cache: KVCache
+    step: ForwardStep
+
+
+@dataclass
+class BatchStep:
+    """A forward over several sequences' rows (``Model.forward_batch``): the linears run over all rows at
+    once, each attention per segment over that sequence's cache. ``ops`` and ``per_layer`` are the
+    batch's, as ForwardStep's are one sequence's."""
+
+    segments: list[Segment]
+    ops: object | None = None
+    per_layer: torch.Tensor | None = None
+
+
+@dataclass
 class BlockWeights:
     """One block's loaded weights. The q/k/v projections are fused along the output dim (one matmul),
     and so are the FFN's gate and up projections. Optional entries are present iff the config asks for
@@ -168,10 +188,20 @@ class Attention(nn.Module):
         self.softcap = cfg.attn_softcap
         self.kind = "local" if cfg.is_local(layer) else "global"
 
-    def forward(self, x: torch.Tensor, cache: KVCache, step: ForwardStep, rope: RotaryEmbedding) -> torch.Tensor:
-        n, H, Hkv, D = x.shape[0], self.n_head, self.n_head_kv, self.head_dim
-        ops = step.ops
+    def forward(self, x: torch.Tensor, cache: KVCache, step: ForwardStep | BatchStep,
+                rope: RotaryEmbedding) -> torch.Tensor:
         qkv = self.wqkv(x)
+        if isinstance(step, BatchStep):  # several sequences' rows: one projection, attention per sequence
+            o = torch.cat([self._attention(qkv[seg.rows], seg.cache, seg.step, rope) for seg in step.segments])
+        else:
+            o = self._attention(qkv, cache, step, rope)
+        return self.wo(o)
+
+    def _attention(self, qkv: torch.Tensor, cache: KVCache, step: ForwardStep, rope: RotaryEmbedding) -> torch.Tensor:
+        """One sequence's attention over its own cache: the projected rows ``qkv`` [n, ...] in, the heads'
+        outputs [n, H * D] out (before the output projection)."""
+        n, H, Hkv, D = qkv.shape[0], self.n_head, self.n_head_kv, self.head_dim
+        ops = step.ops
         cos, sin = step.rope[self.kind]
         if not self.owns_kv:  # K/V of an earlier layer, already written in this forward
             q = qkv.view(n, H, D)
@@ -195,14 +225,13 @@ class Attention(nn.Module):
 
     def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: ForwardStep,
                 n: int) -> torch.Tensor:
-        """Attention of queries q [n, H, D] over keys/values [Hkv, S, D] under the step's mask, projected."""
+        """Attention of queries q [n, H, D] over keys/values [Hkv, S, D] under the step's mask: [n, H * D]."""
         H, Hkv, D = self.n_head, self.n_head_kv, self.head_dim
         mask = step.mask[self.kind]
         if step.ops is not None and self.softcap is None and step.key_end is None and \
                 (mask is None or (self.kind == "global" and step.key_start["global"] == 0)):
             # one query, or causal from position 0: the queries are the last n keys, the fused op's case
-            o = step.ops.block_attention(q, keys, values, self.scale)
-            return self.wo(o.view(n, H * D))
+            return step.ops.block_attention(q, keys, values, self.scale).view(n, H * D)
         q = q.transpose(0, 1)  # [H, n, D]
         if self.softcap is None:
             o = F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
@@ -216,7 +245,7 @@ class Attention(nn.Module):
             if mask is not None:
                 s = s.masked_fill(~mask, float("-inf"))
             o = torch.matmul(torch.softmax(s, dim=-1), vv.float()).to(q.dtype)
-        return self.wo(o.transpose(0, 1).reshape(n, H * D))
+        return o.transpose(0, 1).reshape(n, H * D)
 
 
 class FeedForward(nn.Module):

@@ -20,6 +20,7 @@ a drafted token, and the drafts of the whole vocabulary.
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterable
 
 import torch
@@ -50,33 +51,42 @@ class PrunedHead(Linear):
         self.register_buffer("ids", ids.to(torch.long))
         self.register_buffer("rest_ids", (rest_ids if rest_ids is not None else torch.empty(0)).to(torch.long))
         self._rows = rows
-        self._kept = torch.zeros(vocab_size, dtype=torch.bool)
-        self._kept[self.ids] = True
-        self.extra_ids = torch.empty(0, dtype=torch.long)
-        self.extra_rows = torch.empty(0, head.in_features, dtype=head.compute_dtype)
+        kept = torch.zeros(vocab_size, dtype=torch.bool)
+        kept[self.ids] = True
+        # (kept mask, extra ids, extra rows), replaced whole by ``include``: sequences served at once share the
+        # head (engine.batching), and a forward must never see ids from one update and rows from another
+        self._extra = (kept, torch.empty(0, dtype=torch.long), torch.empty(0, head.in_features, dtype=head.compute_dtype))
+        self._lock = threading.Lock()
+
+    @property
+    def extra_ids(self) -> torch.Tensor:
+        return self._extra[1]
 
     def include(self, tokens: Iterable[int]) -> None:
         """Score these tokens too from now on (those not kept yet get their dequantized rows)."""
         t = torch.as_tensor(list(tokens), dtype=torch.long)
         t = t[(t >= 0) & (t < self.out_features)]
-        new = torch.unique(t[~self._kept[t]])
-        if not len(new):
-            return
-        if len(self.extra_ids) + len(new) > MAX_EXTRA_ROWS:
-            self._kept[self.extra_ids] = False
-            self._kept[self.ids] = True
-            self.extra_ids = self.extra_ids[:0]
-            self.extra_rows = self.extra_rows[:0]
-            new = torch.unique(t[~self._kept[t]])[:MAX_EXTRA_ROWS]
-        self.extra_ids = torch.cat([self.extra_ids, new])
-        self.extra_rows = torch.cat([self.extra_rows, self._rows(new).to(self.compute_dtype)])
-        self._kept[new] = True
+        with self._lock:
+            kept, extra_ids, extra_rows = self._extra
+            new = torch.unique(t[~kept[t]])
+            if not len(new):
+                return
+            kept = kept.clone()
+            if len(extra_ids) + len(new) > MAX_EXTRA_ROWS:
+                kept[extra_ids] = False
+                kept[self.ids] = True
+                extra_ids, extra_rows = extra_ids[:0], extra_rows[:0]
+                new = torch.unique(t[~kept[t]])[:MAX_EXTRA_ROWS]
+            kept[new] = True
+            self._extra = (kept, torch.cat([extra_ids, new]),
+                           torch.cat([extra_rows, self._rows(new).to(self.compute_dtype)]))
 
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        _, extra_ids, extra_rows = self._extra
         out = x2.new_full((x2.shape[0], self.out_features), float("-inf"))
         out[:, self.ids] = self.head._matmul(x2)
-        if len(self.extra_ids):
-            out[:, self.extra_ids] = x2 @ self.extra_rows.t()
+        if len(extra_ids):
+            out[:, extra_ids] = x2 @ extra_rows.t()
         return out
 
     @property
@@ -89,17 +99,17 @@ class PrunedHead(Linear):
         rest's score, in one matmul over the m rows (the scored ones keep theirs)."""
         full = logits.clone()
         rest = self.rest(inputs.to(self.rest.compute_dtype)).to(full.dtype)
-        unscored = ~self._kept[self.rest_ids]  # a rest row added since by ``include`` is scored already
-        cols = self.rest_ids[unscored]
-        full[:, cols] = rest[:, unscored]
+        # a rest row added by ``include`` has its score in a row computed after it was added: keep that one
+        cur = full[:, self.rest_ids]
+        full[:, self.rest_ids] = torch.where(torch.isneginf(cur), rest, cur)
         return full
 
     def _storage_tensors(self) -> list[torch.Tensor]:
         rest = self.rest._storage_tensors() if self.rest is not None else []
-        return self.head._storage_tensors() + [self.extra_rows] + rest
+        return self.head._storage_tensors() + [self._extra[2]] + rest
 
     def extra_repr(self) -> str:
-        return f"kept={len(self.ids)}+{len(self.extra_ids)} of {self.out_features}, head={self.head.format}"
+        return f"kept={len(self.ids)}+{len(self._extra[1])} of {self.out_features}, head={self.head.format}"
 
 
 def prune_output_head(model: Model, ids: torch.Tensor) -> None:

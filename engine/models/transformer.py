@@ -11,7 +11,7 @@ are the same call.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from engine.cache.layered import LayeredKVCache
 from engine.cache.recurrent import HybridCache
 from engine.models.config import ModelConfig
 from engine.models.fused_stack import FusedStack, build_fused_stack
-from engine.models.layers import Block, ForwardStep, RMSNorm, RotaryEmbedding
+from engine.models.layers import BatchStep, Block, ForwardStep, RMSNorm, RotaryEmbedding, Segment
 from engine.models.per_layer import PerLayerInput
 from engine.ops.linear import Linear
 
@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 
 # Token ids [n] -> embedding rows [n, n_embd] (engine.ops.linear.Embedding reads them from a GGUF mapping).
 TokenEmbedding = Callable[[torch.Tensor], torch.Tensor]
+
+
+class BatchCall(Protocol):
+    """One sequence's part of ``Model.forward_batch``: what it would pass to ``forward``."""
+
+    tokens: Sequence[int]
+    cache: KVCache
+    logits_for: str
+    return_hidden: bool
 
 
 @dataclass
@@ -161,12 +170,8 @@ class Model(nn.Module):
             raise ValueError(f"logits_for must be 'all', 'last' or 'none', not {logits_for!r}")
         cache.check_room(n)
         start = cache.length
-
-        masks, key_start = self._masks(start, n, device)
-        rope = {"global": self.rope_global.get(start, n, device, self.dtype)}
-        rope["local"] = rope["global"] if self.rope_local is self.rope_global else \
-            self.rope_local.get(start, n, device, self.dtype)
-        step = ForwardStep(start, n, rope, masks, key_start, self.block_ops, rollback=logits_for == "all")
+        step = self._step(start, n, logits_for)
+        rope = step.rope
 
         x = self.embed(ids).to(self.dtype)
         if self._embed_scale is not None:
@@ -184,14 +189,81 @@ class Model(nn.Module):
         hidden = self.norm(x, self.block_ops)
         logits = None
         if logits_for != "none":
-            h = hidden[-1:] if logits_for == "last" else hidden
-            logits = self.output(h).float()
-            if self.config.final_softcap:
-                c = self.config.final_softcap
-                logits = torch.tanh(logits / c) * c
+            logits = self._logits(hidden[-1:] if logits_for == "last" else hidden)
         if return_hidden:
             return ForwardOutput(logits, hidden, x)
         return logits
+
+    def _step(self, start: int, n: int, logits_for: str) -> ForwardStep:
+        """The per-forward state of ``n`` positions from ``start`` (masks, RoPE tables, window starts)."""
+        device = self.device
+        masks, key_start = self._masks(start, n, device)
+        rope = {"global": self.rope_global.get(start, n, device, self.dtype)}
+        rope["local"] = rope["global"] if self.rope_local is self.rope_global else \
+            self.rope_local.get(start, n, device, self.dtype)
+        return ForwardStep(start, n, rope, masks, key_start, self.block_ops, rollback=logits_for == "all")
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.output(hidden).float()
+        if self.config.final_softcap:
+            c = self.config.final_softcap
+            logits = torch.tanh(logits / c) * c
+        return logits
+
+    @property
+    def batches(self) -> bool:
+        """Whether ``forward_batch`` runs several sequences in one forward (every layer an attention block;
+        a hybrid recurrent model's layers keep one sequence's state and run one sequence at a time)."""
+        return self.config.recurrent is None and all(type(layer) is Block for layer in self.layers)
+
+    @torch.no_grad()
+    def forward_batch(self, calls: Sequence["BatchCall"]) -> list:
+        """Each call's ``forward`` (its tokens appended to its own cache), computed as ONE forward over all of
+        their rows: the linears and the output head run once over the rows, each sequence's attention over
+        its own cache (ragged lengths and positions). Returns one result per call, what ``forward`` returns
+        for it. A model that cannot batch (``batches``) runs the calls one after another."""
+        if len(calls) == 1 or not self.batches:
+            return [self.forward(c.tokens, c.cache, logits_for=c.logits_for, return_hidden=c.return_hidden)
+                    for c in calls]
+        segments, ids, row = [], [], 0
+        for c in calls:
+            n = len(c.tokens)
+            if n == 0:
+                raise ValueError("forward needs at least one token")
+            c.cache.check_room(n)
+            segments.append(Segment(slice(row, row + n), c.cache, self._step(c.cache.length, n, c.logits_for)))
+            ids.extend(int(t) for t in c.tokens)
+            row += n
+        ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
+        x = self.embed(ids_t).to(self.dtype)
+        if self._embed_scale is not None:
+            x = x * torch.tensor(self._embed_scale, dtype=self.dtype)
+        fused = self.fused_stack() if self.per_layer_input is None and \
+            all(type(c.cache) is KVCache for c in calls) else None
+        if fused is not None:  # the same blocks, one native call over every segment
+            cos = torch.cat([seg.step.rope["global"][0] for seg in segments])
+            sin = torch.cat([seg.step.rope["global"][1] for seg in segments])
+            x = fused.forward_batch(x, [c.cache for c in calls], [seg.step.start for seg in segments],
+                                    [seg.step.n for seg in segments], (cos, sin))
+        else:
+            batch = BatchStep(segments, self.block_ops,
+                              self.per_layer_input(ids_t, x) if self.per_layer_input is not None else None)
+            for layer in self.layers:
+                x = layer(x, None, batch, self._ropes[layer.attn.kind])
+        for c in calls:
+            c.cache.commit([int(t) for t in c.tokens])
+        hidden = self.norm(x, self.block_ops)
+        # the rows whose logits are wanted, through the head in one matmul
+        wanted = [list(range(seg.rows.start, seg.rows.stop)) if c.logits_for == "all"
+                  else [seg.rows.stop - 1] if c.logits_for == "last" else [] for c, seg in zip(calls, segments)]
+        flat = [r for rows in wanted for r in rows]
+        logits = self._logits(hidden[flat]) if flat else None
+        out, at = [], 0
+        for c, seg, rows in zip(calls, segments, wanted):
+            lg = logits[at:at + len(rows)] if rows else None
+            at += len(rows)
+            out.append(ForwardOutput(lg, hidden[seg.rows], x[seg.rows]) if c.return_hidden else lg)
+        return out
 
 
 def _block_ops_for(device: torch.device, dtype: torch.dtype):

@@ -1,13 +1,15 @@
-"""The server-side handle on one engine process: load, tokenize, generate as a stream, embed, cancel, health.
+"""The server-side handle on one engine process: load, tokenize, generate as streams, embed, cancel, health.
 
-Calls block; the server runs them in worker threads. One generation at a time per engine (the
-scheduler serialises requests per model), so a single pipe carries everything in order.
+Calls block; the server runs them in worker threads. Calls (load, tokenize, health, ...) are answered one at
+a time, in order; generations are streams tagged with an id, as many at once as the engine has sequence
+slots. A reader thread owns the pipe's receiving end and routes every message: a stream's to that stream's
+queue, an answer to the call waiting for it.
 
-The watchdog lives here: with a ``timeout``, every wait on the pipe (a generation's next chunk, a
-tokenize) gives up after ``timeout`` seconds without any message; the engine's heartbeat (sent every
-``timeout / 4`` at most while it generates) counts as a message, so a long prefill is not mistaken for
-a freeze. An engine that misses the bound is killed (its pipe state is unknown, a late answer would be
-read as the next request's) and the call raises ``EngineUnresponsiveError``.
+The watchdog lives here: with a ``timeout``, every wait (a stream's next chunk, a call's answer) gives up
+once the engine has sent nothing at all for ``timeout`` seconds; the engine's heartbeat (sent every
+``timeout / 4`` at most while it generates) counts, so a long prefill is not mistaken for a freeze. An
+engine that misses the bound is killed (its pipe state is unknown) and every waiter gets
+``EngineUnresponsiveError``; one that dies gives every waiter ``EngineCrashedError``.
 """
 
 from __future__ import annotations
@@ -60,9 +62,17 @@ class EngineClient:
                                   name="tandem-engine")
         self._proc.start()
         child_conn.close()
-        # Guards the pipe: a health check from another thread must not interleave with a generation.
-        self._lock = threading.Lock()
+        self._call_lock = threading.Lock()  # one call (not stream) in flight at a time
+        self._send_lock = threading.Lock()
+        self._state = threading.Condition()  # guards what follows; notified on every routed message
+        self._replies: list[tuple] = []
+        self._streams: dict[int, list[tuple]] = {}
+        self._next_id = 0
+        self._failure: EngineCrashedError | None = None  # set once the engine died or was killed
+        self._waiting = 0  # calls and streams waiting for the engine now
         self._last_heard = time.monotonic()  # when the engine last sent anything (heartbeats count)
+        self._reader_started = False
+        self._exiting = False
         self.facts: ModelFacts | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
@@ -80,44 +90,100 @@ class EngineClient:
         return EngineCrashedError(f"engine process exited unexpectedly ({how})")
 
     def _unresponsive(self, timeout: float) -> EngineUnresponsiveError:
+        """Kill a frozen engine; every waiter gets the error returned (set before the kill, so that the
+        reader's crash report of the closed pipe does not take its place)."""
+        error = EngineUnresponsiveError(f"engine process stopped responding (no answer within {timeout:g}s); "
+                                        "it was stopped and the next request starts a new one")
+        self._fail(error)
         self._proc.kill()
         self._proc.join(5)
-        return EngineUnresponsiveError(f"engine process stopped responding (no answer within {timeout:g}s); "
-                                       "it was stopped and the next request starts a new one")
+        return error
 
-    def _recv(self, timeout: float | None = None) -> tuple:
-        """The next message other than a heartbeat; ``timeout`` bounds the silence between messages
-        (a heartbeat restarts it). Past it the engine is killed and EngineUnresponsiveError raised."""
-        try:
-            while True:
-                if timeout is not None and not self._conn.poll(timeout):
-                    raise self._unresponsive(timeout)
+    def _fail(self, error: EngineCrashedError) -> None:
+        with self._state:
+            if self._failure is None:
+                self._failure = error
+            self._state.notify_all()
+
+    def _start_reader(self) -> None:
+        with self._state:
+            if self._reader_started:
+                return
+            self._reader_started = True
+        threading.Thread(target=self._read, name="tandem-engine-reader", daemon=True).start()
+
+    def _read(self) -> None:
+        """Route every message from the engine until the pipe closes."""
+        while True:
+            try:
                 msg = self._conn.recv()
+            except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
+                if not self._exiting:
+                    self._fail(self._crashed())
+                return
+            with self._state:
                 self._last_heard = time.monotonic()
-                if msg[0] != "beat":
-                    return msg
-        except (EOFError, ConnectionResetError, BrokenPipeError, OSError):
-            raise self._crashed() from None
+                kind = msg[0]
+                if kind in ("chunk", "done", "failed"):
+                    queue = self._streams.get(msg[1])
+                    if queue is not None:  # a stream its consumer abandoned may still send its last words
+                        queue.append(msg)
+                elif kind != "beat":
+                    self._replies.append(msg)
+                self._state.notify_all()
+
+    def _wait(self, ready, timeout: float | None):
+        """Wait until ``ready()`` returns a message (under the state lock), the engine fails, or it stays
+        silent past ``timeout`` (then it is killed)."""
+        with self._state:
+            self._waiting += 1
+            try:
+                while True:
+                    msg = ready()
+                    if msg is not None:
+                        return msg
+                    if self._failure is not None:
+                        raise self._failure
+                    if timeout is not None:
+                        silent = time.monotonic() - self._last_heard
+                        if silent >= timeout:
+                            break
+                        self._state.wait(timeout - silent)
+                    else:
+                        self._state.wait()
+            finally:
+                self._waiting -= 1
+        raise self._unresponsive(timeout)
 
     def silent_for(self) -> float:
-        """Seconds a call in progress has waited without hearing from the engine (0 when idle)."""
-        return time.monotonic() - self._last_heard if self._lock.locked() else 0.0
+        """Seconds the calls and streams in progress have waited without hearing from the engine (0 when
+        none waits)."""
+        with self._state:
+            return time.monotonic() - self._last_heard if self._waiting else 0.0
 
     def _send(self, msg: tuple) -> None:
-        self._last_heard = time.monotonic()
+        with self._state:
+            if self._failure is not None:
+                raise self._failure
+            if not self._waiting:
+                self._last_heard = time.monotonic()  # an idle engine's silence says nothing
         try:
-            self._conn.send(msg)
+            with self._send_lock:
+                self._conn.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            raise self._crashed() from None
+            error = self._crashed()
+            self._fail(error)
+            raise error from None
 
     def _call(self, msg: tuple, timeout: float | None = None) -> Any:
-        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
-            raise self._unresponsive(timeout)  # the pipe is held by a stream that no longer drains
+        if not self._call_lock.acquire(timeout=-1 if timeout is None else timeout):
+            raise self._unresponsive(timeout)  # a call ahead of this one never got its answer
         try:
+            self._start_reader()
             self._send(msg)
-            reply = self._recv(timeout)
+            reply = self._wait(lambda: self._replies.pop(0) if self._replies else None, timeout)
         finally:
-            self._lock.release()
+            self._call_lock.release()
         if reply[0] == "error":
             raise EngineError(reply[1], reply[2])
         return reply[1]
@@ -143,68 +209,122 @@ class EngineClient:
         return self._call(("health",), timeout)
 
     def cancel(self) -> None:
-        """Ask the running generation to stop at its next round boundary."""
+        """Ask every running generation to stop at its next round boundary."""
         self._cancel.set()
+        with self._state:
+            ids = list(self._streams)
+        for rid in ids:
+            try:
+                self._send(("cancel", rid))
+            except EngineError:
+                return
 
-    def generate(self, req: GenerateRequest) -> Iterator[TokenChunk | GenerateResult]:
-        """Stream chunks, then the final result. Closing the iterator early cancels the generation
-        and drains the pipe, so the next request starts clean."""
-        self._lock.acquire()
+    def generate(self, req: GenerateRequest) -> "GenerationHandle":
+        """Stream chunks, then the final result. Closing the iterator early (or ``cancel()`` on it) stops
+        this generation alone; the others on the engine go on."""
+        with self._state:
+            self._next_id += 1
+            rid = self._next_id
+            self._streams[rid] = []
+        self._cancel.clear()
+        return GenerationHandle(self, rid, req)
+
+    def _stream(self, rid: int, req: GenerateRequest) -> Iterator[TokenChunk | GenerateResult]:
         finished = False
         try:
-            self._cancel.clear()
-            self._send(("generate", req))
+            self._start_reader()
+            self._send(("generate", rid, req))
+            queue = self._streams[rid]
             while True:
                 try:
-                    reply = self._recv(self._timeout)
+                    msg = self._wait(lambda: queue.pop(0) if queue else None, self._timeout)
                 except EngineCrashedError:
                     finished = True  # dead or killed: nothing left to drain
                     raise
-                if reply[0] == "chunk":
-                    yield reply[1]
-                elif reply[0] == "done":
+                if msg[0] == "chunk":
+                    yield msg[2]
+                elif msg[0] == "done":
                     finished = True
-                    yield reply[1]
+                    yield msg[2]
                     return
-                elif reply[0] == "error":
+                else:  # failed
                     finished = True
-                    raise EngineError(reply[1], reply[2])
-                else:
-                    finished = True
-                    raise EngineError(f"unexpected engine reply {reply[0]!r}")
+                    raise EngineError(msg[2], msg[3])
         finally:
             if not finished and self.alive():
-                self._cancel.set()
                 try:
-                    while self._recv(self._timeout)[0] == "chunk":
+                    self._send(("cancel", rid))
+                    queue = self._streams[rid]
+                    while self._wait(lambda: queue.pop(0) if queue else None, self._timeout)[0] == "chunk":
                         pass
                 except EngineError:
                     pass
-            self._lock.release()
+            with self._state:
+                self._streams.pop(rid, None)
 
     def close(self, timeout: float = 5.0, finish_cap: float = EXIT_FINISH_CAP) -> None:
-        """Ask the engine to exit; kill it if it stays silent for ``timeout`` seconds. A generation in
-        progress is cancelled first, so closing never waits for it to run to completion, and a frozen
+        """Ask the engine to exit; kill it if it stays silent for ``timeout`` seconds. Generations in
+        progress are cancelled first, so closing never waits for them to run to completion, and a frozen
         engine costs the bound, not a hang. An engine that beats while it finishes writing its
         packed-weight cache is given up to ``finish_cap`` seconds more (the write is the next load's
         speed; killed halfway it is lost)."""
-        self._cancel.set()
-        if self._proc.is_alive() and self._lock.acquire(timeout=timeout):
+        self.cancel()
+        if self._proc.is_alive() and self._call_lock.acquire(timeout=timeout):
             answered = False
             try:
-                self._conn.send(("exit",))
-                answered = await_exit_answer(self._conn, timeout, finish_cap)
+                self._exiting = True
+                with self._state:
+                    reading = self._reader_started
+                    self._replies.clear()
+                with self._send_lock:
+                    self._conn.send(("exit",))
+                if reading:  # the reader routes the answer; beats keep the engine alive up to the cap
+                    deadline = time.monotonic() + timeout + finish_cap
+                    with self._state:
+                        while not self._replies and self._failure is None and time.monotonic() < deadline and \
+                                time.monotonic() - self._last_heard < timeout:
+                            self._state.wait(0.1)
+                        answered = bool(self._replies)
+                else:
+                    answered = await_exit_answer(self._conn, timeout, finish_cap)
             except (BrokenPipeError, OSError, EOFError):
                 pass
             finally:
-                self._lock.release()
+                self._call_lock.release()
             self._proc.join(timeout if answered else 0)  # a silent one has had its bound: killed below
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
+        self._exiting = True
         self._conn.close()
 
     def kill(self) -> None:
         """Hard stop (used by tests and by unload when the engine does not answer)."""
         self._proc.kill()
         self._proc.join(5)
+
+
+class GenerationHandle:
+    """One generation's stream on an ``EngineClient``: iterate it for chunks and the result; ``cancel()``
+    stops this generation at its next round (the others on the engine go on); ``close()`` cancels and
+    drains it."""
+
+    def __init__(self, client: EngineClient, rid: int, req: GenerateRequest):
+        self._client = client
+        self.id = rid
+        self._it = client._stream(rid, req)
+
+    def __iter__(self) -> "GenerationHandle":
+        return self
+
+    def __next__(self) -> TokenChunk | GenerateResult:
+        return next(self._it)
+
+    def cancel(self) -> None:
+        try:
+            self._client._send(("cancel", self.id))
+        except EngineError:
+            pass
+
+    def close(self) -> None:
+        self._it.close()

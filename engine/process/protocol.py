@@ -58,6 +58,8 @@ class LoadSpec:
     draft_vocab: int = DEFAULT_DRAFT_VOCAB
     # where packed kernel layouts are cached (engine.ops.pack_cache), None = rebuilt at every load
     pack_dir: str | None = None
+    # sequences served at once (one KV cache region each, engine.batching); 0 = as many as fit (up to 4)
+    num_parallel: int = 1
 
 
 @dataclass(frozen=True)
@@ -152,4 +154,5 @@ class ModelFacts:
     eos_token: str
     add_bos: bool
     pooling: str | None = None  # an embedding model's pooling ("mean", "cls", "last"); None: a decoder
+    num_parallel: int = 1  # sequences it serves at once (slots)
     embedding_length: int = 0

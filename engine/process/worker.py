@@ -4,17 +4,21 @@ Running the models in a child process is what lets the server survive the engine
 kernel, an out-of-memory kill or a runaway allocation ends this process, and the server only sees a
 closed pipe, which it reports as an error for the request in flight.
 
-Protocol (tuples over a `multiprocessing.Connection`; one request at a time):
-  server -> engine: ("load", LoadSpec) | ("generate", GenerateRequest) | ("embed", EmbedRequest)
-                    | ("tokenize", text, add_bos) | ("detokenize", ids) | ("health",) | ("exit",)
-  engine -> server: ("ok", payload) | ("chunk", TokenChunk) | ("done", GenerateResult)
-                    | ("error", message, status) | ("beat",)
-While a generation runs, a heartbeat thread sends ("beat",) every ``beat_interval`` seconds, so the
-server's watchdog can tell a long prefill (which sends no chunk for a while) from a frozen process: a
-stopped or wedged process (or one whose main thread holds the GIL for good) sends no beats. An exiting
-engine that still writes its packed-weight cache beats too, before its ("ok", None).
-Cancellation uses a shared Event, checked by the decode loop between rounds, so a cancel never
-interrupts a forward pass halfway and the caches stay consistent.
+Protocol (tuples over a `multiprocessing.Connection`):
+  server -> engine: ("load", LoadSpec) | ("generate", id, GenerateRequest) | ("cancel", id)
+                    | ("embed", EmbedRequest) | ("tokenize", text, add_bos) | ("detokenize", ids)
+                    | ("health",) | ("exit",)
+  engine -> server: ("ok", payload) | ("error", message, status)      answers, one call at a time
+                    | ("chunk", id, TokenChunk) | ("done", id, GenerateResult) | ("failed", id, message, status)
+                    | ("beat",)
+Generations are streams tagged with the server's id: each runs in a thread of its own, as many at once as
+the model has sequence slots (engine.batching batches their forwards), while this loop keeps answering
+calls (a tokenize, a health ping) and cancels. While any generation runs, a heartbeat thread sends ("beat",)
+every ``beat_interval`` seconds, so the server's watchdog can tell a long prefill (which sends no chunk for a
+while) from a frozen process: a stopped or wedged process (or one whose main thread holds the GIL for good)
+sends no beats. An exiting engine that still writes its packed-weight cache beats too, before its
+("ok", None). A cancel (per id, or the shared flag for all) is checked by the decode loop between rounds,
+so it never interrupts a forward pass halfway and the caches stay consistent.
 """
 
 from __future__ import annotations
@@ -56,6 +60,53 @@ class _Sender:
             self._conn.send(msg)
 
 
+class _Generations:
+    """The generations running now, each in its own thread, and how many (the heartbeat beats while any)."""
+
+    def __init__(self, out: _Sender, busy: threading.Event, shared_cancel: CancelFlag):
+        self._out = out
+        self._busy = busy
+        self._shared_cancel = shared_cancel
+        self._lock = threading.Lock()
+        self._cancels: dict[int, threading.Event] = {}
+        self._embedding = False
+
+    def start(self, engine, rid: int, req) -> None:
+        cancel = threading.Event()
+        with self._lock:
+            self._cancels[rid] = cancel
+            self._busy.set()
+        threading.Thread(target=self._run, args=(engine, rid, req, cancel), name=f"tandem-gen-{rid}",
+                         daemon=True).start()
+
+    def cancel(self, rid: int) -> None:
+        with self._lock:
+            event = self._cancels.get(rid)
+        if event is not None:
+            event.set()
+
+    def _run(self, engine, rid: int, req, cancel: threading.Event) -> None:
+        stop = lambda: cancel.is_set() or self._shared_cancel.is_set()  # noqa: E731
+        try:
+            for item in engine.generate(req, should_stop=stop):
+                self._out.send(("done", rid, item) if isinstance(item, GenerateResult) else ("chunk", rid, item))
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        except BaseException as exc:  # report, keep serving: one bad request must not end the engine
+            if os.environ.get("TANDEM_DEBUG") or not isinstance(exc, EngineError):
+                traceback.print_exc()
+            message, status = _error_message(exc)
+            try:
+                self._out.send(("failed", rid, message, status))
+            except (BrokenPipeError, ConnectionResetError, OSError):
+                pass
+        finally:
+            with self._lock:
+                self._cancels.pop(rid, None)
+                if not self._cancels:
+                    self._busy.clear()
+
+
 def _heartbeat(out: _Sender, busy: threading.Event, interval: float) -> None:
     """Send ("beat",) every ``interval`` seconds while ``busy`` is set (a generation runs)."""
     while True:
@@ -75,6 +126,7 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
     engine = None
     out = _Sender(conn)
     busy = threading.Event()
+    generations = _Generations(out, busy, cancel_event)
     if beat_interval > 0:
         threading.Thread(target=_heartbeat, args=(out, busy, beat_interval), name="tandem-heartbeat",
                          daemon=True).start()
@@ -103,7 +155,8 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
                 engine = ModelRuntime.load(spec)
                 out.send(("ok", engine.facts))
             elif engine is None:
-                out.send(("error", "no model loaded", 500))
+                out.send(("failed", msg[1], "no model loaded", 500) if kind == "generate" else
+                         ("error", "no model loaded", 500))
             elif kind == "tokenize":
                 out.send(("ok", engine.tokenize(msg[1], add_bos=msg[2])))
             elif kind == "detokenize":
@@ -115,14 +168,11 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
                 finally:
                     busy.clear()
             elif kind == "generate" and engine.facts.pooling is not None:
-                out.send(("error", "an embedding model does not generate", 400))
+                out.send(("failed", msg[1], "an embedding model does not generate", 400))
             elif kind == "generate":
-                busy.set()
-                try:
-                    for item in engine.generate(msg[1], should_stop=cancel_event.is_set):
-                        out.send(("done", item) if isinstance(item, GenerateResult) else ("chunk", item))
-                finally:
-                    busy.clear()
+                generations.start(engine, msg[1], msg[2])
+            elif kind == "cancel":
+                generations.cancel(msg[1])
             else:
                 out.send(("error", f"unknown engine command {kind!r}", 500))
         except (BrokenPipeError, ConnectionResetError):

@@ -54,6 +54,9 @@ class AssistantDrafter(Drafter):
         super().reset()
         self._h = None
 
+    def fork(self, target_cache) -> "AssistantDrafter":
+        return AssistantDrafter(self.assistant, target_cache, self.final_norm, self.vocab_size)
+
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         position = len(self.tokens) - 1
         if k <= 0 or self._h is None or position <= 0 or self.cache.length != position:

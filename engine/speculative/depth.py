@@ -236,6 +236,11 @@ class AdaptiveDepth:
     # rewrite's acceptance: each such round costs 2-4 plain steps and commits 1-2 tokens (docs/bench/
     # speculation-defaults.md). A text that keeps accepting is at its depth within two or three rounds.
     start_depth: int = 2
+    # How many sequences share each forward now (engine.batching; None: this one alone). What a sequence
+    # adds to a batch's step, its drafting and its verification rows beyond the first, every sequence of
+    # the batch waits for (``cost``). With many busy sequences drafting then rarely pays, and the
+    # controller decodes plainly.
+    load: Callable[[], int] | None = None
     cost_model: CostModel | None = None
 
     _succ: list[float] = field(default_factory=list)
@@ -377,10 +382,23 @@ class AdaptiveDepth:
             return 0.0
         return _estimate(self._drafting, n, proportional=True)
 
+    def _sharing(self) -> int:
+        return max(1, self.load()) if self.load is not None else 1
+
     def cost(self, k: int) -> float | None:
-        """Expected wall time of a step at depth k: verification over k + 1 tokens plus k drafts."""
+        """Expected wall time of a step at depth k: verification over k + 1 tokens plus k drafts. Sharing
+        each forward with ``B`` sequences (``load``), what depth k adds to the batch's step (its drafting
+        and its extra rows) delays all B of them, so it counts B times: ``v(1) + B (v(k+1) - v(1) + d(k))``.
+        Then drafting beats plain decoding exactly when it raises the batch's tokens per second: with a
+        step of time T, the tokens gained g must exceed B times the time added over T."""
         v = self.verify_cost(k + 1)
-        return None if v is None else v + self.drafting_cost(k)
+        if v is None:
+            return None
+        sharing = self._sharing()
+        if sharing == 1 or k == 0:
+            return v + self.drafting_cost(k)
+        v1 = self.verify_cost(1)
+        return v1 + sharing * (max(0.0, v - v1) + self.drafting_cost(k))
 
     def value(self, cap: int) -> float:
         """Expected tokens a second at the best depth up to ``cap`` (0 until costs are measured)."""
@@ -420,7 +438,8 @@ class AdaptiveDepth:
             return 0  # measure a plain step first: every later estimate is relative to it
         best = self.best(cap)
         own_evidence = self._trials_at(0) >= self.min_trials  # this request's (begin_request clears them)
-        if best == 0 and self._in_step() and (not own_evidence or self._worth_more_trials(cap)):
+        if best == 0 and self._in_step() and (not own_evidence or self._worth_more_trials(cap)) and \
+                self._sharing() == 1:  # in a batch a probe's drafting holds up every other sequence
             return 1  # a probe that needs no catch-up
         if best > 0 and not self._repays_catchup(best):
             best = 0

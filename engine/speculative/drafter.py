@@ -111,6 +111,11 @@ class Drafter:
         """Forget everything (after an error left the state in doubt)."""
         self.tokens = []
 
+    def fork(self, target_cache) -> "Drafter":
+        """A drafter over the same weights with state of its own, for another sequence whose target cache is
+        ``target_cache`` (engine.batching: one per sequence slot)."""
+        return type(self)()
+
     def memory_bytes(self) -> int:
         return 0
 

@@ -67,6 +67,9 @@ class MtpDrafter(Drafter):
         self.cache.reset()
         self._t0, self._last = None, None
 
+    def fork(self, target_cache) -> "MtpDrafter":
+        return MtpDrafter(self.head, self.cache.capacity)
+
     # -- compute -------------------------------------------------------------------------------
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         k = min(k, self.cache.capacity - self.cache.length + 1)

@@ -182,3 +182,6 @@ class NgramDrafter(Drafter):
 
     def reset(self) -> None:
         self.begin([])
+
+    def fork(self, target_cache) -> "NgramDrafter":
+        return NgramDrafter(self.n_max, self.n_min, self.window, self.cursor_agreement, self.probe_below)

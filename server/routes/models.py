@@ -320,7 +320,9 @@ async def ps(request: Request) -> Response:
             # tandem's addition: what runs it
             "engine": {"pid": r.engine.pid, "device": facts.device, "weight_format": facts.weight_format,
                        "draft_architecture": facts.draft_architecture,
-                       "draft_weight_format": facts.draft_weight_format},
+                       "draft_weight_format": facts.draft_weight_format,
+                       # sequences it serves at once (TANDEM_NUM_PARALLEL / OLLAMA_NUM_PARALLEL)
+                       "num_parallel": facts.num_parallel},
         })
     return json_response({"models": models})
 

@@ -47,6 +47,7 @@ class FakeEngine:
 
     instances: list["FakeEngine"] = []
     step = 0.01
+    slots = 1  # sequences served at once (ModelFacts.num_parallel)
 
     def __init__(self) -> None:
         self.pid = 10_000 + len(FakeEngine.instances)
@@ -68,7 +69,7 @@ class FakeEngine:
         self.spec = spec
         return ModelFacts(architecture="llama", context_length=spec.num_ctx, vocab_size=300, device="cpu",
                           weight_format="f32", draft_architecture=None, draft_weight_format=None,
-                          memory_bytes=1234, bos_token="", eos_token="", add_bos=False)
+                          memory_bytes=1234, bos_token="", eos_token="", add_bos=False, num_parallel=FakeEngine.slots)
 
     def generate(self, req: GenerateRequest):
         self.calls += 1
@@ -79,6 +80,8 @@ class FakeEngine:
         try:
             n = req.options.num_predict
             for i in range(n):
+                if not self._alive:  # died while this stream ran: a dead process answers nothing
+                    raise EngineCrashedError("engine process exited unexpectedly (signal 9)")
                 if self._cancel.is_set():
                     break
                 if self.crash_after is not None and i >= self.crash_after:
@@ -138,6 +141,7 @@ def model_store(tmp_path_factory: pytest.TempPathFactory) -> BlobStore:
 def _reset() -> None:
     FakeEngine.instances.clear()
     FakeEngine.step = 0.01
+    FakeEngine.slots = 1
 
 
 def scheduler(**kw) -> Scheduler:
@@ -181,6 +185,86 @@ def test_requests_are_serialised(model_store: BlobStore) -> None:
         texts = await asyncio.gather(*(run_one(s, model, num_predict=5) for _ in range(4)))
         assert texts == ["t0 t1 t2 t3 t4 "] * 4
         assert len(FakeEngine.instances) == 1 and FakeEngine.instances[0].max_active == 1
+        await s.shutdown()
+
+    asyncio.run(main())
+
+
+def test_an_engine_with_slots_serves_that_many_requests_at_once(model_store: BlobStore) -> None:
+    model = load_stored_model(model_store, "fake")
+    FakeEngine.slots = 4
+
+    async def main() -> None:
+        s = scheduler()
+        texts = await asyncio.gather(*(run_one(s, model, num_predict=5) for _ in range(10)))
+        assert texts == ["t0 t1 t2 t3 t4 "] * 10
+        assert len(FakeEngine.instances) == 1 and FakeEngine.instances[0].max_active == 4
+        await s.shutdown()
+
+    asyncio.run(main())
+
+
+def test_sixty_four_clients_against_four_slots_complete_or_get_a_clean_503(model_store: BlobStore) -> None:
+    model = load_stored_model(model_store, "fake")
+    FakeEngine.slots = 4
+
+    async def main() -> None:
+        s = scheduler(max_queue=8)
+
+        async def client() -> str:
+            try:
+                return await run_one(s, model, num_predict=4)
+            except QueueFullError as e:
+                assert e.status == 503
+                return "503"
+
+        got = await asyncio.gather(*(client() for _ in range(64)))
+        done = [g for g in got if g != "503"]
+        # all 64 arrive while the first loads the model: 8 may wait (the queue), the others are refused at once
+        assert set(done) == {"t0 t1 t2 t3 "} and len(done) >= 8 and got.count("503") == 64 - len(done)
+        assert FakeEngine.instances[0].max_active == 4 and len(FakeEngine.instances) == 1
+        assert await run_one(s, model) == "t0 t1 t2 "  # nothing was left held
+        await s.shutdown()
+
+    asyncio.run(main())
+
+
+def test_other_load_options_wait_for_the_running_requests_then_reload(model_store: BlobStore) -> None:
+    model = load_stored_model(model_store, "fake")
+    FakeEngine.slots = 4
+    FakeEngine.step = 0.02
+
+    async def main() -> None:
+        s = scheduler()
+        running = [asyncio.create_task(run_one(s, model, num_predict=10)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        other = asyncio.create_task(run_one(s, model, load={"num_ctx": 64}))
+        assert await asyncio.gather(*running) == ["t0 t1 t2 t3 t4 t5 t6 t7 t8 t9 "] * 2
+        assert await other == "t0 t1 t2 "
+        first, second = FakeEngine.instances
+        assert first.generated == 20 and first.closed and second.spec.num_ctx == 64
+        await s.shutdown()
+
+    asyncio.run(main())
+
+
+def test_an_engine_that_dies_with_a_full_batch_fails_each_request_and_restarts(model_store: BlobStore) -> None:
+    model = load_stored_model(model_store, "fake")
+    FakeEngine.slots = 4
+
+    async def main() -> None:
+        s = scheduler()
+        await run_one(s, model)
+        FakeEngine.instances[0].crash_after = 2
+
+        async def doomed() -> str:
+            with pytest.raises(EngineCrashedError):
+                await run_one(s, model, num_predict=10)
+            return "failed"
+
+        assert await asyncio.gather(*(doomed() for _ in range(4))) == ["failed"] * 4
+        assert await run_one(s, model) == "t0 t1 t2 "
+        assert len(FakeEngine.instances) == 2
         await s.shutdown()
 
     asyncio.run(main())

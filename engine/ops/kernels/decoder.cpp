@@ -16,6 +16,10 @@
 //        which: "qkv" | "o" | "gate_up" | "down"; a linear of several parts concatenates their outputs
 //   .forward(x [n, D], k_cache, v_cache [L, Hkv, capacity, head_dim], start, cos, sin [n, 1, hd/2])
 //        -> x after every block; position start + i attends to positions [0, start + i] (causal)
+//   .forward_batch(x [N, D], k_caches, v_caches, starts, lengths, cos, sin [N, 1, hd/2])
+//        several sequences' rows in one pass (engine.batching): segment s is lengths[s] rows of x, at
+//        positions starts[s] .. of its own caches; the linears, norms and RoPE run over all N rows at
+//        once, the cache writes and the attention per segment, over that sequence's cache alone
 //
 // Layer l reads and writes cache layer l at positions [0, start + n): the caller checks room first.
 #include <ATen/ATen.h>
@@ -91,6 +95,37 @@ class DecoderStack : public torch::CustomClassHolder {
     return x;
   }
 
+  at::Tensor forward_batch(at::Tensor x, std::vector<at::Tensor> k_caches, std::vector<at::Tensor> v_caches,
+                           std::vector<int64_t> starts, std::vector<int64_t> lengths, at::Tensor cos,
+                           at::Tensor sin) const {
+    at::NoGradGuard no_grad;
+    const int64_t L = static_cast<int64_t>(layers_.size());
+    const size_t S = starts.size();
+    TORCH_CHECK(k_caches.size() == S && v_caches.size() == S && lengths.size() == S && S > 0,
+                "DecoderStack: one cache pair, start and length per segment");
+    int64_t total = 0;
+    for (size_t s = 0; s < S; ++s) {
+      const at::Tensor& kc = k_caches[s];
+      TORCH_CHECK(kc.dim() == 4 && kc.size(0) >= L && v_caches[s].sizes() == kc.sizes() && kc.size(1) == n_head_kv_ &&
+                  kc.size(3) == head_dim_ && kc.scalar_type() == at::kFloat && v_caches[s].scalar_type() == at::kFloat &&
+                  kc.stride(3) == 1 && v_caches[s].stride(3) == 1,
+                  "DecoderStack: caches must be float32 [layers, n_head_kv, capacity, head_dim]");
+      TORCH_CHECK(lengths[s] > 0 && starts[s] >= 0 && starts[s] + lengths[s] <= kc.size(2),
+                  "DecoderStack: positions beyond a cache");
+      total += lengths[s];
+    }
+    TORCH_CHECK(x.size(0) == total, "DecoderStack: the segments' lengths must add up to x's rows");
+    std::vector<at::Tensor> kl(S), vl(S);
+    for (int64_t i = 0; i < L; ++i) {
+      for (size_t s = 0; s < S; ++s) {
+        kl[s] = k_caches[s][i];
+        vl[s] = v_caches[s][i];
+      }
+      x = block_segments(layers_[i], x, kl, vl, starts, lengths, cos, sin);
+    }
+    return x;
+  }
+
  private:
   // engine.models.layers.Block.forward with Attention.forward and FeedForward.forward, op for op.
   at::Tensor block(const Layer& l, const at::Tensor& x, const at::Tensor& kc, const at::Tensor& vc, int64_t start,
@@ -113,6 +148,40 @@ class DecoderStack : public torch::CustomClassHolder {
     const at::Tensor keys = kc.slice(1, 0, start + n), values = vc.slice(1, 0, start + n);
     const at::Tensor o = native::block_attention(q, keys, values, scale_);  // causal: [n, H, D]
     const at::Tensor h = l.o(o.view({n, H * D}), x);  // x + o(...)
+    const at::Tensor gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_));
+    return l.down(native::block_silu_mul(gate_up), h);  // h + down(...)
+  }
+
+  // block() over several sequences' rows: everything row-wise over all rows, the cache writes and the
+  // attention per segment (the same kernels, so each segment's rows get what block() gives them alone).
+  at::Tensor block_segments(const Layer& l, const at::Tensor& x, const std::vector<at::Tensor>& kcs,
+                            const std::vector<at::Tensor>& vcs, const std::vector<int64_t>& starts,
+                            const std::vector<int64_t>& lengths, const at::Tensor& cos, const at::Tensor& sin) const {
+    const int64_t N = x.size(0), H = n_head_, Hkv = n_head_kv_, D = head_dim_;
+    const at::Tensor qkv = l.qkv(native::block_rms_norm(x, l.attn_norm, eps_));
+    const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({N, Hkv, D});
+    at::Tensor qk;
+    if (l.q_norm.has_value()) {
+      qk = at::cat({native::block_rms_norm(qkv.slice(1, 0, H * D).view({N, H, D}), *l.q_norm, eps_),
+                    native::block_rms_norm(qkv.slice(1, H * D, (H + Hkv) * D).view({N, Hkv, D}), *l.k_norm, eps_)},
+                   1);
+    } else {
+      qk = qkv.slice(1, 0, (H + Hkv) * D).view({N, H + Hkv, D});
+    }
+    const at::Tensor rotated = native::block_rope(qk, cos, sin, neox_);  // contiguous [N, H + Hkv, D]
+    std::vector<at::Tensor> outs;
+    outs.reserve(starts.size());
+    int64_t row = 0;
+    for (size_t s = 0; s < starts.size(); ++s) {
+      const int64_t n = lengths[s], start = starts[s];
+      write_cache(kcs[s], rotated.data_ptr<float>() + row * (H + Hkv) * D + H * D, (H + Hkv) * D, start, n);
+      write_cache(vcs[s], v.data_ptr<float>() + row * qkv.stride(0), qkv.stride(0), start, n);
+      const at::Tensor q = rotated.slice(0, row, row + n).slice(1, 0, H);
+      outs.push_back(native::block_attention(q, kcs[s].slice(1, 0, start + n), vcs[s].slice(1, 0, start + n), scale_));
+      row += n;
+    }
+    const at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    const at::Tensor h = l.o(o.view({N, H * D}), x);  // x + o(...)
     const at::Tensor gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_));
     return l.down(native::block_silu_mul(gate_up), h);  // h + down(...)
   }
@@ -141,5 +210,6 @@ TORCH_LIBRARY_FRAGMENT(QDOT_NAMESPACE, m) {
       .def(torch::init<int64_t, int64_t, int64_t, double, bool, double>())
       .def("add_layer", &DecoderStack::add_layer)
       .def("add_part", &DecoderStack::add_part)
-      .def("forward", &DecoderStack::forward);
+      .def("forward", &DecoderStack::forward)
+      .def("forward_batch", &DecoderStack::forward_batch);
 }

@@ -1,0 +1,175 @@
+"""Concurrent clients against a real server: aggregate and per-stream tokens/s, inter-token latency.
+
+    python -m benchmarks.serving --model target.gguf [--draft draft.gguf] [--levels 1,2,4,8] [--tokens 64]
+        [--rounds 2] [--parallel 8] [--vllm-url http://127.0.0.1:8000 --vllm-model NAME] [--markdown out.md]
+
+Starts ``tandem serve`` on a free loopback port with a fresh store, creates the plain model (``FROM``) and,
+with ``--draft``, the speculative pair (``FROM`` + ``DRAFT``), then for each round and each concurrency level
+C runs C clients at once, each streaming one greedy completion of ``--tokens`` tokens through
+``/v1/completions`` (a different prompt each: code, prose, lists). With ``--vllm-url`` the same requests go
+to that server too, in the same round, right after tandem's (vLLM's CPU build runs in its own virtualenv:
+start it yourself). Reported per (server, model, C), medians over rounds: aggregate tokens/s (all clients'
+tokens over the level's wall time), the median stream's tokens/s (first to last token), and p50/p95 of the
+gaps between a stream's tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from benchmarks.output import emit, host_line
+
+CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+PROMPTS = [
+    "Write a Python function `merge_intervals(intervals)` that merges overlapping intervals.",
+    "Write a short paragraph about the history of the printing press in Europe.",
+    "List twelve kitchen utensils, one per line, each with a short note on what it is for.",
+    "Write a bash script that backs up a directory to a dated tar.gz and keeps the last seven backups.",
+    "Explain the difference between a process and a thread, with an example in C.",
+    "Write a Python class implementing an LRU cache with get and put.",
+    "Describe how a city changes over four seasons, for a travel magazine.",
+    "Write a SQL query that finds the three best-selling products per month.",
+]
+
+
+def stream_completion(url: str, model: str, prompt: str, tokens: int) -> list[float]:
+    """The arrival time of every streamed token (a chunk's text counts as one token per chunk)."""
+    body = json.dumps({"model": model, "prompt": CHATML.format(prompt), "max_tokens": tokens, "temperature": 0,
+                       "stream": True, "seed": 1}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    times = []
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            choice = (json.loads(line[5:]).get("choices") or [{}])[0]
+            if choice.get("text"):
+                times.append(time.perf_counter())
+    return times
+
+
+def run_level(url: str, model: str, clients: int, tokens: int) -> dict:
+    arrivals: list[list[float]] = [[] for _ in range(clients)]
+
+    def client(i: int) -> None:
+        arrivals[i] = stream_completion(url, model, PROMPTS[i % len(PROMPTS)], tokens)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    total = sum(len(a) for a in arrivals)
+    per_stream = [(len(a) - 1) / (a[-1] - a[0]) for a in arrivals if len(a) > 1 and a[-1] > a[0]]
+    gaps = sorted(b - a for s in arrivals for a, b in zip(s, s[1:]))
+    pick = lambda q: gaps[min(len(gaps) - 1, int(q * len(gaps)))] * 1e3 if gaps else float("nan")  # noqa: E731
+    return {"aggregate": total / wall, "stream": statistics.median(per_stream) if per_stream else 0.0,
+            "p50_ms": pick(0.5), "p95_ms": pick(0.95), "tokens": total}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(home: Path, parallel: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = dict(os.environ, TANDEM_HOST=f"127.0.0.1:{port}", TANDEM_MODELS=str(home / "models"),
+               TANDEM_NUM_PARALLEL=str(parallel), TANDEM_KEEP_ALIVE="-1", TANDEM_CREATE_PATHS=str(home))
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=open(home / "serve.log", "w"))
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(url + "/api/version", timeout=1)
+            return proc, url
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"tandem serve did not start (see {home / 'serve.log'})")
+
+
+def create(url: str, name: str, modelfile: str) -> None:
+    body = json.dumps({"model": name, "modelfile": modelfile, "stream": False}).encode()
+    req = urllib.request.Request(url + "/api/create", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        r.read()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--levels", default="1,2,4,8")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=8, help="TANDEM_NUM_PARALLEL for the server")
+    ap.add_argument("--vllm-url")
+    ap.add_argument("--vllm-model")
+    ap.add_argument("--markdown")
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",") if x]
+    home = Path(tempfile.mkdtemp(prefix="tandem-serving-"))
+    for src in filter(None, (args.model, args.draft)):
+        shutil.copy(src, home / Path(src).name) if not (home / Path(src).name).exists() else None
+    proc, url = start_server(home, args.parallel)
+    cells: dict[tuple[str, str, int], list[dict]] = {}
+    try:
+        models = {"plain": f"FROM {home / Path(args.model).name}\n"}
+        if args.draft:
+            models["draft"] = models["plain"] + f"DRAFT {home / Path(args.draft).name}\n"
+        for name, mf in models.items():
+            create(url, name, mf)
+        targets = [("tandem", url, name) for name in models]
+        if args.vllm_url:
+            targets.append(("vllm", args.vllm_url, args.vllm_model or "model"))
+        for server, u, name in targets:  # warm: load, compile kernel shapes
+            run_level(u, name, 1, 8)
+        for rnd in range(args.rounds):
+            for c in levels:
+                for server, u, name in targets:
+                    cells.setdefault((server, name, c), []).append(run_level(u, name, c, args.tokens))
+                    print(f"round {rnd + 1} C={c} {server}/{name} done", file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    lines = ["# Concurrent clients through the server", "", host_line(int(os.environ.get("OMP_NUM_THREADS", 0))
+                                                                       or os.cpu_count() or 1), "",
+             f"`python -m benchmarks.serving --model {Path(args.model).name}"
+             + (f" --draft {Path(args.draft).name}" if args.draft else "")
+             + f" --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}"
+             + (" --vllm-url ..." if args.vllm_url else "") + "`", "",
+             "| server | model | clients | aggregate tok/s | × 1 client | stream tok/s (median) | p50 gap ms | "
+             "p95 gap ms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for (server, name, c), runs in cells.items():
+        agg = statistics.median(r["aggregate"] for r in runs)
+        one = statistics.median(r["aggregate"] for r in cells.get((server, name, levels[0]), runs))
+        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | "
+                     f"{statistics.median(r['stream'] for r in runs):.1f} | "
+                     f"{statistics.median(r['p50_ms'] for r in runs):.0f} | "
+                     f"{statistics.median(r['p95_ms'] for r in runs):.0f} |")
+    emit(lines, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""Sequence slots: what one sequence of a loaded model owns while the model serves several at once.
+
+A slot is a KV cache region of the load's ``num_ctx`` (one per slot, allocated at load: admission never runs
+out of cache mid-request), the drafters with state of their own over the shared weights (a draft model's
+cache, an MTP head's, the n-gram index), and the depth controllers' learned acceptance. The verification
+costs stay one table per target: a forward's price belongs to the machine, whichever slot paid it.
+
+A request takes the free slot whose cache shares the longest prefix with its prompt (a chat's next turn finds
+its own slot's cache), else the one used least recently, so that a new conversation does not evict the one
+that just spoke.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from engine.cache.kv import KVCache
+from engine.process.protocol import EngineError
+from engine.speculative.depth import AdaptiveDepth
+from engine.speculative.drafter import Drafter
+
+
+@dataclass
+class SequenceSlot:
+    index: int
+    cache: KVCache
+    drafters: dict[str, Drafter]
+    controllers: dict[str, AdaptiveDepth] = field(default_factory=dict)
+    busy: bool = False
+    used_at: int = 0  # when it last started a request (a counter)
+
+
+class SlotPool:
+    """The slots of one loaded model; ``acquire`` and ``release`` may be called from any thread."""
+
+    def __init__(self, slots: Sequence[SequenceSlot]):
+        if not slots:
+            raise ValueError("a slot pool needs at least one slot")
+        self.slots = list(slots)
+        self._lock = threading.Lock()
+        self._clock = 0
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def busy(self) -> int:
+        with self._lock:
+            return sum(s.busy for s in self.slots)
+
+    def acquire(self, tokens: Sequence[int]) -> SequenceSlot:
+        """The free slot that reuses the most of ``tokens`` (then the least recently used), marked busy; an
+        ``EngineError`` (503) when every slot is busy (the server admits at most as many requests as slots)."""
+        with self._lock:
+            free = [s for s in self.slots if not s.busy]
+            if not free:
+                raise EngineError(f"all {len(self.slots)} sequence slots are busy", 503)
+            slot = max(free, key=lambda s: (s.cache.common_prefix(list(tokens)), -s.used_at))
+            self._clock += 1
+            slot.busy, slot.used_at = True, self._clock
+            return slot
+
+    def release(self, slot: SequenceSlot) -> None:
+        with self._lock:
+            slot.busy = False

@@ -1,0 +1,312 @@
+"""Several sequences at once (engine.batching, issue 34): one forward over every sequence's rows, each
+attending to its own cache; concurrent requests get what they would get alone; the step barrier survives
+sequences that join, leave, fail or are cancelled."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import tests.hf_tiny as hf_tiny
+import tests.hf_tiny_qwen35 as hf_tiny_qwen35
+from engine.batching.arbiter import BatchedModel, ForwardArbiter
+from engine.batching.slots import SequenceSlot, SlotPool
+from engine.models.loader import load_model
+from engine.process.protocol import EngineError, LoadSpec
+from engine.runtime import ModelRuntime
+from tests.engine.speculative.test_speculation import PROMPT, generate, write_model
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
+
+PROMPTS = [PROMPT, "Once upon a time", "1, 2, 3, 4,", "hello world hello", "import os\nimport", "the cat"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    torch.set_num_threads(1)
+    d = tmp_path_factory.mktemp("batching")
+    return {
+        "llama": write_model(d, "llama", 0),
+        "random": write_model(d, "random", 3),
+        "gemma": write_model(d, "gemma", 2, arch="gemma3", n_layer=3,
+                             extra_metadata={"gemma3.attention.sliding_window_pattern": 2,
+                                             "gemma3.attention.sliding_window": 4}),
+        "moe": hf_tiny.make_pair("qwen3moe", d).path,
+        "qwen2-q8": write_tiny_gguf(d / "q8.gguf", TinySpec(arch="qwen2", dtype="Q8_0", tied_output=False, seed=3)),
+        "qwen35": hf_tiny_qwen35.make_pair(d, n_layer=4).path,
+    }
+
+
+class Call:
+    def __init__(self, tokens, cache, logits_for="all", return_hidden=False):
+        self.tokens, self.cache, self.logits_for, self.return_hidden = tokens, cache, logits_for, return_hidden
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma", "moe", "qwen2-q8"])
+def test_one_forward_over_several_sequences_is_each_ones_forward(models, arch):
+    """Ragged sequences (a prefill, a decode step, a verification of 4, after prefixes of other lengths), in one
+    forward and each alone: the same logits and caches. gemma3's sliding window and qwen3moe's routing included;
+    qwen2 in qdot runs the native stack's multi-sequence pass (decoder.cpp forward_batch)."""
+    native = arch == "qwen2-q8"
+    model = load_model(models[arch], fmt="qdot" if native else "f32")
+    if native and model.fused_stack() is None:
+        pytest.skip("the native decoder stack is not built here")
+    try:
+        vocab = model.config.vocab_size
+        g = torch.Generator().manual_seed(0)
+        prefixes = [[], torch.randint(0, vocab, (6,), generator=g).tolist(),
+                    torch.randint(0, vocab, (9,), generator=g).tolist()]
+        news = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 1, 4)]
+        modes = ["last", "all", "all"]
+        alone, batched = [], []
+        for pre, new, mode in zip(prefixes, news, modes):
+            for out in (alone, batched):
+                cache = model.new_cache(64)
+                if pre:
+                    model.forward(pre, cache, logits_for="none")
+                out.append(cache)
+        want = [model.forward(new, c, logits_for=m) for new, c, m in zip(news, alone, modes)]
+        got = model.forward_batch([Call(new, c, m) for new, c, m in zip(news, batched, modes)])
+        for w, o, ca, cb in zip(want, got, alone, batched):
+            assert o.shape == w.shape
+            torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)
+            assert ca.length == cb.length and ca.tokens == cb.tokens
+        # the caches hold what each alone would: the next step agrees too
+        nxt = [model.forward([3], c, logits_for="last") for c in alone]
+        got = model.forward_batch([Call([3], c, "last") for c in batched])
+        for w, o in zip(nxt, got):
+            torch.testing.assert_close(o, w, rtol=1e-4, atol=1e-4)
+    finally:
+        model.close()
+
+
+def engine(path, draft=None, n=4, num_ctx=128) -> ModelRuntime:
+    return ModelRuntime.load(LoadSpec(model_path=str(path), draft_path=str(draft) if draft else None, num_ctx=num_ctx,
+                                      weight_format="f32", draft_weight_format="f32", device="cpu",
+                                      num_parallel=n))
+
+
+def concurrently(fn, n):
+    out, errors = [None] * n, []
+
+    def run(i):
+        try:
+            out[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return out
+
+
+MIXED = [dict(drafter="none"), dict(drafter="model", draft_num_predict=3), dict(drafter="ngram", draft_num_predict=4),
+         {}, dict(format="json"), dict(drafter="model", draft_num_predict=2, draft_schedule="fixed")]
+
+
+def test_concurrent_greedy_requests_get_what_they_get_alone(models):
+    """Plain, draft model, n-gram, the defaults (adaptive, copy), a JSON-constrained request: six at once on four
+    slots (two wait for a slot and join as others leave), each the tokens it gets alone."""
+    eng = engine(models["llama"], models["random"])
+    assert eng.num_parallel == 4 and eng.facts.num_parallel == 4
+
+    def run(i):
+        opts = dict(MIXED[i])
+        fmt = opts.pop("format", None)
+        return generate(eng, PROMPTS[i], temperature=0, num_predict=24, request={"format": fmt} if fmt else None,
+                        **opts).tokens
+
+    alone = [run(i) for i in range(len(MIXED))]
+    pool = threading.Semaphore(4)
+
+    def limited(i):
+        with pool:
+            return run(i)
+
+    assert concurrently(limited, len(MIXED)) == alone
+    assert eng.arbiter.rows > eng.arbiter.steps  # forwards did carry several sequences' rows
+
+
+def test_a_seed_gives_the_same_sample_in_a_batch_as_alone(models):
+    """Each sequence samples with its own seeded generators from its own rows: batching changes nothing. (Fixed
+    depths: an adaptive depth follows the clock, and a different depth draws a different number of uniforms.)"""
+    eng = engine(models["llama"], models["random"])
+    fixed = [dict(drafter="none"), dict(drafter="model", draft_num_predict=3, draft_schedule="fixed"),
+             dict(drafter="ngram", draft_num_predict=4, draft_schedule="fixed")]
+
+    def run(i):
+        return generate(eng, PROMPTS[i], temperature=0.9, seed=100 + i, num_predict=20, **fixed[i % 3]).tokens
+
+    alone = [run(i) for i in range(4)]
+    assert concurrently(run, 4) == alone
+
+
+def test_a_hybrid_model_serves_several_sequences(models):
+    """qwen35's recurrent layers keep one sequence's state per forward: its sequences share the step barrier
+    and run one after another within it, each with its own cache and snapshots."""
+    eng = engine(models["qwen35"], n=3)
+    run = lambda i: generate(eng, PROMPTS[i], temperature=0, num_predict=12, drafter="ngram",  # noqa: E731
+                             draft_num_predict=3).tokens
+    alone = [run(i) for i in range(3)]
+    assert concurrently(run, 3) == alone
+
+
+def test_cancelling_one_sequence_leaves_the_others_untouched(models):
+    eng = engine(models["llama"], models["random"])
+    alone = generate(eng, PROMPTS[1], temperature=0, num_predict=30, drafter="model").tokens
+    stop = threading.Event()
+
+    def run(i):
+        if i == 0:
+            n = [0]
+
+            def should_stop():
+                n[0] += 1
+                return n[0] > 3
+            return generate(eng, PROMPTS[0], temperature=0, num_predict=100, should_stop=should_stop)
+        return generate(eng, PROMPTS[1], temperature=0, num_predict=30, drafter="model").tokens
+
+    cancelled, other = concurrently(run, 2)
+    stop.set()
+    assert cancelled.result.done_reason == "stop" and cancelled.result.eval_count < 100
+    assert other == alone
+    # the cancelled slot is clean: its next request reuses its cache and gets the plain answer
+    again = generate(eng, PROMPTS[0], temperature=0, num_predict=10, drafter="none")
+    assert again.tokens == generate(engine(models["llama"], n=1), PROMPTS[0], temperature=0, num_predict=10,
+                                    drafter="none").tokens
+
+
+def test_a_slot_is_chosen_for_its_prefix_and_all_busy_is_refused():
+    class Cache:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def common_prefix(self, tokens):
+            n = 0
+            while n < min(len(tokens), len(self.tokens)) and tokens[n] == self.tokens[n]:
+                n += 1
+            return n
+
+    pool = SlotPool([SequenceSlot(0, Cache([1, 2, 3]), {}), SequenceSlot(1, Cache([7, 8, 9, 10]), {})])
+    a = pool.acquire([7, 8, 9, 11])
+    assert a.index == 1
+    b = pool.acquire([7, 8])
+    assert b.index == 0  # the only one free
+    with pytest.raises(EngineError) as e:
+        pool.acquire([1])
+    assert e.value.status == 503
+    pool.release(a)
+    assert pool.acquire([5]).index == 1
+
+
+def test_a_failing_batch_fails_each_of_its_sequences_and_the_barrier_goes_on():
+    runs = []
+
+    def run_batch(model, calls):
+        runs.append([c.tokens for c in calls])
+        if any(c.tokens == [13] for c in calls):
+            raise RuntimeError("kernel failure")
+        return [sum(c.tokens) for c in calls]
+
+    arbiter = ForwardArbiter(run_batch)
+    target = BatchedModel(object(), arbiter, draft=False)
+    results: dict[int, object] = {}
+
+    def seq(i, tokens_seq):
+        try:  # joined below, before any starts: the first step then waits for all three
+            out = []
+            for tokens in tokens_seq:
+                try:
+                    out.append(target.forward(tokens, None))
+                except RuntimeError as e:
+                    out.append(str(e))
+                    break
+            results[i] = out
+        finally:
+            arbiter.leave()
+
+    threads = [threading.Thread(target=seq, args=(0, [[1], [2], [3]])),
+               threading.Thread(target=seq, args=(1, [[4], [13], [5]])),
+               threading.Thread(target=seq, args=(2, [[6, 7]]))]
+    for t in threads:
+        arbiter.join()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert not any(t.is_alive() for t in threads)
+    assert results[1] == [4, "kernel failure"]
+    assert results[0] == [1, 2, 3] and results[2] == [13]  # the failure stayed in its own step
+    # the first step carried all three sequences' rows; the second failed and was run again one at a time
+    assert sorted(runs[0]) == [[1], [4], [6, 7]] and sorted(runs[1]) == [[2], [13]]
+    assert sorted(runs[2:4]) == [[[2]], [[13]]] and runs[4] == [[3]]
+
+
+def test_draft_forwards_run_before_the_verifications_that_wait():
+    """One sequence drafts two tokens while another waits at its plain step: the drafts run first, and the
+    plain step shares a forward with the drafting sequence's verification."""
+    order = []
+
+    def run_batch(model, calls):
+        order.append((model, len(calls)))
+        return [None] * len(calls)
+
+    arbiter = ForwardArbiter(run_batch)
+    target, draft = BatchedModel("target", arbiter, draft=False), BatchedModel("draft", arbiter, draft=True)
+
+    def drafting():
+        try:
+            draft.forward([1], None)
+            draft.forward([2], None)
+            target.forward([1, 2, 3], None)
+        finally:
+            arbiter.leave()
+
+    def plain():
+        try:
+            target.forward([9], None)
+        finally:
+            arbiter.leave()
+
+    arbiter.join()
+    arbiter.join()
+    threads = [threading.Thread(target=drafting), threading.Thread(target=plain)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert order == [("draft", 1), ("draft", 1), ("target", 2)]
+    assert arbiter.steps == 1 and arbiter.rows == 4
+
+
+def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_streams(models):
+    """A ~200-token prompt joins two running streams: it is evaluated 64 tokens a step, so no step of the running
+    streams carries more than 64 of its rows, and every output is what it is alone."""
+    eng = engine(models["llama"], n=3, num_ctx=256)
+    long_prompt = " ".join(["word"] * 42)  # a token a byte
+    assert 192 < len(eng.tokenize(long_prompt)) < 240, len(eng.tokenize(long_prompt))
+    rows: list[list[int]] = []
+    run_batch = eng.arbiter.run_batch
+
+    def recording(model, calls):
+        rows.append([len(c.tokens) for c in calls])
+        return run_batch(model, calls)
+
+    def run(i):
+        if i == 2:
+            return generate(eng, long_prompt, temperature=0, num_predict=8, drafter="none").tokens
+        return generate(eng, PROMPTS[i], temperature=0, num_predict=60, drafter="none").tokens
+
+    alone = [run(i) for i in range(3)]
+    eng = engine(models["llama"], n=3, num_ctx=256)  # a fresh one: the long prompt is not cached in any slot
+    run_batch = eng.arbiter.run_batch
+    eng.arbiter.run_batch = recording
+    assert concurrently(run, 3) == alone
+    shared = [r for r in rows if len(r) > 1]
+    assert shared and max(max(r) for r in shared) <= 64
+    assert sum(1 for r in rows if 64 in r) >= 3  # the long prompt went in chunks, beside the others
