@@ -450,6 +450,8 @@ class AdaptiveDepth:
             every *= 2 ** min(self._plain_probes, 3)
         if best > 0:
             self._plain_probes = 0
+        if best == 0 and self._sharing() > 1:
+            return 0  # settled on plain in a batch: a probe's drafting and catch-up would hold up every sequence
         if every > 0 and self.step % every == 0:
             if best == 0:
                 # the text's own first probes catch up a few tokens each; later ones would pay for every
