@@ -47,6 +47,14 @@ def _error_message(exc: BaseException) -> tuple[str, int]:
     return "engine error: internal error (see the server log)", 500
 
 
+def _reported(exc: BaseException) -> tuple[str, int]:
+    """What a client sees of ``exc`` (``_error_message``), after the traceback of anything that is not an
+    ``EngineError`` went to the engine's stderr (every one's, with TANDEM_DEBUG)."""
+    if os.environ.get("TANDEM_DEBUG") or not isinstance(exc, EngineError):
+        traceback.print_exc()
+    return _error_message(exc)
+
+
 class _Sender:
     """The pipe's sending end, shared by the main loop and the heartbeat thread: a large message is
     written in more than one piece, so the two must never interleave."""
@@ -93,9 +101,7 @@ class _Generations:
         except (BrokenPipeError, ConnectionResetError):
             pass
         except BaseException as exc:  # report, keep serving: one bad request must not end the engine
-            if os.environ.get("TANDEM_DEBUG") or not isinstance(exc, EngineError):
-                traceback.print_exc()
-            message, status = _error_message(exc)
+            message, status = _reported(exc)
             try:
                 self._out.send(("failed", rid, message, status))
             except (BrokenPipeError, ConnectionResetError, OSError):
@@ -178,9 +184,7 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
         except (BrokenPipeError, ConnectionResetError):
             return
         except BaseException as exc:  # report, keep serving: one bad request must not end the engine
-            if os.environ.get("TANDEM_DEBUG") or not isinstance(exc, EngineError):
-                traceback.print_exc()
-            message, status = _error_message(exc)
+            message, status = _reported(exc)
             try:
                 out.send(("error", message, status))
             except (BrokenPipeError, ConnectionResetError):
