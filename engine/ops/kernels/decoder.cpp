@@ -127,33 +127,14 @@ class DecoderStack : public torch::CustomClassHolder {
   }
 
  private:
-  // engine.models.layers.Block.forward with Attention.forward and FeedForward.forward, op for op.
+  // engine.models.layers.Block.forward with Attention.forward and FeedForward.forward, op for op: one segment.
   at::Tensor block(const Layer& l, const at::Tensor& x, const at::Tensor& kc, const at::Tensor& vc, int64_t start,
                    const at::Tensor& cos, const at::Tensor& sin) const {
-    const int64_t n = x.size(0), H = n_head_, Hkv = n_head_kv_, D = head_dim_;
-    const at::Tensor qkv = l.qkv(native::block_rms_norm(x, l.attn_norm, eps_));
-    const at::Tensor v = qkv.slice(1, (H + Hkv) * D).view({n, Hkv, D});
-    at::Tensor qk;
-    if (l.q_norm.has_value()) {
-      qk = at::cat({native::block_rms_norm(qkv.slice(1, 0, H * D).view({n, H, D}), *l.q_norm, eps_),
-                    native::block_rms_norm(qkv.slice(1, H * D, (H + Hkv) * D).view({n, Hkv, D}), *l.k_norm, eps_)},
-                   1);
-    } else {
-      qk = qkv.slice(1, 0, (H + Hkv) * D).view({n, H + Hkv, D});
-    }
-    const at::Tensor rotated = native::block_rope(qk, cos, sin, neox_);  // contiguous [n, H + Hkv, D]
-    const at::Tensor q = rotated.slice(1, 0, H);
-    write_cache(kc, rotated.data_ptr<float>() + H * D, (H + Hkv) * D, start, n);
-    write_cache(vc, v.data_ptr<float>(), qkv.stride(0), start, n);
-    const at::Tensor keys = kc.slice(1, 0, start + n), values = vc.slice(1, 0, start + n);
-    const at::Tensor o = native::block_attention(q, keys, values, scale_);  // causal: [n, H, D]
-    const at::Tensor h = l.o(o.view({n, H * D}), x);  // x + o(...)
-    const at::Tensor gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_));
-    return l.down(native::block_silu_mul(gate_up), h);  // h + down(...)
+    return block_segments(l, x, {kc}, {vc}, {start}, {x.size(0)}, cos, sin);
   }
 
-  // block() over several sequences' rows: everything row-wise over all rows, the cache writes and the
-  // attention per segment (the same kernels, so each segment's rows get what block() gives them alone).
+  // A block over several sequences' rows: everything row-wise over all rows, the cache writes and the
+  // attention per segment (the same kernels, so each segment's rows get what they get alone).
   at::Tensor block_segments(const Layer& l, const at::Tensor& x, const std::vector<at::Tensor>& kcs,
                             const std::vector<at::Tensor>& vcs, const std::vector<int64_t>& starts,
                             const std::vector<int64_t>& lengths, const at::Tensor& cos, const at::Tensor& sin) const {
