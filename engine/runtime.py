@@ -110,6 +110,7 @@ class ModelRuntime:
                 for d in slot.drafters.values():
                     if isinstance(d, DraftModelDrafter):
                         d.model = BatchedModel(d.model, self.arbiter, draft=True)
+                        d.lazy_prompt = True
         self.slots = SlotPool(slots) if slots else None
         # Learned per drafter kind, kept for the lifetime of the loaded model (slot 0's; each slot has its own).
         self.controllers: dict[str, AdaptiveDepth] = slots[0].controllers if slots else {}

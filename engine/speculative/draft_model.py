@@ -33,6 +33,10 @@ class DraftModelDrafter(Drafter):
         self.vocab_size = vocab_size
         self.prefill_chunk = prefill_chunk
         self.corrected = 0  # drafts the full head replaced (a pruned head's misses), since load
+        # Evaluate a request's prompt at its first proposal instead of in ``begin`` (engine.runtime sets it for
+        # a model serving several sequences: there the prompt's draft forward is a step every other sequence
+        # waits for, and under load the controller rarely drafts at all)
+        self.lazy_prompt = False
 
     def _include(self, tokens: Sequence[int]) -> None:
         """A pruned head (``draft_vocab``) scores the request's own tokens too."""
@@ -51,7 +55,8 @@ class DraftModelDrafter(Drafter):
         # only at the lengths it recorded, so not necessarily the whole common prefix.
         self.cache.reuse_prefix(self.tokens)
         # Evaluate the prompt now (counted with the prompt), not inside the first round's timing.
-        self._forward_tail(upto=len(self.tokens) - 1, want_logits=False)
+        if not self.lazy_prompt:
+            self._forward_tail(upto=len(self.tokens) - 1, want_logits=False)
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         super().commit(tokens_committed, n_total, target)
@@ -118,7 +123,10 @@ class DraftModelDrafter(Drafter):
         self.cache.reset()
 
     def fork(self, target_cache) -> "DraftModelDrafter":
-        return DraftModelDrafter(self.model, self.cache.capacity, self.vocab_size, self.prefill_chunk, self.fuse_tokens)
+        forked = DraftModelDrafter(self.model, self.cache.capacity, self.vocab_size, self.prefill_chunk,
+                                   self.fuse_tokens)
+        forked.lazy_prompt = self.lazy_prompt
+        return forked
 
     def memory_bytes(self) -> int:
         return model_bytes(self.model) + self.cache.nbytes()
