@@ -173,9 +173,7 @@ class Model(nn.Module):
         step = self._step(start, n, logits_for)
         rope = step.rope
 
-        x = self.embed(ids).to(self.dtype)
-        if self._embed_scale is not None:
-            x = x * torch.tensor(self._embed_scale, dtype=self.dtype)
+        x = self._embed(ids)
         if self.per_layer_input is not None:
             step.per_layer = self.per_layer_input(ids, x)
         fused = self.fused_stack() if type(cache) is KVCache and step.per_layer is None else None
@@ -202,6 +200,13 @@ class Model(nn.Module):
         rope["local"] = rope["global"] if self.rope_local is self.rope_global else \
             self.rope_local.get(start, n, device, self.dtype)
         return ForwardStep(start, n, rope, masks, key_start, self.block_ops, rollback=logits_for == "all")
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Embedding rows of ``ids`` in the compute dtype, scaled where the model scales them (gemma)."""
+        x = self.embed(ids).to(self.dtype)
+        if self._embed_scale is not None:
+            x = x * torch.tensor(self._embed_scale, dtype=self.dtype)
+        return x
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.output(hidden).float()
@@ -235,9 +240,7 @@ class Model(nn.Module):
             ids.extend(int(t) for t in c.tokens)
             row += n
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
-        x = self.embed(ids_t).to(self.dtype)
-        if self._embed_scale is not None:
-            x = x * torch.tensor(self._embed_scale, dtype=self.dtype)
+        x = self._embed(ids_t)
         fused = self.fused_stack() if self.per_layer_input is None and \
             all(type(c.cache) is KVCache for c in calls) else None
         if fused is not None:  # the same blocks, one native call over every segment
