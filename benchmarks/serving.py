@@ -45,13 +45,14 @@ PROMPTS = [
 ]
 
 
-def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int]:
-    """The arrival time of every streamed chunk with text, and the completion's token count (the usage the
-    server reports: a speculative round streams several tokens in one chunk)."""
+def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int, tuple[int, int]]:
+    """The arrival time of every streamed chunk with text, the completion's token count (the usage the
+    server reports: a speculative round streams several tokens in one chunk), and the tokens tandem drafted
+    and accepted for it (its ``speculative_decoding`` statistics; 0, 0 from another server)."""
     body = json.dumps({"model": model, "prompt": CHATML.format(prompt), "max_tokens": tokens, "temperature": 0,
                        "stream": True, "seed": 1, "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    times, count = [], 0
+    times, count, drafted = [], 0, (0, 0)
     with urllib.request.urlopen(req, timeout=1800) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -60,18 +61,22 @@ def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[l
             event = json.loads(line[5:])
             if event.get("usage"):
                 count = int(event["usage"].get("completion_tokens") or 0)
+            spec = event.get("speculative_decoding")
+            if spec:
+                drafted = (int(spec.get("draft_n") or 0), int(spec.get("draft_n_accepted") or 0))
             choice = (event.get("choices") or [{}])[0]
             if choice.get("text"):
                 times.append(time.perf_counter())
-    return times, count or len(times)
+    return times, count or len(times), drafted
 
 
 def run_level(url: str, model: str, clients: int, tokens: int) -> dict:
     arrivals: list[list[float]] = [[] for _ in range(clients)]
     counts = [0] * clients
+    drafted = [(0, 0)] * clients
 
     def client(i: int) -> None:
-        arrivals[i], counts[i] = stream_completion(url, model, PROMPTS[i % len(PROMPTS)], tokens)
+        arrivals[i], counts[i], drafted[i] = stream_completion(url, model, PROMPTS[i % len(PROMPTS)], tokens)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     t0 = time.perf_counter()
@@ -88,7 +93,7 @@ def run_level(url: str, model: str, clients: int, tokens: int) -> dict:
     pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")  # noqa: E731
     return {"aggregate": total / wall, "stream": statistics.median(rates) if rates else 0.0,
             "itl_p50_ms": pick(itl, 0.5), "itl_p95_ms": pick(itl, 0.95), "gap_p95_ms": pick(gaps, 0.95) * 1e3,
-            "tokens": total}
+            "tokens": total, "drafted": sum(d for d, _ in drafted), "accepted": sum(a for _, a in drafted)}
 
 
 def free_port() -> int:
@@ -167,16 +172,25 @@ def main(argv: list[str] | None = None) -> int:
              + (f" --draft {Path(args.draft).name}" if args.draft else "")
              + f" --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}"
              + (" --vllm-url ..." if args.vllm_url else "") + "`", "",
-             "| server | model | clients | aggregate tok/s | × 1 client | stream tok/s (median) | inter-token ms p50 | "
-             "p95 | chunk gap p95 ms |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "× plain: the median over rounds of this model's aggregate over the plain model's in the same round "
+             "(the host drifts between rounds). drafted (accepted): tokens drafted for all the level's streams, "
+             "per round.", "",
+             "| server | model | clients | aggregate tok/s | × 1 client | × plain | stream tok/s (median) | "
+             "inter-token ms p50 | p95 | chunk gap p95 ms | drafted (accepted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (server, name, c), runs in cells.items():
         agg = statistics.median(r["aggregate"] for r in runs)
         one = statistics.median(r["aggregate"] for r in cells.get((server, name, levels[0]), runs))
-        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | "
+        plain = cells.get((server, "plain", c)) if server == "tandem" and name != "plain" else None
+        paired = f"{statistics.median(r['aggregate'] / p['aggregate'] for r, p in zip(runs, plain)):.2f}" \
+            if plain else ""
+        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | {paired} | "
                      f"{statistics.median(r['stream'] for r in runs):.1f} | "
                      f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | "
                      f"{statistics.median(r['itl_p95_ms'] for r in runs):.0f} | "
-                     f"{statistics.median(r['gap_p95_ms'] for r in runs):.0f} |")
+                     f"{statistics.median(r['gap_p95_ms'] for r in runs):.0f} | "
+                     f"{sum(r['drafted'] for r in runs) / len(runs):.0f} "
+                     f"({sum(r['accepted'] for r in runs) / len(runs):.0f}) |")
     emit(lines, args.markdown)
     return 0
 

@@ -102,7 +102,8 @@ class ModelRuntime:
         self.arbiter: ForwardArbiter | None = None
         slots = [SequenceSlot(0, parts.cache, parts.drafters)] if parts.cache is not None else []
         if parts.num_parallel > 1 and parts.cache is not None:
-            self.arbiter = ForwardArbiter(run_batch=lambda model, calls: model.forward_batch(calls))
+            self.arbiter = ForwardArbiter(run_batch=lambda model, calls: model.forward_batch(calls),
+                                          on_step=self._verify_times.add)
             for i in range(1, parts.num_parallel):
                 cache = self.target.new_cache(parts.cache.capacity)
                 slots.append(SequenceSlot(i, cache, {k: d.fork(cache) for k, d in parts.drafters.items()}))

@@ -22,6 +22,7 @@ again one sequence at a time, so that only the sequence whose forward fails alon
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -49,6 +50,10 @@ class ForwardArbiter:
     """The step barrier of the sequences one loaded model serves (see the module doc)."""
 
     run_batch: BatchRunner
+    # Told (total rows, seconds) after each target step of single rows and verifications, the width table the
+    # depth controllers price a batch's steps by (AdaptiveDepth.cost). Steps that carry a prompt chunk
+    # are left out: its rows compute no logits and would price every width wider than what verifying costs.
+    on_step: Callable[[int, float], None] | None = None
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _active: int = 0
     _pending: list[ForwardCall] = field(default_factory=list)
@@ -102,6 +107,8 @@ class ForwardArbiter:
             for c in group:
                 self._pending.remove(c)
         try:
+            started = time.perf_counter()
+            failed = False
             by_model: dict[int, list[ForwardCall]] = {}
             for c in group:
                 by_model.setdefault(id(c.model), []).append(c)
@@ -111,6 +118,7 @@ class ForwardArbiter:
                     for c, r in zip(calls, results):
                         c.result = r
                 except BaseException as e:
+                    failed = True
                     if len(calls) == 1:
                         calls[0].error = e
                         continue
@@ -122,14 +130,22 @@ class ForwardArbiter:
                         except BaseException as alone:  # noqa: BLE001 - the sequence's own error
                             c.error = alone
             if not drafts:
+                width = sum(len(c.tokens) for c in group)
                 self.steps += 1
-                self.rows += sum(len(c.tokens) for c in group)
+                self.rows += width
+                if self.on_step is not None and not failed and all(_decoding(c) for c in group):
+                    self.on_step(width, time.perf_counter() - started)
         finally:
             with self._cond:
                 for c in group:
                     c.done = True
                 self._running = False
                 self._cond.notify_all()
+
+
+def _decoding(call: ForwardCall) -> bool:
+    """A decode step's row or a verification's rows (logits for every row), not a prompt chunk."""
+    return len(call.tokens) == 1 or call.logits_for == "all"
 
 
 class BatchedModel:

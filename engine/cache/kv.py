@@ -95,6 +95,8 @@ class KVCache:
         """Length of the longest common prefix of the cached token ids and ``tokens``."""
         n = min(len(tokens), self.length)
         cached = self.tokens
+        if cached[:n] == list(tokens[:n]):  # the usual case (every decode step asks), compared at C speed
+            return n
         i = 0
         while i < n and cached[i] == tokens[i]:
             i += 1

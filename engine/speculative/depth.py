@@ -73,6 +73,7 @@ The state lives on the ModelRuntime, one controller per loaded model and drafter
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
@@ -173,17 +174,25 @@ class WidthCosts:
     times: dict[int, RecentTimes] = field(default_factory=dict)
     count: int = 0  # observations so far; each sample is stamped with it
     _points: dict[int, float] | None = None
+    # Serving several sequences, the batch's forwards add samples from whichever sequence's thread ran the
+    # step while other sequences' controllers may be pricing depths.
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return bool(self.times)
 
     def add(self, width: int, seconds: float) -> None:
-        self.count += 1
-        self.times.setdefault(width, RecentTimes()).add(seconds, self.count)
-        self._points = None
+        with self._lock:
+            self.count += 1
+            self.times.setdefault(width, RecentTimes()).add(seconds, self.count)
+            self._points = None
 
     def points(self) -> dict[int, float]:
         """Width -> estimated seconds, for each width with a recent sample, non-decreasing in width."""
+        with self._lock:
+            return self._fresh_points()
+
+    def _fresh_points(self) -> dict[int, float]:
         if self._points is None:
             since = self.count - self.max_age + 1
             fresh = []  # (width, estimate, fresh samples), by width
@@ -239,7 +248,9 @@ class AdaptiveDepth:
     # How many sequences share each forward now (engine.batching; None: this one alone). What a sequence
     # adds to a batch's step, its drafting and its verification rows beyond the first, every sequence of
     # the batch waits for (``cost``). With many busy sequences drafting then rarely pays, and the
-    # controller decodes plainly.
+    # controller decodes plainly. Sharing forwards, a step's wall time is the batch's (its width is every
+    # sequence's rows, and it includes waiting for the others): ``verify_times`` is then fed by whoever
+    # runs the batched forwards, by their total width (engine.batching.arbiter's ``on_step``), not here.
     load: Callable[[], int] | None = None
     cost_model: CostModel | None = None
 
@@ -278,8 +289,10 @@ class AdaptiveDepth:
             seconds, drafting = self.cost_model(depth, n_drafted), 0.0
         drafting = min(max(drafting, 0.0), seconds)
         # The verification width is what was drafted, not what was asked: an n-gram miss or a
-        # draft_p_min stop verifies fewer tokens and costs less.
-        self.verify_times.add(n_drafted + 1, seconds - drafting)
+        # draft_p_min stop verifies fewer tokens and costs less. A step shared with other sequences was
+        # as wide as all their rows together and waited for them: the batch records it (``load``).
+        if self.load is None:
+            self.verify_times.add(n_drafted + 1, seconds - drafting)
         if n_drafted > 0:
             self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
         self._measured_at[n_drafted] = self.step
@@ -386,19 +399,24 @@ class AdaptiveDepth:
         return max(1, self.load()) if self.load is not None else 1
 
     def cost(self, k: int) -> float | None:
-        """Expected wall time of a step at depth k: verification over k + 1 tokens plus k drafts. Sharing
-        each forward with ``B`` sequences (``load``), what depth k adds to the batch's step (its drafting
-        and its extra rows) delays all B of them, so it counts B times: ``v(1) + B (v(k+1) - v(1) + d(k))``.
-        Then drafting beats plain decoding exactly when it raises the batch's tokens per second: with a
-        step of time T, the tokens gained g must exceed B times the time added over T."""
-        v = self.verify_cost(k + 1)
-        if v is None:
-            return None
+        """Expected wall time of a step at depth k: verification over k + 1 tokens plus k drafts.
+
+        Sharing each forward with ``B - 1`` other sequences (``load``), taken to decode one row each, a
+        plain step is a forward over B rows, ``T = v(B)``, and depth k adds ``D = v(B + k) - v(B) + d(k)``
+        (its extra rows and its drafting) to a step that all B sequences wait for, so it counts B times:
+        ``cost(k) = T + B D``. Then ``E[committed(k)] / cost(k) > 1 / T`` exactly when drafting raises the
+        batch's tokens per step time: ``T (E - 1) > B D``, the tokens gained against B times the time
+        added. (Pricing the widths by this sequence's rows alone, as one sequence does, mixed steps in
+        which others drafted into ``v(1)`` and made drafting look cheap; two sequences drafting a
+        perfectly accepted code prompt then served 0.81x what plain decoding did.)"""
         sharing = self._sharing()
-        if sharing == 1 or k == 0:
-            return v + self.drafting_cost(k)
-        v1 = self.verify_cost(1)
-        return v1 + sharing * (max(0.0, v - v1) + self.drafting_cost(k))
+        if sharing == 1:
+            v = self.verify_cost(k + 1)
+            return None if v is None else v + self.drafting_cost(k)
+        plain, wide = self.verify_cost(sharing), self.verify_cost(sharing + k)
+        if plain is None or wide is None:
+            return None
+        return plain + sharing * (max(0.0, wide - plain) + self.drafting_cost(k))
 
     def value(self, cap: int) -> float:
         """Expected tokens a second at the best depth up to ``cap`` (0 until costs are measured)."""
