@@ -11,7 +11,7 @@
 | TANDEM_CONTEXT_LENGTH  | OLLAMA_CONTEXT_LENGTH   | 4096                    |
 | TANDEM_DEBUG           | OLLAMA_DEBUG            | false                   |
 | TANDEM_LOAD_TIMEOUT    | OLLAMA_LOAD_TIMEOUT     | 5m                      |
-| TANDEM_ENGINE_TIMEOUT  | (tandem only)           | 5m; 0 = no watchdog     |
+| TANDEM_ENGINE_TIMEOUT  | (tandem only)           | 10s; 0 = no watchdog    |
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
 | TANDEM_NUM_PARALLEL    | OLLAMA_NUM_PARALLEL (read too) | 0 = up to 4, as memory allows |
 | TANDEM_WEIGHT_FORMAT   | (tandem only)           | auto (see weight_format) |
@@ -45,7 +45,10 @@ DEFAULT_KEEP_ALIVE = 300.0  # seconds (Ollama's 5m)
 DEFAULT_MAX_QUEUE = 512
 DEFAULT_CONTEXT_LENGTH = 4096
 DEFAULT_LOAD_TIMEOUT = 300.0  # seconds (Ollama's OLLAMA_LOAD_TIMEOUT 5m)
-DEFAULT_ENGINE_TIMEOUT = 300.0  # seconds a busy engine may stay silent (heartbeats count) before it is killed
+# Seconds a busy engine may stay silent before it is killed. It beats every second while it works (forwards
+# release the GIL, so a long prefill beats too), so ten silent seconds are a frozen engine, not a slow one, and
+# its model serves again within about 15 s (docs/watchdog.md); 5 minutes held every request to it that long.
+DEFAULT_ENGINE_TIMEOUT = 10.0
 DEFAULT_MAX_REQUEST_BYTES = 64 << 20  # a JSON body; prompts of a whole 256k context are a few MB
 DEFAULT_MAX_BLOB_BYTES = 256 << 30  # an uploaded blob; larger than any model a local server runs
 DEFAULT_QUEUE_TIMEOUT = 600.0  # seconds a request waits for its model before 503

@@ -27,7 +27,9 @@ import os
 import threading
 import time
 import traceback
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
+from typing import Iterator
 
 from engine.process.cancel_flag import CancelFlag
 from engine.process.protocol import EngineError, GenerateResult, LoadSpec
@@ -68,10 +70,46 @@ class _Sender:
             self._conn.send(msg)
 
 
+class _Busy:
+    """Whether the engine is working on something the server waits for (generations, an embedding batch, a
+    tokenization): the heartbeat beats while any is. A count, not a flag: a tokenization that ends while
+    generations run must not silence their heartbeat."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._event = threading.Event()
+
+    def enter(self) -> None:
+        with self._lock:
+            self._count += 1
+            self._event.set()
+
+    def exit(self) -> None:
+        with self._lock:
+            self._count -= 1
+            if self._count == 0:
+                self._event.clear()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        self.enter()
+        try:
+            yield
+        finally:
+            self.exit()
+
+    def wait(self) -> None:
+        self._event.wait()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
 class _Generations:
     """The generations running now, each in its own thread, and how many (the heartbeat beats while any)."""
 
-    def __init__(self, out: _Sender, busy: threading.Event, shared_cancel: CancelFlag):
+    def __init__(self, out: _Sender, busy: _Busy, shared_cancel: CancelFlag):
         self._out = out
         self._busy = busy
         self._shared_cancel = shared_cancel
@@ -83,7 +121,7 @@ class _Generations:
         cancel = threading.Event()
         with self._lock:
             self._cancels[rid] = cancel
-            self._busy.set()
+        self._busy.enter()
         threading.Thread(target=self._run, args=(engine, rid, req, cancel), name=f"tandem-gen-{rid}",
                          daemon=True).start()
 
@@ -109,12 +147,11 @@ class _Generations:
         finally:
             with self._lock:
                 self._cancels.pop(rid, None)
-                if not self._cancels:
-                    self._busy.clear()
+            self._busy.exit()
 
 
-def _heartbeat(out: _Sender, busy: threading.Event, interval: float) -> None:
-    """Send ("beat",) every ``interval`` seconds while ``busy`` is set (a generation runs)."""
+def _heartbeat(out: _Sender, busy: _Busy, interval: float) -> None:
+    """Send ("beat",) every ``interval`` seconds while the engine is busy."""
     while True:
         busy.wait()
         time.sleep(interval)
@@ -131,7 +168,7 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
 
     engine = None
     out = _Sender(conn)
-    busy = threading.Event()
+    busy = _Busy()
     generations = _Generations(out, busy, cancel_event)
     if beat_interval > 0:
         threading.Thread(target=_heartbeat, args=(out, busy, beat_interval), name="tandem-heartbeat",
@@ -163,16 +200,17 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
             elif engine is None:
                 out.send(("failed", msg[1], "no model loaded", 500) if kind == "generate" else
                          ("error", "no model loaded", 500))
+            # Each of these can take a while (a whole context's text, a large batch): the heartbeat tells
+            # them from a freeze, whose bound is seconds.
             elif kind == "tokenize":
-                out.send(("ok", engine.tokenize(msg[1], add_bos=msg[2])))
+                with busy.held():
+                    out.send(("ok", engine.tokenize(msg[1], add_bos=msg[2])))
             elif kind == "detokenize":
-                out.send(("ok", engine.detokenize(msg[1])))
+                with busy.held():
+                    out.send(("ok", engine.detokenize(msg[1])))
             elif kind == "embed":
-                busy.set()  # a large batch takes a while: the heartbeat tells it from a freeze
-                try:
+                with busy.held():
                     out.send(("ok", engine.embed(msg[1])))
-                finally:
-                    busy.clear()
             elif kind == "generate" and engine.facts.pooling is not None:
                 out.send(("failed", msg[1], "an embedding model does not generate", 400))
             elif kind == "generate":

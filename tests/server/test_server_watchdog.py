@@ -96,10 +96,51 @@ def test_frozen_engine_is_replaced(pair_dir: Path) -> None:
 
 
 def test_engine_timeout_setting() -> None:
-    assert Settings.from_env({}).engine_timeout == 300
+    assert Settings.from_env({}).engine_timeout == 10  # seconds: a frozen engine must not hold its model for minutes
     assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "90s"}).engine_timeout == 90
     assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "45"}).engine_timeout == 45
     assert Settings.from_env({"TANDEM_ENGINE_TIMEOUT": "0"}).engine_timeout == pytest.approx(float("inf"))
+
+
+def test_a_model_whose_engine_froze_serves_again_within_30_seconds_by_default(pair_dir: Path) -> None:
+    """Default settings: from a SIGSTOP mid-stream to the next request served by a fresh engine, within 30 s (the
+    issue's bound; 5 minutes before)."""
+    store = make_store(pair_dir)
+    frozen: list[int] = []
+    try:
+        with ServerThread(store, Settings(num_thread=1)) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
+            with c.stream("POST", "/api/generate", json={"model": "tiny", "prompt": "hello",
+                                                         "options": {"num_predict": -1}}) as r:
+                lines = r.iter_lines()
+                assert json.loads(next(lines))["done"] is False
+                _freeze(_engine_pid(srv), frozen)
+                t0 = time.monotonic()
+                assert "error" in [json.loads(line) for line in lines if line][-1]
+            r = c.post("/api/generate", json={"model": "tiny", "prompt": "hello", "stream": False})
+            assert r.status_code == 200 and r.json()["done"] is True
+            assert time.monotonic() - t0 < 30
+    finally:
+        for pid in frozen:
+            for sig in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+
+def test_the_heartbeat_outlives_a_call_that_ends_while_generations_run() -> None:
+    """The engine is busy while anything runs: a tokenization that ends beside a generation must not silence
+    the generation's heartbeat (a flag cleared by the first to finish would, and the watchdog would then kill a
+    working engine after its bound)."""
+    from engine.process.worker import _Busy
+
+    busy = _Busy()
+    busy.enter()  # a generation
+    with busy.held():  # a tokenization
+        assert busy.is_set()
+    assert busy.is_set()
+    busy.exit()
+    assert not busy.is_set()
 
 
 def test_long_prefill_is_not_a_freeze(pair_dir: Path) -> None:
