@@ -45,7 +45,8 @@ def drafter_problem(draft_arch: str, width: int | None, target_arch: str, target
 
 # Tensor types the engine's dequantizers read (engine/ops/dequant.py).
 SUPPORTED_TENSOR_TYPES: frozenset[str] = frozenset(
-    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
+    {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+     "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "MXFP4"}
 )
 
 

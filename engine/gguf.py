@@ -59,6 +59,8 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     34: ("TQ1_0", 256, 54),
     35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
 }
 GGML_TYPE_IDS: dict[str, int] = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
 
@@ -205,6 +207,9 @@ class GGUFFile:
         # Tensors derived from this file's bytes and cached on disk (engine.ops.pack_cache.PackCache:
         # the packed kernel layouts), or None; set by whoever loads a model from it.
         self.packs = None
+        # LoRA adapters applied to the linears loaded from this file (engine.ops.lora.LoraWeights), or None;
+        # set by the model loader for a target with ADAPTER layers.
+        self.lora = None
         try:
             self._fd = open(self.path, "rb")
         except FileNotFoundError:

@@ -93,7 +93,7 @@ class TinySpec:
     tokenizer: str = "gpt2"  # gpt2 | llama (SentencePiece-style)
     pre: str = "smollm"  # tokenizer.ggml.pre for gpt2 vocabularies
     chat_template: str | None = CHATML_TEMPLATE
-    dtype: str = "F32"  # F32 | F16 | BF16 | Q8_0 (for 2-D weights)
+    dtype: str = "F32"  # F32 | F16 | BF16 | Q8_0 | Q4_0, or a RANDOM_BLOCK_TYPES name (for 2-D weights)
     seed: int = 0
     name: str = "tiny"
     extra_metadata: dict = field(default_factory=dict)
@@ -124,6 +124,42 @@ _QUANT = {
     "Q4_0": gguf.GGMLQuantizationType.Q4_0,
 }
 _FILE_TYPE = {"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2}
+
+# Types gguf-py cannot quantize to: a weight of one of these is written as random blocks (not the spec's
+# floats) by random_blocks. Value: llama.cpp's general.file_type for a file mostly of that type.
+RANDOM_BLOCK_TYPES = {"IQ1_S": 24, "IQ1_M": 31, "IQ2_XXS": 19, "IQ2_XS": 20, "IQ2_S": 28, "IQ3_XXS": 23,
+                      "IQ3_S": 26, "IQ4_NL": 25, "IQ4_XS": 30, "MXFP4": 38, "TQ1_0": 36, "TQ2_0": 37}
+_QUANT.update({name: gguf.GGMLQuantizationType[name] for name in RANDOM_BLOCK_TYPES})
+_FILE_TYPE.update(RANDOM_BLOCK_TYPES)
+
+# About how large a random block's values are for a scale of 1 (the codes times the sub-block scales), so
+# random_blocks can aim at weights of a given size.
+_VALUES_PER_SCALE = {"IQ1_S": 8, "IQ1_M": 8, "IQ2_XXS": 50, "IQ2_XS": 50, "IQ2_S": 50, "IQ3_XXS": 120,
+                     "IQ3_S": 120, "IQ4_NL": 60, "IQ4_XS": 1000, "MXFP4": 3}
+
+
+def random_blocks(qtype: gguf.GGMLQuantizationType, shape: tuple[int, ...], rng: np.random.Generator,
+                  size: float = 0.05) -> np.ndarray:
+    """Random valid bytes [..., row bytes] of a tensor of ``shape`` (torch order) in ``qtype``, with
+    values of about ``size``.
+
+    Any bit pattern is a valid IQ or MXFP4 block once its scale is finite, so everything is random but
+    the scale: a random f16 (IQ types) or an E8M0 exponent (MXFP4). Other types' scale fields stay random."""
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    nb = int(np.prod(shape)) // block
+    b = rng.integers(0, 256, size=(nb, type_size), dtype=np.uint8)
+    scale = size / _VALUES_PER_SCALE.get(qtype.name, 1)
+    d = (rng.standard_normal(nb) * scale).astype(np.float16).view(np.uint16)
+    if qtype == gguf.GGMLQuantizationType.MXFP4:
+        b[:, 0] = 127 + round(np.log2(scale)) + rng.integers(-2, 3, size=nb)
+    elif qtype == gguf.GGMLQuantizationType.IQ1_M:  # its f16 scale is the top nibbles of 4 u16 words
+        words = b[:, 48:56].copy().view(np.uint16)
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((d >> (4 * i)) & 0xF) << 12)
+        b[:, 48:56] = words.view(np.uint8)
+    elif qtype.name.startswith("IQ"):  # the f16 scale leads the block
+        b[:, 0:2] = d.view(np.uint8).reshape(nb, 2)
+    return b.reshape(*shape[:-1], -1)
 
 
 def tiny_tensors(spec: TinySpec, n_vocab: int) -> dict[str, np.ndarray]:
@@ -241,11 +277,15 @@ def write_tiny_gguf(path: str | Path, spec: TinySpec | None = None, tensors: dic
             writer.add_array(key, list(value))
         else:
             raise TypeError(f"unsupported metadata value for {key}: {value!r}")
+    rng = np.random.default_rng(spec.seed)
     for name, arr in (tensors if tensors is not None else tiny_tensors(spec, n_vocab)).items():
         # llama.cpp keeps MoE routers in F32 whatever the file type (its converter and its quantizer)
         router = name.endswith("ffn_gate_inp.weight")
         qtype = _QUANT[spec.dtype] if arr.ndim >= 2 and not router else gguf.GGMLQuantizationType.F32
-        if qtype in (gguf.GGMLQuantizationType.F32,):
+        if qtype.name in RANDOM_BLOCK_TYPES:
+            data = random_blocks(qtype, arr.shape, rng)
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+        elif qtype in (gguf.GGMLQuantizationType.F32,):
             writer.add_tensor(name, arr.astype(np.float32))
         elif qtype == gguf.GGMLQuantizationType.F16:
             writer.add_tensor(name, arr.astype(np.float16))

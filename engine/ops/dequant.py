@@ -34,6 +34,8 @@ QK_K = 256
 # GGML type ids used below (ggml.h ABI).
 F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 = 0, 1, 2, 3, 6, 7, 8
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, BF16 = 10, 11, 12, 13, 14, 30
+IQ2_XXS, IQ2_XS, IQ3_XXS, IQ1_S, IQ4_NL, IQ3_S, IQ2_S, IQ4_XS = 16, 17, 18, 19, 20, 21, 22, 23
+IQ1_M, MXFP4 = 29, 39
 
 # Types whose 4-bit codes map exactly onto torch's int4 group-32 weight format.
 INT4_EXACT_TYPES = frozenset({Q4_0, Q4_1, Q4_K})
@@ -94,6 +96,29 @@ def _bits(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
     mask = (1 << width) - 1
     parts = [(x >> s) & mask if s else x & mask for s in range(0, 8, width)]
     return torch.stack(parts, dim=dim)
+
+
+def _u16(blocks: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Bytes [a, b) of every block as little-endian uint16 words, held in int32 (torch's uint16 has no
+    shifts): [n_blocks, (b - a) // 2]."""
+    return blocks[:, a:b].contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+
+
+def _u32(blocks: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """Bytes [a, b) of every block as little-endian 32-bit words in int32: [n_blocks, (b - a) // 4].
+
+    Read fields with ``(w >> s) & mask``: the mask drops what the arithmetic shift copies of bit 31."""
+    return blocks[:, a:b].contiguous().view(torch.int32)
+
+
+def _fields(w: torch.Tensor, shifts: tuple[int, ...], mask: int) -> torch.Tensor:
+    """``(w >> s) & mask`` for each shift, stacked on a new last dim."""
+    return torch.stack([(w >> s) & mask for s in shifts], dim=-1)
+
+
+def _sign_bits(x: torch.Tensor) -> torch.Tensor:
+    """Bytes -> ±1.0 per bit (bit set: -1), lowest bit first: [..., 8] f32, the values gguf-py multiplies by."""
+    return 1.0 - 2.0 * _bits(x, 1, dim=-1).float()
 
 
 def _scale_sub(q: torch.Tensor, scale: torch.Tensor, minus: torch.Tensor | None = None,
@@ -266,6 +291,179 @@ def _deq_q6_k(blocks: torch.Tensor) -> torch.Tensor:
     return _scale_sub(_q6k_codes(blocks), dsc, offset=32.0).reshape(-1, QK_K)
 
 
+# --- IQ types and MXFP4. Their lookup tables (kvalues, sign patterns, lattice grids) are format data:
+# taken from gguf-py (decoded there from ggml's tables) on first use, so the values are the reference's.
+
+
+@functools.lru_cache(maxsize=None)
+def _kvalues(name: str) -> torch.Tensor:
+    """The 16 non-linear 4-bit code values of IQ4_NL/IQ4_XS (``IQ4_NL``) or MXFP4 (doubled E2M1), f32 [16]."""
+    from gguf import quants
+
+    return torch.tensor(getattr(quants, name).kvalues, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _grid(name: str) -> torch.Tensor:
+    """The lattice of IQ type ``name`` (a gguf.quants class name): f32 [entries, 4 or 8]."""
+    from gguf import quants
+
+    cls = getattr(quants, name)
+    cls.init_grid()
+    return torch.from_numpy(cls.grid.reshape(cls.grid_shape).copy())
+
+
+@functools.lru_cache(maxsize=None)
+def _ksigns() -> torch.Tensor:
+    """ggml's 128 sign patterns (7 stored sign bits + the parity bit) as ±1.0: f32 [128, 8]."""
+    from gguf import quants
+
+    return _sign_bits(torch.frombuffer(bytearray(quants.IQ2_XXS.ksigns), dtype=torch.uint8))
+
+
+def _half_scales(blocks: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    """The 4-bit sub-block scales in bytes [a, b) (low nibble first), as f32 0.5 + s: [n, 2 * (b - a)]."""
+    return 0.5 + _bits(blocks[:, a:b], 4, dim=2).reshape(blocks.shape[0], -1).float()
+
+
+def _signed_grid(db: torch.Tensor, grid: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """gguf-py's ``db * grid * signs`` (in that order; the signs are exact) flattened to [n, QK_K]."""
+    return grid.mul_(db).mul_(signs).reshape(-1, QK_K)
+
+
+def _deq_iq4_nl(blocks: torch.Tensor) -> torch.Tensor:
+    # w = d * kvalues[q], the codes in Q4_0's nibble order
+    return _scale_sub(_kvalues("IQ4_NL")[_nibbles(blocks[:, 2:18]).long()], _f16(blocks, 0, 2))
+
+
+def _iq4xs_scales(blocks: torch.Tensor) -> torch.Tensor:
+    """IQ4_XS's 6-bit sub-block scales minus 32 (low 4 bits in bytes 4-7, high 2 bits in the u16 at 2): [n, 8]."""
+    nb = blocks.shape[0]
+    low = _bits(blocks[:, 4:8], 4, dim=2).reshape(nb, 8)
+    high = _bits(blocks[:, 2:4], 2, dim=2).reshape(nb, 8)
+    return (low | (high << 4)).to(torch.int32) - 32
+
+
+def _deq_iq4_xs(blocks: torch.Tensor) -> torch.Tensor:
+    # 8 sub-blocks of 32: w = (d * (sc - 32)) * kvalues[q], each 16 bytes hold a sub-block's low then high nibbles
+    nb = blocks.shape[0]
+    dl = (_f16(blocks, 0, 2) * _iq4xs_scales(blocks).float()).reshape(nb, 8, 1)
+    q = _bits(blocks[:, 8:136].reshape(nb, 8, 16), 4, dim=2).reshape(nb, 8, 32)
+    return _scale_sub(_kvalues("IQ4_NL")[q.long()], dl).reshape(nb, QK_K)
+
+
+def _deq_iq2_xxs(blocks: torch.Tensor) -> torch.Tensor:
+    # 8 sub-blocks of 32, each two u32: 4 grid ids (8 values each), then 4x7-bit sign-pattern ids and a
+    # 4-bit scale: w = (d * (0.5 + s) * 0.25) * grid * sign
+    nb = blocks.shape[0]
+    meta = _u32(blocks, 2, 66).reshape(nb, 8, 2)[..., 1]  # [nb, 8]
+    db = (_f16(blocks, 0, 2) * (0.5 + ((meta >> 28) & 0xF).float()) * 0.25).reshape(nb, 8, 1, 1)
+    signs = _ksigns()[_fields(meta, (0, 7, 14, 21), 0x7F).long()]  # [nb, 8, 4, 8]
+    grid = _grid("IQ2_XXS")[blocks[:, 2:66].reshape(nb, 8, 2, 4)[:, :, 0].long()]  # the first word's bytes
+    return _signed_grid(db, grid, signs)
+
+
+def _deq_iq2_xs(blocks: torch.Tensor) -> torch.Tensor:
+    # 16 sub-blocks of 16, each two u16 of 9-bit grid id | 7-bit sign-pattern id << 9:
+    # w = (d * (0.5 + s) * 0.25) * grid * sign
+    nb = blocks.shape[0]
+    qs = _u16(blocks, 2, 66)  # [nb, 32]
+    db = (_f16(blocks, 0, 2) * _half_scales(blocks, 66, 74) * 0.25).reshape(nb, 16, 1, 1)
+    signs = _ksigns()[(qs >> 9).long()].reshape(nb, 16, 2, 8)
+    grid = _grid("IQ2_XS")[(qs & 511).long()].reshape(nb, 16, 2, 8)
+    return _signed_grid(db, grid, signs)
+
+
+def _deq_iq2_s(blocks: torch.Tensor) -> torch.Tensor:
+    # 16 sub-blocks of 16: 10-bit grid ids (8 low bits in qs, 2 high in qh), one sign bit per value:
+    # w = (d * (0.5 + s) * 0.25) * grid * sign
+    nb = blocks.shape[0]
+    db = (_f16(blocks, 0, 2) * _half_scales(blocks, 74, 82) * 0.25).reshape(nb, 16, 1, 1)
+    signs = _sign_bits(blocks[:, 34:66]).reshape(nb, 16, 2, 8)
+    qh = _bits(blocks[:, 66:74], 2, dim=2).reshape(nb, 32)
+    ids = blocks[:, 2:34].long() | (qh.long() << 8)
+    return _signed_grid(db, _grid("IQ2_S")[ids].reshape(nb, 16, 2, 8), signs)
+
+
+def _deq_iq3_xxs(blocks: torch.Tensor) -> torch.Tensor:
+    # 8 sub-blocks of 32: 8 grid ids of 4 values each, one u32 of 4x7-bit sign-pattern ids and a 4-bit
+    # scale: w = (d * (0.5 + s) * 0.5) * grid * sign
+    nb = blocks.shape[0]
+    meta = _u32(blocks, 66, 98)  # [nb, 8]
+    db = (_f16(blocks, 0, 2) * (0.5 + ((meta >> 28) & 0xF).float()) * 0.5).reshape(nb, 8, 1, 1)
+    signs = _ksigns()[_fields(meta, (0, 7, 14, 21), 0x7F).long()]  # [nb, 8, 4, 8]
+    grid = _grid("IQ3_XXS")[blocks[:, 2:66].long()].reshape(nb, 8, 4, 8)
+    return _signed_grid(db, grid, signs)
+
+
+def _deq_iq3_s(blocks: torch.Tensor) -> torch.Tensor:
+    # 8 sub-blocks of 32: 9-bit grid ids of 4 values (8 low bits in qs, 1 high in qh), one sign bit per
+    # value: w = (d * (1 + 2 * s)) * grid * sign
+    nb = blocks.shape[0]
+    sc = _bits(blocks[:, 106:110], 4, dim=2).reshape(nb, 8)
+    db = (_f16(blocks, 0, 2) * (1 + 2 * sc).float()).reshape(nb, 8, 1, 1)
+    signs = _sign_bits(blocks[:, 74:106]).reshape(nb, 8, 4, 8)
+    qh = _bits(blocks[:, 66:74], 1, dim=2).reshape(nb, 64)
+    ids = blocks[:, 2:66].long() | (qh.long() << 8)
+    return _signed_grid(db, _grid("IQ3_S")[ids].reshape(nb, 8, 4, 8), signs)
+
+
+def _iq1_values(grid_ids: torch.Tensor, shape: tuple[int, ...], delta: torch.Tensor, dl: torch.Tensor) -> torch.Tensor:
+    """gguf-py's ``dl * (grid + delta)`` over the IQ1 lattice (values -1, 0, 1) viewed as ``shape``, flattened
+    to [n, QK_K]."""
+    grid = _grid("IQ1_S")[grid_ids.long()].reshape(shape)
+    return grid.add_(delta).mul_(dl).reshape(-1, QK_K)
+
+
+def _iq1_delta(negative: torch.Tensor) -> torch.Tensor:
+    """IQ1's lattice shift: -0.125 where the flag is set, else +0.125 (f32)."""
+    return torch.where(negative, -0.125, 0.125).float()
+
+
+def _deq_iq1_s(blocks: torch.Tensor) -> torch.Tensor:
+    # 8 sub-blocks of 32, one u16 each: 4x3 high grid-id bits, a 3-bit scale, the shift's sign:
+    # w = (d * (2 * s + 1)) * (grid + delta)
+    nb = blocks.shape[0]
+    qh = _u16(blocks, 34, 50)  # [nb, 8]
+    dl = (_f16(blocks, 0, 2) * (2 * ((qh >> 12) & 7) + 1).float()).reshape(nb, 8, 1, 1)
+    delta = _iq1_delta((qh & 0x8000) != 0).reshape(nb, 8, 1, 1)
+    ids = blocks[:, 2:34].to(torch.int32) | (_fields(qh, (0, 3, 6, 9), 7).reshape(nb, 32) << 8)
+    return _iq1_values(ids, (nb, 8, 4, 8), delta, dl)
+
+
+def _iq1m_d(blocks: torch.Tensor) -> torch.Tensor:
+    """IQ1_M's f16 scale, stored as the top nibbles of its four u16 scale words (lowest first): f32 [n, 1]."""
+    top = blocks[:, 49:56:2]  # the high byte of each word
+    lo = (top[:, 0] >> 4) | (top[:, 1] & 0xF0)
+    hi = (top[:, 2] >> 4) | (top[:, 3] & 0xF0)
+    return torch.stack([lo, hi], dim=1).view(torch.float16).float()
+
+
+def _deq_iq1_m(blocks: torch.Tensor) -> torch.Tensor:
+    # 16 sub-blocks of 16 with 3-bit scales; each nibble of qh holds 3 high grid-id bits and the shift's
+    # sign for 8 values: w = (d * (2 * s + 1)) * (grid + delta)
+    nb = blocks.shape[0]
+    sc = _fields(_u16(blocks, 48, 56), (0, 3, 6, 9), 7).reshape(nb, 16)
+    dl = (_iq1m_d(blocks) * (2 * sc + 1).float()).reshape(nb, 8, 2, 1, 1)
+    qh = _bits(blocks[:, 32:48], 4, dim=2).reshape(nb, 32)
+    delta = _iq1_delta((qh & 0x08) != 0).reshape(nb, 8, 2, 2, 1)
+    ids = blocks[:, 0:32].to(torch.int32) | ((qh & 7).to(torch.int32) << 8)
+    return _iq1_values(ids, (nb, 8, 2, 2, 8), delta, dl)
+
+
+def _e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """E8M0 exponent bytes -> f32 2^(e - 128), half the scale (the kvalues are doubled E2M1); e < 2 gives the
+    f32 subnormals, as ggml_e8m0_to_fp32_half."""
+    e = e.to(torch.int32)
+    subnormal = 0x00200000 << e.clamp(max=1)  # clamped: no shift past the word where e >= 2 (not taken)
+    return torch.where(e < 2, subnormal, (e - 1) << 23).view(torch.float32)
+
+
+def _deq_mxfp4(blocks: torch.Tensor) -> torch.Tensor:
+    # w = e8m0_half(e) * kvalues[q], the codes in Q4_0's nibble order
+    return _scale_sub(_kvalues("MXFP4")[_nibbles(blocks[:, 1:17]).long()], _e8m0_half(blocks[:, 0:1]))
+
+
 _DEQUANT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     F32: _deq_f32,
     F16: _deq_f16,
@@ -280,6 +478,16 @@ _DEQUANT: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     Q4_K: _deq_q4_k,
     Q5_K: _deq_q5_k,
     Q6_K: _deq_q6_k,
+    IQ2_XXS: _deq_iq2_xxs,
+    IQ2_XS: _deq_iq2_xs,
+    IQ2_S: _deq_iq2_s,
+    IQ3_XXS: _deq_iq3_xxs,
+    IQ3_S: _deq_iq3_s,
+    IQ1_S: _deq_iq1_s,
+    IQ1_M: _deq_iq1_m,
+    IQ4_NL: _deq_iq4_nl,
+    IQ4_XS: _deq_iq4_xs,
+    MXFP4: _deq_mxfp4,
 }
 
 SUPPORTED_TYPES = frozenset(_DEQUANT)
@@ -464,6 +672,8 @@ INTEGER_CODE_LAYOUTS: dict[int, tuple[int, int, int | None]] = {
     Q4_0: (4, 32, 8), Q4_1: (4, 32, None), Q4_K: (4, 32, None),
     Q5_0: (5, 32, 16), Q5_1: (5, 32, None), Q5_K: (5, 32, None),
     Q6_K: (6, 16, 32), Q8_0: (8, 32, 128),
+    # IQ4_NL's values d * kvalues[q] are d * (code - 128) with code = kvalue + 128 (kvalues lie in -127..113)
+    IQ4_NL: (8, 32, 128),
 }
 
 
@@ -513,6 +723,9 @@ def _integer_blocks(blocks: torch.Tensor, ggml_type: int):
     if ggml_type == Q8_0:
         q = (blocks[:, 2:34].contiguous().view(torch.int8).to(torch.int16) + 128).to(torch.uint8)
         return q, _f16(blocks, 0, 2), None
+    if ggml_type == IQ4_NL:
+        kv = _kvalues("IQ4_NL")[_nibbles(blocks[:, 2:18]).long()]
+        return (kv + 128).to(torch.uint8), _f16(blocks, 0, 2), None
     raise ValueError(f"{GGML_TYPES[ggml_type][0]} has no integer-code layout")
 
 
@@ -520,7 +733,8 @@ def integer_codes(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> 
     """The codes and group scales of a quantized tensor [N, K], without loss.
 
     Q4_0/Q4_1/Q4_K keep their 4-bit codes, Q5_0/Q5_1/Q5_K their 5-bit ones and Q8_0 its 8-bit ones
-    (signed codes shifted by 128), all in groups of 32; Q6_K its 6-bit codes in groups of 16.
+    (signed codes shifted by 128), all in groups of 32; Q6_K its 6-bit codes in groups of 16; IQ4_NL
+    becomes 8-bit codes (its non-linear values shifted by 128) with its own scales.
     Scales and zeros are the f32 products ggml computes (d·sc, −dmin·m)."""
     if ggml_type not in INTEGER_CODE_LAYOUTS:
         raise ValueError(f"{GGML_TYPES.get(ggml_type, (ggml_type,))[0]} has no integer-code layout")

@@ -200,6 +200,28 @@ def test_no_tokenizer(store: BlobStore, tmp_path: Path) -> None:
         create_from_text(store, "FROM ./m.gguf", tmp_path)
 
 
+def _one_type_gguf(path: Path, dtype: str) -> Path:
+    """A tiny llama whose 2-D weights are all random blocks of ``dtype`` (rows of 256: whole IQ super-blocks)."""
+    spec = TinySpec(arch="llama", n_layer=1, n_embd=256, n_ff=256, n_head=4, n_head_kv=2, dtype=dtype)
+    return write_tiny_gguf(path, spec)
+
+
+@pytest.mark.parametrize("dtype", ["IQ4_NL", "IQ4_XS", "IQ2_XXS", "MXFP4"])
+def test_iq_and_mxfp4_models_are_accepted(store: BlobStore, tmp_path: Path, dtype: str) -> None:
+    _one_type_gguf(tmp_path / "m.gguf", dtype)
+    create_from_text(store, "FROM ./m.gguf", tmp_path)
+    assert load_stored_model(store, "tiny").config["file_type"] == dtype
+
+
+@pytest.mark.parametrize("dtype", ["TQ1_0", "TQ2_0"])
+def test_a_tensor_type_the_engine_cannot_read_is_refused(store: BlobStore, tmp_path: Path, dtype: str) -> None:
+    _one_type_gguf(tmp_path / "m.gguf", dtype)
+    with pytest.raises(CreateError, match=f"unsupported tensor type\\(s\\) in model: {dtype}$") as e:
+        create_from_text(store, "FROM ./m.gguf", tmp_path)
+    assert e.value.status == 400
+    _assert_untouched(store)
+
+
 def test_draft_vocabulary_mismatch_names_both_sizes(store: BlobStore, files) -> None:
     with pytest.raises(CreateError) as e:
         create_from_text(store, "FROM ./target.gguf\nDRAFT ./gemma.gguf\n", files["target"].parent)

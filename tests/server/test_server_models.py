@@ -91,6 +91,15 @@ def test_create_json_form(http: httpx.Client, srv: ServerThread) -> None:
         assert (r.status_code, r.json()) == (status, {"error": error}), body
 
 
+def test_create_refuses_a_tensor_type_the_engine_cannot_read(http: httpx.Client, srv: ServerThread) -> None:
+    spec = TinySpec(arch="llama", n_layer=1, n_embd=256, n_ff=256, dtype="TQ1_0")
+    data = write_tiny_gguf(srv.dir / "tq1.gguf", spec).read_bytes()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    assert http.post(f"/api/blobs/{digest}", content=data).status_code == 201
+    r = http.post("/api/create", json={"model": "tq1", "files": {"tq1.gguf": digest}, "stream": False})
+    assert (r.status_code, r.json()) == (400, {"error": "unsupported tensor type(s) in model: TQ1_0"})
+
+
 def test_create_old_modelfile_form(http: httpx.Client, srv: ServerThread) -> None:
     write_pair(srv.dir)
     (srv.dir / "Modelfile").write_text("FROM ./target.gguf\nDRAFT ./draft.gguf\nSYSTEM \"\"\"old form\"\"\"\n"

@@ -113,8 +113,8 @@ def test_errors(rng):
         dq.dequantize(_t(raw), int(GT.Q8_0), (3, 64))  # wrong byte count
     with pytest.raises(ValueError):
         dq.dequantize(_t(raw), int(GT.Q8_0), (2, 48))  # not a whole number of blocks
-    with pytest.raises(NotImplementedError):
-        dq.dequantize(torch.zeros(66, dtype=torch.uint8), GGML_TYPE_IDS["IQ2_XXS"], (1, 256))
+    with pytest.raises(NotImplementedError, match="TQ1_0"):
+        dq.dequantize(torch.zeros(54, dtype=torch.uint8), GGML_TYPE_IDS["TQ1_0"], (1, 256))
 
 
 # -- exact int4 mapping -----------------------------------------------------------------------
