@@ -139,6 +139,15 @@ def _assistant_drafter(target: Model, cache: KVCache, df, spec: LoadSpec,
     return AssistantDrafter(assistant, cache, target.norm, target.config.vocab_size), fmt
 
 
+def _unapplied_lora(f: GGUFFile) -> list[str]:
+    """Adapted weights of the target file that its model loaded no linear from: a LoRA silently dropped
+    otherwise. A NextN head's block is left out: it loads later, and only when no DRAFT takes its place."""
+    if f.lora is None:
+        return []
+    head = find_nextn_block(f.tensors)
+    return [n for n in f.lora.unapplied() if head is None or not n.startswith(f"blk.{head}.")]
+
+
 def load_parts(spec: LoadSpec) -> LoadedParts:
     """Open, check and build everything ``spec`` names; a refusal is an ``EngineError`` with status 400."""
     device = resolve_device(spec.device)
@@ -150,11 +159,17 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
         return _load_encoder_parts(spec, f, device)
     try:
         tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
-        target = load_model(f, spec.weight_format, device, role="target", pack_dir=spec.pack_dir)
+        target = load_model(f, spec.weight_format, device, role="target", pack_dir=spec.pack_dir,
+                            adapters=spec.adapter_paths)
         fmt = target.fmt  # 'auto' resolved by the model loader (per role and file)
     except (UnsupportedModelError, TokenizerError) as e:
         f.close()
         raise EngineError(str(e), 400) from None
+    unapplied = _unapplied_lora(f)
+    if unapplied:
+        f.close()
+        raise EngineError(f"adapter: {unapplied[0]} is not run as a linear layer by tandem's {target.config.arch} "
+                          "model, so its LoRA cannot be applied", 400)
     num_ctx = int(spec.num_ctx) if spec.num_ctx and spec.num_ctx > 0 else target.config.context_length
     cache = target.new_cache(num_ctx)
     vocab = target.config.vocab_size
@@ -237,6 +252,9 @@ def _load_encoder_parts(spec: LoadSpec, f: GGUFFile, device: torch.device) -> Lo
     if spec.draft_path:
         f.close()
         raise EngineError("an embedding model cannot have a draft model", 400)
+    if spec.adapter_paths:
+        f.close()
+        raise EngineError("an embedding model cannot have an adapter", 400)
     try:
         tokenizer = Tokenizer.from_gguf_metadata(f.metadata)
         encoder = load_encoder(f, device)

@@ -45,6 +45,7 @@ from engine.options import OPTION_ALIASES
 from engine.text.gotemplate import TemplateError, parse_template
 
 from . import bert_import
+from .adapter import adapter_layer
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
@@ -117,7 +118,7 @@ def _create_model(store: BlobStore, req: CreateRequest, progress: Progress) -> M
         layers.append(draft.layer)
     layers += [l for l in base_layers if l.media_type == MEDIA_TYPE_ADAPTER]
     if req.adapters:
-        raise CreateError("adapters (LoRA) are not supported by tandem yet")
+        layers.append(adapter_layer(store, req.adapters, store.blob_path(target.layer.digest), progress))
 
     layers += _text_layers(store, req, base_layers, progress)
 

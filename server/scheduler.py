@@ -126,7 +126,7 @@ class LoadedModel:
 
 @dataclass
 class Slot:
-    key: tuple[str, str | None]
+    key: tuple[str, str | None, tuple[str, ...]]
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0
     runner: LoadedModel | None = None
@@ -160,8 +160,10 @@ def expiry(keep_alive: float, now: datetime | None = None) -> datetime:
     return now + timedelta(seconds=keep_alive)
 
 
-def model_key(model: StoredModel) -> tuple[str, str | None]:
-    return (str(model.model_path), str(model.draft_path) if model.draft_path else None)
+def model_key(model: StoredModel) -> tuple[str, str | None, tuple[str, ...]]:
+    # Adapters are part of what runs: two models over one base with different adapters are two engines.
+    return (str(model.model_path), str(model.draft_path) if model.draft_path else None,
+            tuple(str(p) for p in model.adapter_paths))
 
 
 class Lease:
@@ -195,7 +197,7 @@ class Scheduler:
         self.settings = settings
         self.pack_dir = pack_dir
         self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
-        self._slots: dict[tuple[str, str | None], Slot] = {}
+        self._slots: dict[tuple[str, str | None, tuple[str, ...]], Slot] = {}
         self._closing = False
         self._streams: set["GenerationStream"] = set()  # generations running now (ended by drain)
         self.ping_interval = PING_INTERVAL
@@ -223,6 +225,7 @@ class Scheduler:
         return LoadSpec(
             model_path=str(model.model_path),
             draft_path=str(model.draft_path) if model.draft_path else None,
+            adapter_paths=tuple(str(p) for p in model.adapter_paths),
             num_ctx=max(num_ctx, 1),
             num_thread=max(num_thread, 0),
             weight_format=weight_format,

@@ -70,6 +70,8 @@ def _config_reason(cfg: ModelConfig) -> str | None:
 
 
 def _parts(lin: Linear) -> list[QDotLinear] | None:
+    # A LoRA-adapted linear (engine.ops.lora.LoraLinear) is neither: the native stack would run the base
+    # weights alone and drop the adapter, so an adapted model's blocks always run in Python.
     if isinstance(lin, QDotLinear):
         return [lin]
     if isinstance(lin, SplitLinear) and all(isinstance(p, QDotLinear) for p in lin.parts):

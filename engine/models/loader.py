@@ -15,11 +15,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import replace
+from typing import Sequence
 
 import torch
 from torch import nn
 
-from engine.gguf import GGUFFile
+from engine.adapter import AdapterError
+from engine.gguf import GGUFError, GGUFFile
 from engine.models import bert, gemma4_assistant, get_arch
 from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
@@ -34,6 +36,7 @@ from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, format_problem, load_linear
 from engine.ops.linear import default_format as linear_default_format
+from engine.ops.lora import LoraWeights
 from engine.ops.memory import place_on_huge_pages
 from engine.ops.pack_cache import PackCache
 
@@ -278,7 +281,8 @@ def _build_model(f: GGUFFile, cfg: ModelConfig, fmt: str, dtype: torch.dtype, de
 
 
 def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None, *, role: str = "target", pack_dir: str | os.PathLike | None = None) -> Model:
+               dtype: torch.dtype | None = None, *, role: str = "target", pack_dir: str | os.PathLike | None = None,
+               adapters: Sequence[str] = ()) -> Model:
     """Load a GGUF into a ``Model``.
 
     ``fmt``: weight format of the linear layers (``engine.ops.linear.FORMATS``); 'auto' asks
@@ -288,7 +292,8 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     internally) and bf16 on CUDA unless fmt is 'f32'. ``pack_dir``: where packed kernel layouts are cached
     (``engine.ops.pack_cache``): a later load of the same file maps them instead of rebuilding them; the
     file's ``packs`` stays set, so weights loaded from it afterwards (a NextN head) are cached too once
-    their loader calls ``f.packs.save()``.
+    their loader calls ``f.packs.save()``. ``adapters``: LoRA adapter GGUFs added to the linears at run time
+    (``engine.ops.lora``; an adapter that does not fit the file is an ``UnsupportedModelError``).
     """
     device = torch.device(device)
     f, owned = _gguf_of(path_or_file)
@@ -303,6 +308,8 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
             dtype = torch.float32 if (device.type == "cpu" or fmt == "f32") else torch.bfloat16
         if pack_dir is not None and device.type == "cpu":
             f.packs = PackCache(pack_dir, f.path, fmt)
+        if adapters:
+            f.lora = _lora_weights(adapters, f)
         model = _build_model(f, config, fmt, dtype, device)
         _placed(model, device)  # before the save below reads the tensors from another thread
         if f.packs is not None:
@@ -318,6 +325,13 @@ def load_model(path_or_file: str | os.PathLike | GGUFFile, fmt: str = "auto", de
     if device.type != "cpu":
         model.to(device)  # norms and the other small tensors; linears were built on the device
     return model.eval()
+
+
+def _lora_weights(paths: Sequence[str], f: GGUFFile) -> LoraWeights:
+    try:
+        return LoraWeights.load(paths, f)
+    except (AdapterError, GGUFError) as e:
+        raise UnsupportedModelError(f"adapter: {e}") from None
 
 
 # ------------------------------------------------------------------------------------------------

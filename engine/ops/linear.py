@@ -23,7 +23,8 @@ docs/measurements.md ("Weight formats"):
                    a Q4_K_M model (Q4_K + Q6_K) as close to the file as the kernels allow: the Q4_K
                    tensors are reproduced exactly (up to bf16 scales) and Q6_K ones get 8 bits.
 * ``qdot``         every Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 tensor keeps its own integer codes (4, 5,
-                   6 or 8 bits, f16 group scales) and is multiplied by tandem's native kernel
+                   6 or 8 bits, f16 group scales; IQ4_NL's non-linear values exactly as 8-bit codes) and is
+                   multiplied by tandem's native kernel
                    (``engine/ops/kernels/qdot.cpp``, AVX512-VNNI or AVX2) against activations rounded to int8 per 32
                    values, as llama.cpp does; other sources are requantized to 8 bits per 32 (Q8_0's
                    rule). f32 activations. Only where the kernel builds (:func:`engine.ops.kernels.qdot_status`).
@@ -599,7 +600,20 @@ def load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
 
     ``fmt`` is one of :data:`FORMATS`. ``compute_dtype`` is the activation dtype: f32 for ``f32``,
     bf16 for everything else (the only dtype the bf16/int CPU kernels take); passing anything else
-    raises. ``device='cuda'`` gives dense bf16 (or f32) weights on the GPU, see the module doc."""
+    raises. ``device='cuda'`` gives dense bf16 (or f32) weights on the GPU, see the module doc.
+
+    When the file carries LoRA adapters (``f.lora``, ``engine.ops.lora``), the linear comes back wrapped in
+    their update, the base weights untouched in their format."""
+    lin = _load_linear(f, names, fmt, bias_names=bias_names, compute_dtype=compute_dtype, device=device, rows=rows)
+    if f.lora is None or rows is not None:  # adapters target whole 2-D weights, never an expert's slice
+        return lin
+    names = [names] if isinstance(names, str) else names
+    return f.lora.wrap([(n, f.tensors[n].shape[0]) for n in names], lin).to(device)
+
+
+def _load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
+                 bias_names: str | Sequence[str | None] | None, compute_dtype: torch.dtype | None,
+                 device: str | torch.device, rows: tuple[int, int] | None) -> Linear:
     if fmt not in FORMATS:
         raise ValueError(f"unknown linear format {fmt!r}; expected one of {FORMATS}")
     names = [names] if isinstance(names, str) else list(names)

@@ -45,10 +45,11 @@ class ContextLengthError(EngineError):
 
 @dataclass(frozen=True)
 class LoadSpec:
-    """What to load: a target GGUF, an optional draft GGUF, and load-time options."""
+    """What to load: a target GGUF, an optional draft GGUF, the target's LoRA adapters, and load-time options."""
 
     model_path: str
     draft_path: str | None = None
+    adapter_paths: tuple[str, ...] = ()  # LoRA adapter GGUFs applied to the target (never to the draft)
     num_ctx: int = 4096
     num_thread: int = 0  # 0 = the machine's cores
     device: str = "auto"  # auto | cpu | cuda
