@@ -33,6 +33,7 @@ from engine.text.prompt import (
     supports_insert,
 )
 from engine.text.special_tokens import FimTokens, find_fim_tokens
+from engine.text.template_errata import corrected_chat_template
 from engine.text.thinking import infer_thinking_tags, jinja_thinking_tags
 from engine.text.tool_calls import ToolCallFormat, format_for_go_template, format_for_jinja_template
 
@@ -114,9 +115,10 @@ class ModelPrompting:
             self.template_text = model.template
         elif self.facts.chat_template is not None:
             self.kind = "chat_template"
+            source = corrected_chat_template(self.facts.chat_template)
             try:
-                self.jinja = JinjaChatTemplate(self.facts.chat_template)
-                self.template_text = self.facts.chat_template
+                self.jinja = JinjaChatTemplate(source)
+                self.template_text = source
             except TemplateError:
                 self.jinja = None
         if self.go is None and self.jinja is None:

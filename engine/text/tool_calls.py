@@ -233,6 +233,18 @@ def _call_from_json(obj: Any, names: Collection[str]) -> tuple[str, dict[str, An
     return None
 
 
+def _loads(text: str) -> Any:
+    """A balanced JSON value, or one wrapped in doubled braces (``{{"name": ..., "arguments": {...}}}``, as
+    Qwen2.5-Coder's shipped template teaches: engine.text.template_errata), read without its outer pair.
+    Raises ValueError when it is neither."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        if text.startswith("{{") and text.endswith("}}"):
+            return json.loads(text[1:-1])
+        raise
+
+
 def _calls_from_json(value: Any, names: Collection[str]) -> list[tuple[str, dict[str, Any]]] | None:
     """Every call in a parsed JSON value (an object, or a list of them); None if any part is not one."""
     items = value if isinstance(value, list) else [value]
@@ -467,7 +479,7 @@ class ToolCallParser:
         found = None
         if end > 0:
             try:
-                found = _calls_from_json(json.loads(head[:end]), self.names)
+                found = _calls_from_json(_loads(head[:end]), self.names)
             except ValueError:
                 found = None
         if not found:
@@ -504,7 +516,7 @@ def _json_calls_in(block: str, names: Collection[str]) -> list[tuple[str, dict[s
         if end < 0:
             return None
         try:
-            calls = _calls_from_json(json.loads(text[i:end]), names)
+            calls = _calls_from_json(_loads(text[i:end]), names)
         except ValueError:
             return None
         if calls is None:

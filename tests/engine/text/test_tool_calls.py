@@ -61,6 +61,10 @@ CASES = [
     (QWEN, '```python\nprint(1)\n```', '```python\nprint(1)\n```', []),
     (QWEN, 'See: {"name": "get_weather", "arguments": {"city": "Paris"}}',
      'See: {"name": "get_weather", "arguments": {"city": "Paris"}}', []),
+    # wrapped in doubled braces, as Qwen2.5-Coder's shipped template teaches (engine.text.template_errata)
+    (QWEN, '<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>', "", [PARIS]),
+    (QWEN, '{{"name": "get_weather", "arguments": {"city": "Paris"}}}', "", [PARIS]),
+    (QWEN, '<tool_call>{{"city": "Paris"}}</tool_call>', '<tool_call>{{"city": "Paris"}}</tool_call>', []),
     (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
     (LLAMA3, '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
     (LLAMA3, '\n[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time"}]', "",
@@ -141,3 +145,22 @@ def test_format_learned_from_jinja_templates() -> None:
     assert format_for_jinja_template("{{ '<start_function_call>call:' }}") == FUNCTIONGEMMA
     assert format_for_jinja_template("{{ '<|tool_call>call:' + name }}") == GEMMA4
     assert format_for_jinja_template("{% if tools %}{{ tools | tojson }}{% endif %}") == LLAMA3
+
+
+def test_a_shipped_template_that_teaches_doubled_braces_is_corrected() -> None:
+    """Qwen2.5-Coder's GGUF template shows its tool-call example as {{"name": ...}} inside a Jinja string (so
+    verbatim): the model copies it. The prompt tandem renders shows single braces, as Ollama's template does."""
+    from engine.text.prompt import JinjaChatTemplate, Message, Tool
+    from engine.text.template_errata import corrected_chat_template
+
+    shipped = ('{%- if tools %}{{- "<|im_start|>system\\n<tools>" }}{%- for t in tools %}{{ t | tojson }}{%- endfor %}'
+               '{{- "</tools>\\n<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": '
+               '<args-json-object>}}\\n</tool_call><|im_end|>\\n" }}{%- endif %}'
+               '{%- for m in messages %}{{ "<|im_start|>" + m.role + "\\n" + m.content + "<|im_end|>\\n" }}'
+               '{%- endfor %}')
+    tool = Tool("get_weather", "", {"type": "object", "properties": {}})
+    before = JinjaChatTemplate(shipped).render([Message("user", "hi")], tools=[tool])
+    after = JinjaChatTemplate(corrected_chat_template(shipped)).render([Message("user", "hi")], tools=[tool])
+    assert '{{"name": <function-name>' in before
+    assert '\n{"name": <function-name>, "arguments": <args-json-object>}\n' in after
+    assert corrected_chat_template("{{ messages }}") == "{{ messages }}"
