@@ -28,6 +28,8 @@ from .limits import BodyLimitMiddleware
 from .metrics import Metrics, MetricsMiddleware
 from .prompting import PromptCache
 from .routes import embed, generate, models, openai, pull
+from .routes import responses
+from .routes import anthropic
 from .scheduler import EngineHandle, Scheduler
 from .settings import Settings
 
@@ -232,8 +234,10 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
     app.include_router(generate.router)
     app.include_router(models.router)
     app.include_router(openai.router)
+    app.include_router(responses.router)
     app.include_router(pull.router)
     app.include_router(embed.router)
+    app.include_router(anthropic.router)
 
     # add_middleware wraps outside-in in reverse order: metrics sees every answer, CORS runs before the host check.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_request_bytes)
