@@ -270,12 +270,7 @@ def test_pull_safetensors_end_to_end(hub: HFMock, tmp_path: Path) -> None:
     _tiny_hf_model(folder)
     hub.repos["org/tiny-qwen"] = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     store = BlobStore(tmp_path / "models")
-    try:
-        name = pull_module.pull_model(store, "hf.co/org/tiny-qwen:bf16", lambda ev: None)
-    except CreateError as e:
-        if "not supported yet" in str(e):
-            pytest.skip(f"create cannot convert safetensors yet: {e}")
-        raise
+    name = pull_module.pull_model(store, "hf.co/org/tiny-qwen:bf16", lambda ev: None)
     assert str(name) == "hf.co/org/tiny-qwen:bf16"
     model = load_stored_model(store, name)
     assert model.model_path.read_bytes()[:4] == b"GGUF"  # converted

@@ -94,11 +94,16 @@ def _cli(*args: str, srv: ServerThread, stdin: str = "") -> subprocess.Completed
                           env=env, timeout=180)
 
 
+def _cli_modelfile(d: Path) -> Path:
+    write_pair(d)
+    (d / "Modelfile").write_text("FROM ./target.gguf\nDRAFT ./draft.gguf\nPARAMETER temperature 0\n"
+                                 "PARAMETER num_predict 5\nPARAMETER draft_num_predict 2\n")
+    return d / "Modelfile"
+
+
 def test_cli_create_goes_through_the_server(srv: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture) -> None:
-    write_pair(tmp_path)
-    (tmp_path / "Modelfile").write_text("FROM ./target.gguf\nDRAFT ./draft.gguf\nPARAMETER temperature 0\n"
-                                        "PARAMETER num_predict 5\nPARAMETER draft_num_predict 2\n")
+    _cli_modelfile(tmp_path)
     monkeypatch.setenv("TANDEM_HOST", srv.url)
     monkeypatch.setenv("TANDEM_MODELS", str(tmp_path / "local-store"))  # must stay unused: the server builds it
     before = set(srv.store.list_blobs())
@@ -116,9 +121,10 @@ def test_cli_create_goes_through_the_server(srv: ServerThread, tmp_path: Path, m
     assert "cli-model:latest" in names and "cli-model2:latest" in names
 
 
-def test_cli_run_ps_stop_pull(srv: ServerThread, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
-    if "cli-model:latest" not in [e.name.display() for e in srv.store.list_models()]:
-        pytest.skip("needs the model from test_cli_create_goes_through_the_server")
+def test_cli_run_ps_stop_pull(srv: ServerThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture) -> None:
+    if "cli-model:latest" not in [e.name.display() for e in srv.store.list_models()]:  # run on its own
+        assert _cli("create", "cli-model", "-f", str(_cli_modelfile(tmp_path)), srv=srv).returncode == 0
     r = _cli("run", "cli-model", "Say", "hello", "--verbose", srv=srv)
     assert r.returncode == 0, r.stderr
     for label in ("total duration:", "eval count:           5 token(s)", "eval rate:", "drafter:              model",

@@ -223,7 +223,12 @@ def test_keep_alive_zero_unloads_after_request(http: httpx.Client) -> None:
 
 
 def test_metrics(http: httpx.Client) -> None:
-    http.post("/api/generate", json={"model": "tiny", "prompt": "count me", "stream": False})
+    # a fixed depth drafts every step: this request alone puts draft rounds on the counters
+    r = http.post("/api/generate", json={"model": "tiny", "prompt": "count me", "stream": False,
+                                         "options": {"num_predict": 8, "draft_schedule": "fixed"}})
+    rounds = r.json()["draft_rounds"]
+    assert rounds > 0
+    assert http.post("/api/generate", json={"model": "no-such-model", "prompt": "x"}).status_code == 404
     text = http.get("/metrics").text
     assert 'tandem_requests_total{endpoint="/api/generate",method="POST",status="200"}' in text
     assert 'tandem_requests_total{endpoint="/api/generate",method="POST",status="404"}' in text
@@ -235,7 +240,8 @@ def test_metrics(http: httpx.Client) -> None:
 
     assert value("tandem_generated_tokens_total") > 0 and value("tandem_prompt_tokens_total") > 0
     assert value("tandem_draft_tokens_total") >= value("tandem_draft_accepted_tokens_total")
-    assert value("tandem_draft_rounds_total") >= 0
+    assert value("tandem_draft_tokens_total") > 0
+    assert value("tandem_draft_rounds_total") >= rounds
     assert "tandem_request_duration_seconds_bucket" in text
 
 
