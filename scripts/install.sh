@@ -24,6 +24,23 @@ if [ ! -f /usr/include/simde/x86/avx512.h ] && command -v apt-get >/dev/null 2>&
     { timeout 180 apt-get update -qq >/dev/null 2>&1 && timeout 180 apt-get install -y -qq libsimde-dev >/dev/null 2>&1; } ||
     echo "libsimde-dev not installed: the emulated AVX-512 kernel tests will skip"
 fi
+# libggml-base, llama.cpp's quantization code, from llama-cpp-python's pinned source (only that one library:
+# ~15 s on 2 cores, not the ten-minute build of the whole package): the quantizer and dequantizer tests compare
+# against it byte for byte (tests/libggml.py; scripts/test.sh points TANDEM_LIBGGML_BASE at it).
+if [ ! -f .venv/ggml/libggml-base.so ]; then
+  command -v cmake >/dev/null 2>&1 || .venv/bin/pip install -qq cmake
+  CMAKE=$(command -v cmake || echo .venv/bin/cmake)
+  src=$(mktemp -d)
+  .venv/bin/pip download -qq --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$src"
+  tar xzf "$src"/llama_cpp_python-0.3.36.tar.gz -C "$src"
+  "$CMAKE" -S "$src"/llama_cpp_python-0.3.36/vendor/llama.cpp -B "$src/build" -DBUILD_SHARED_LIBS=ON -DGGML_NATIVE=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF \
+    -DCMAKE_BUILD_TYPE=Release >/dev/null
+  "$CMAKE" --build "$src/build" --target ggml-base -j "$(nproc)" >/dev/null
+  mkdir -p .venv/ggml
+  cp -L "$src"/build/bin/libggml-base.so .venv/ggml/libggml-base.so
+  rm -rf "$src"
+fi
 # Build the native qdot kernel now (20-60 s, cached under ~/.cache/torch_extensions) rather than in the
 # first request or test that loads a model; without a C++ compiler the engine uses torch's kernels.
 .venv/bin/python -c "from engine.ops.kernels import qdot_status; s = qdot_status(); print('qdot kernel:', s.isa if s.available else 'not available (' + s.detail + ')')"

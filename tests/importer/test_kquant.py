@@ -1,17 +1,15 @@
 """tandem's K-quant quantizer (importer.kquant) and the q4_K_M / q5_K_M / ... mixtures (importer.quantize).
 
 The reference is llama.cpp's own quantizer: ``ggml_quantize_chunk`` from libggml-base, called with
-ctypes where the library exists (llama-cpp-python ships it; set TANDEM_LIBGGML_BASE to point at
-another build, or to "none" to do without it), and otherwise tests/kquant_reference.py, a loop-per-block port of the C functions
-that ``test_reference_port_is_libggml`` proves byte-identical to the library.
+ctypes (tests/libggml.py: scripts/install.sh builds the library, so CI has it), and where it is absent
+tests/kquant_reference.py, a loop-per-block port of the C functions that ``test_reference_port_is_libggml``
+proves byte-identical to the library.
 """
 
 from __future__ import annotations
 
-import ctypes
-import importlib.util
 import os
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 
 import gguf
@@ -30,7 +28,7 @@ from importer.quantize import (
     use_more_bits,
 )
 from importer.request import CreateError
-from tests import kquant_reference
+from tests import kquant_reference, libggml
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 K_TYPES = ("Q4_K", "Q5_K", "Q6_K")
@@ -77,55 +75,19 @@ DATASETS = _datasets()
 # the reference: libggml when present, else the port
 
 
-def _find_libggml() -> Path | None:
-    candidates = []
-    env = os.environ.get("TANDEM_LIBGGML_BASE")
-    if env == "none":  # run as CI would without llama.cpp: compare against the port only
-        return None
-    if env:
-        candidates.append(Path(env))
-    spec = importlib.util.find_spec("llama_cpp")  # located, never imported
-    if spec and spec.submodule_search_locations:
-        candidates += [Path(p) / "lib" / "libggml-base.so" for p in spec.submodule_search_locations]
-    candidates += [Path("/tmp/bench/ggml-build/bin/libggml-base.so"), Path("/tmp/bench/site/llama_cpp/lib/libggml-base.so")]
-    return next((p for p in candidates if p.is_file()), None)
-
-
-@lru_cache(maxsize=1)
-def _libggml():
-    path = _find_libggml()
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-        fn = lib.ggml_quantize_chunk
-    except (OSError, AttributeError):
-        return None
-    fn.restype = ctypes.c_size_t
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int64, ctypes.c_void_p]
-    return lib
-
-
 def libggml_quantize(x: np.ndarray, type_name: str) -> np.ndarray:
     """llama.cpp: ggml_quantize_chunk(type, src, dst, 0, nrows, n_per_row, imatrix=NULL)."""
-    lib = _libggml()
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    rows, n = x.shape
-    out = np.zeros((rows, n // 256 * kquant.BLOCK_BYTES[type_name]), dtype=np.uint8)
-    written = lib.ggml_quantize_chunk(GGML_IDS[type_name], x.ctypes.data, out.ctypes.data, 0, rows, n, None)
-    assert written == out.nbytes
-    return out
+    return libggml.quantize(x, GGML_IDS[type_name], x.shape[1] // 256 * kquant.BLOCK_BYTES[type_name])
 
 
-needs_libggml = pytest.mark.skipif(_find_libggml() is None, reason="libggml-base (llama.cpp) not found")
+needs_libggml = pytest.mark.skipif(libggml.library() is None, reason="libggml-base (llama.cpp) not found")
 
 
 @cache
 def reference_bytes(dataset: str, type_name: str) -> np.ndarray:
     """llama.cpp's bytes for a dataset: libggml if present, else the (proven identical) port."""
     x = DATASETS[dataset]
-    if _libggml() is not None:
+    if libggml.library() is not None:
         return libggml_quantize(x, type_name)
     return kquant_reference.quantize(x, type_name)
 

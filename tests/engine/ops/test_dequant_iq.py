@@ -1,5 +1,5 @@
-"""IQ quantization types and MXFP4: engine.ops.dequant against gguf-py (bit-exact), and tiny models
-stored in these types loading and running like their f32-dequantized twins."""
+"""IQ quantization types and MXFP4: engine.ops.dequant against libggml itself and against gguf-py (bit-exact), and
+tiny models stored in these types loading and running like their f32-dequantized twins."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from engine.models.loader import load_model
 from engine.ops import dequant as dq
 from engine.ops import linear as L
 from engine.ops.kernels import load_qdot
+from tests import libggml
 from tests.tiny_gguf import TinySpec, random_blocks, write_tiny_gguf
 
 GT = gguf.GGMLQuantizationType
@@ -43,6 +44,21 @@ def test_bit_exact_with_gguf_py(qtype):
     got = dq.dequantize(_t(raw), int(qtype), (n, k))
     assert torch.equal(got, torch.from_numpy(ref))
     assert torch.equal(dq.dequantize(_t(raw), int(qtype), (n, k), torch.bfloat16), got.bfloat16())
+
+
+@pytest.mark.skipif(libggml.library() is None, reason="libggml-base (llama.cpp) not found")
+@pytest.mark.parametrize("qtype", IQ_TYPES, ids=lambda t: t.name)
+def test_bit_exact_with_libggml(qtype):
+    """llama.cpp's own quantizer writes the blocks (real ones: scales and grid points as a model's weights carry
+    them) and its own to_float reads them; ours reads the same f32 bits. Random blocks too (every sign pattern)."""
+    n, k = 32, 1024
+    x = np.random.default_rng(3).standard_normal((n, k)).astype(np.float32) * 0.02
+    _, block, block_bytes = GGML_TYPES[int(qtype)]
+    for raw in (libggml.quantize(x, int(qtype), k // block * block_bytes), _blocks(qtype, n, k, seed=2)):
+        with np.errstate(over="ignore"):
+            ref = libggml.dequantize(raw, int(qtype), n * k).reshape(n, k)
+        got = dq.dequantize(_t(raw), int(qtype), (n, k))
+        assert torch.equal(got, torch.from_numpy(ref))
 
 
 @pytest.mark.parametrize("qtype", IQ_TYPES, ids=lambda t: t.name)
