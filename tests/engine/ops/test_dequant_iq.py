@@ -110,7 +110,7 @@ def _spec(dtype: str) -> TinySpec:
                     tied_output=False)
 
 
-@pytest.mark.parametrize("dtype", ["IQ4_NL", "IQ4_XS", "IQ2_S", "MXFP4"])
+@pytest.mark.parametrize("dtype", [t.name for t in IQ_TYPES])
 def test_tiny_model_runs_like_its_f32_twin(dtype, tmp_path):
     path = write_tiny_gguf(tmp_path / "q.gguf", _spec(dtype))
     with GGUFFile(path) as f:
