@@ -313,6 +313,8 @@ class ModelRuntime:
             return
         slot = self.slots.acquire(prompt)
         try:
+            if self.arbiter is not None:  # a prefix another sequence evaluated is copied, not evaluated again
+                self.arbiter.run_exclusive(lambda: self.slots.share_prefix(slot, prompt))
             yield from self._generate_in(slot, req, prompt, node, num_ctx, num_keep, should_stop)
         finally:
             self.slots.release(slot)

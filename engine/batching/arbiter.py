@@ -58,6 +58,7 @@ class ForwardArbiter:
     _active: int = 0
     _pending: list[ForwardCall] = field(default_factory=list)
     _running: bool = False
+    _exclusive: int = 0  # callers of run_exclusive waiting for the sequences to stand still
     steps: int = 0  # target steps run so far
     rows: int = 0  # target rows forwarded so far (rows / steps: the mean batch width)
 
@@ -93,8 +94,28 @@ class ForwardArbiter:
             raise call.error
         return call.result
 
+    def run_exclusive(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` while every active sequence waits in a forward (or none is active) and no step runs: no
+        sequence touches its cache meanwhile, so ``fn`` may read one sequence's cache into another's. Steps are
+        held back from the moment this is called, so a busy batch reaches that point within one step."""
+        with self._cond:
+            self._exclusive += 1
+            try:
+                while self._running or len(self._pending) < self._active:
+                    self._cond.wait()
+                self._running = True
+            finally:
+                self._exclusive -= 1
+        try:
+            return fn()
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+
     def _ready(self) -> bool:
-        return not self._running and bool(self._pending) and len(self._pending) >= self._active
+        return not self._running and not self._exclusive and bool(self._pending) and \
+            len(self._pending) >= self._active
 
     def _run_ready(self) -> None:
         """Run one step if every active sequence waits (on the calling thread)."""

@@ -7,7 +7,8 @@ costs stay one table per target: a forward's price belongs to the machine, which
 
 A request takes the free slot whose cache shares the longest prefix with its prompt (a chat's next turn finds
 its own slot's cache), else the one used least recently, so that a new conversation does not evict the one
-that just spoke.
+that just spoke. Where another slot, busy or not, holds a longer prefix of the prompt (the system prompt every
+client of an application sends), the slot copies those positions from it instead of evaluating them again.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class SequenceSlot:
     used_at: int = 0  # when it last started a request (a counter)
 
 
+#: A slot adopts another's cached prefix only when that saves at least this many positions: a copy of a few is
+#: not worth holding every sequence at the step barrier for.
+SHARED_PREFIX_MIN = 16
+
+
 class SlotPool:
     """The slots of one loaded model; ``acquire`` and ``release`` may be called from any thread."""
 
@@ -41,6 +47,7 @@ class SlotPool:
         self.slots = list(slots)
         self._lock = threading.Lock()
         self._clock = 0
+        self.adopted = 0  # positions copied from another slot's cache so far (share_prefix)
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -60,6 +67,25 @@ class SlotPool:
             self._clock += 1
             slot.busy, slot.used_at = True, self._clock
             return slot
+
+    def share_prefix(self, slot: SequenceSlot, tokens: Sequence[int]) -> int:
+        """Give ``slot`` the longest prefix of ``tokens`` another slot's cache holds, when it beats its own by at
+        least SHARED_PREFIX_MIN tokens; how many positions it adopted (0: none). Only plain KV caches (a
+        recurrent layer's state is not a per-position copy). Run where no sequence writes its cache
+        (``ForwardArbiter.run_exclusive``)."""
+        if type(slot.cache) is not KVCache:
+            return 0
+        tokens = list(tokens)
+        # leave the prompt's last token to evaluate: its logits start the generation
+        own = min(slot.cache.common_prefix(tokens), len(tokens) - 1)
+        donors = [(min(s.cache.common_prefix(tokens), len(tokens) - 1), s) for s in self.slots
+                  if s is not slot and type(s.cache) is KVCache]
+        n, donor = max(donors, key=lambda d: d[0], default=(0, None))
+        if donor is None or n < own + SHARED_PREFIX_MIN:
+            return 0
+        slot.cache.adopt_prefix(donor.cache, n)
+        self.adopted += n
+        return n
 
     def release(self, slot: SequenceSlot) -> None:
         with self._lock:

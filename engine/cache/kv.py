@@ -102,6 +102,18 @@ class KVCache:
             i += 1
         return i
 
+    def adopt_prefix(self, other: "KVCache", n: int) -> None:
+        """Hold ``other``'s first ``n`` positions (keys, values and token ids) instead of anything of its own: a
+        prompt that starts as another sequence's did (a shared system prompt) is not evaluated again. The
+        caller makes sure ``other`` is not being written meanwhile (engine.batching)."""
+        if n > other.length or n > self.capacity or other.k.shape[:2] != self.k.shape[:2] or \
+                other.k.shape[3] != self.k.shape[3] or other.v.shape[3] != self.v.shape[3]:
+            raise ValueError("cannot adopt a prefix from a cache of another shape or a shorter one")
+        self.k[:, :, :n].copy_(other.k[:, :, :n])
+        self.v[:, :, :n].copy_(other.v[:, :, :n])
+        self.length = n
+        self.tokens = list(other.tokens[:n])
+
     def reuse_prefix(self, new_tokens: Sequence[int], *, leave_last: bool = True) -> int:
         """Keep the longest common prefix with ``new_tokens``, truncate the rest, return how many are kept.
 

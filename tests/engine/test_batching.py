@@ -310,3 +310,59 @@ def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_stream
     shared = [r for r in rows if len(r) > 1]
     assert shared and max(max(r) for r in shared) <= 64
     assert sum(1 for r in rows if 64 in r) >= 3  # the long prompt went in chunks, beside the others
+
+
+def test_a_prompt_another_sequence_evaluated_is_copied_not_evaluated_again(models):
+    """A system prompt every client sends: the second request, on another slot while the first streams, adopts the
+    first's cached positions (prompt_cached counts them) and still generates exactly what it does alone."""
+    system = "You are a careful assistant. Answer briefly and cite nothing. " * 3
+    eng = engine(models["llama"], n=2, num_ctx=512)
+    alone = engine(models["llama"], n=1, num_ctx=512)
+    second = system + "The second question"
+    want = generate(alone, second, temperature=0, num_predict=12)
+    started, release = threading.Event(), threading.Event()
+
+    def stop() -> bool:  # the first request keeps stepping (a sequence that pauses holds up the batch) until released
+        started.set()
+        return release.is_set()
+
+    t = threading.Thread(target=lambda: generate(eng, system + "The first question", temperature=0, num_predict=400,
+                                                 should_stop=stop))
+    t.start()
+    assert started.wait(60)
+    try:
+        got = generate(eng, second, temperature=0, num_predict=12)
+    finally:
+        release.set()
+        t.join(60)
+    n_system = len(eng.tokenize(system))
+    assert eng.slots.adopted >= n_system - 1  # copied from the first request's slot, not its own old cache
+    assert got.result.prompt_cached >= n_system - 1 and want.result.prompt_cached == 0
+    assert got.tokens == want.tokens
+
+
+def test_an_exclusive_section_runs_while_every_sequence_waits():
+    """run_exclusive holds back the next step and runs once all active sequences wait in a forward."""
+    seen: list[str] = []
+    arbiter = ForwardArbiter(run_batch=lambda model, calls: [seen.append("step") or None for _ in calls])
+    target = BatchedModel(object(), arbiter, draft=False)
+    arbiter.join()
+    arbiter.join()
+    go = threading.Event()
+
+    def seq():
+        go.wait(10)
+        for _ in range(3):
+            target.forward([1], None)
+        arbiter.leave()
+
+    threads = [threading.Thread(target=seq) for _ in range(2)]
+    for th in threads:
+        th.start()
+    done = threading.Event()
+    waiter = threading.Thread(target=lambda: (arbiter.run_exclusive(lambda: seen.append("exclusive")), done.set()))
+    waiter.start()
+    go.set()
+    for th in threads + [waiter]:
+        th.join(10)
+    assert done.is_set() and seen.count("exclusive") == 1 and seen.count("step") == 6
