@@ -271,5 +271,8 @@ def _load_encoder_parts(spec: LoadSpec, f: GGUFFile, device: torch.device) -> Lo
         architecture=cfg.arch, context_length=num_ctx, vocab_size=cfg.vocab_size, device=str(device),
         weight_format=encoder.fmt, draft_architecture=None, draft_weight_format=None,
         memory_bytes=int(model_bytes(encoder)), bos_token=toks[tokenizer.bos_id], eos_token=toks[tokenizer.sep_id],
-        add_bos=True, pooling=cfg.pooling, embedding_length=cfg.n_embd)
+        add_bos=True, pooling=cfg.pooling, embedding_length=cfg.n_embd,
+        # requests at once: an encoder keeps no per-sequence state, and the engine client merges the calls of
+        # requests served together into one (engine.process.embed_batcher)
+        num_parallel=spec.num_parallel if spec.num_parallel > 0 else AUTO_PARALLEL)
     return LoadedParts(spec=spec, target=encoder, gguf=f, tokenizer=tokenizer, cache=None, drafters={}, facts=facts)

@@ -20,6 +20,7 @@ import time
 from typing import Any, Iterator
 
 from engine.process.cancel_flag import CancelFlag
+from engine.process.embed_batcher import EmbedBatcher
 from engine.process.protocol import (
     EXIT_FINISH_CAP,
     EmbedRequest,
@@ -55,6 +56,7 @@ class EngineClient:
         self._conn, child_conn = _CTX.Pipe(duplex=True)
         self._cancel = CancelFlag(_CTX)
         self._timeout = timeout
+        self._embeds = EmbedBatcher(lambda req: self._call(("embed", req), self._timeout))
         beat = min(1.0, timeout / 4) if timeout else 0.0
         from engine.process.worker import engine_main
 
@@ -200,8 +202,9 @@ class EngineClient:
         return self._call(("detokenize", list(ids)), self._timeout)
 
     def embed(self, req: EmbedRequest) -> EmbedResult:
-        """Every input's pooled vector (an embedding model only), in one round trip."""
-        return self._call(("embed", req), self._timeout)
+        """Every input's pooled vector (an embedding model only). Requests made at the same time from several
+        threads go to the engine as one call (engine.process.embed_batcher)."""
+        return self._embeds.embed(req)
 
     def health(self, timeout: float = 5.0) -> dict:
         if not self.alive():

@@ -6,6 +6,7 @@ checked against transformers' mean pooling (normalised as Ollama does), the real
 from __future__ import annotations
 
 import base64
+import threading
 import time
 from pathlib import Path
 
@@ -257,3 +258,36 @@ def test_tandem_run_prints_the_vector(srv: ServerThread, expected, monkeypatch: 
     assert len(json.loads(capsys.readouterr().out)) == 8
     assert main(["run", "minibert"]) == 1
     assert "embedding models require input text" in capsys.readouterr().err
+
+
+def test_concurrent_requests_are_served_together_and_each_gets_its_own_vectors(srv: ServerThread,
+                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight clients at once, one text each: the engine serves them in fewer calls than requests (requests that
+    wait while a call runs merge into the next), and each client gets the vector it gets alone."""
+    texts = [f"sentence number {i} about embeddings" for i in range(8)]
+    alone = [httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": t}, timeout=120).json()
+             for t in texts]
+    (runner,) = [r for r in srv.scheduler.loaded() if r.facts.pooling is not None]
+    assert runner.facts.num_parallel > 1
+    calls_before = runner.engine._embeds.calls
+    engine_call = runner.engine._embeds._run
+
+    def slow_call(req):  # the tiny model answers in a millisecond: give the other requests time to arrive
+        time.sleep(0.3)
+        return engine_call(req)
+
+    monkeypatch.setattr(runner.engine._embeds, "_run", slow_call)
+    out: list = [None] * len(texts)
+
+    def one(i: int) -> None:
+        out[i] = httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": texts[i]}, timeout=120).json()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(texts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for got, want in zip(out, alone):
+        np.testing.assert_allclose(got["embeddings"][0], want["embeddings"][0], rtol=1e-5, atol=1e-6)
+        assert got["prompt_eval_count"] == want["prompt_eval_count"]
+    assert runner.engine._embeds.calls - calls_before < len(texts)
