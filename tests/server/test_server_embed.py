@@ -267,7 +267,7 @@ def test_concurrent_requests_are_served_together_and_each_gets_its_own_vectors(s
     texts = [f"sentence number {i} about embeddings" for i in range(8)]
     alone = [httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": t}, timeout=120).json()
              for t in texts]
-    (runner,) = [r for r in srv.scheduler.loaded() if r.facts.pooling is not None]
+    (runner,) = [r for r in srv.scheduler.loaded() if r.name == "minibert:latest"]
     assert runner.facts.num_parallel > 1
     calls_before = runner.engine._embeds.calls
     engine_call = runner.engine._embeds._run
