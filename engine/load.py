@@ -80,10 +80,16 @@ def available_memory() -> int | None:
 
 
 def resolve_device(device: str) -> torch.device:
+    """The one place the engine asks torch about CUDA: ``cpu`` stays on the CPU whatever torch sees."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise EngineError("CUDA was requested but is not available", 400)
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise EngineError("a GPU was requested (num_gpu > 0) but CUDA is not available", 400)
+        index = torch.device(device).index or 0
+        if index >= torch.cuda.device_count():
+            raise EngineError(f"GPU {index} was requested (main_gpu) but this machine has "
+                              f"{torch.cuda.device_count()}", 400)
     return torch.device(device)
 
 

@@ -205,6 +205,16 @@ class Options:
     def _with(cls, values: Mapping[str, Any]) -> "Options":
         return cls(**values, explicit=frozenset(values))
 
+    def device(self) -> str:
+        """Where the native engine loads the model, from Ollama's ``num_gpu`` (layers to offload) and ``main_gpu``:
+        the CPU unless layers are asked for (``num_gpu`` > 0), then the whole model on GPU ``main_gpu`` (tandem
+        does not split a model across devices). Ollama's default -1 ("as many as fit") stays on the CPU here:
+        the engine's GPU path is dense bf16 through plain PyTorch, which no test runs, so it is a user's choice,
+        never a default (issue 36)."""
+        if "num_gpu" in self.explicit and self.num_gpu > 0:
+            return f"cuda:{self.main_gpu or 0}"
+        return "cpu"
+
 
 def _json_kind(hint: Any) -> Any:
     """The JSON type of a field: ``int``, ``float``, ``bool``, ``str`` or ``list[str]``."""

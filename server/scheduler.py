@@ -232,6 +232,7 @@ class Scheduler:
             draft_vocab=options.draft_vocab,
             pack_dir=str(self.pack_dir) if self.pack_dir is not None else None,
             num_parallel=self.settings.num_parallel,
+            device=options.device(),
         )
 
     async def acquire(self, model: StoredModel, options: Options, keep_alive: float) -> Lease:

@@ -52,7 +52,7 @@ class LoadSpec:
     adapter_paths: tuple[str, ...] = ()  # LoRA adapter GGUFs applied to the target (never to the draft)
     num_ctx: int = 4096
     num_thread: int = 0  # 0 = the machine's cores
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "cpu"  # cpu | cuda[:N] | auto (CUDA when torch sees it); the server sends Options.device()
     weight_format: str = "auto"  # target weights: auto | f32 | bf16 | bf16-packed | int8 | int4 | auto-int4 | qdot
     draft_weight_format: str = "auto"
     # a draft model's output head keeps only this many tokens (engine.models.pruned_head); 0 = all

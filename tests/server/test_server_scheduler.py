@@ -331,6 +331,10 @@ def test_load_option_change_reloads(model_store: BlobStore) -> None:
         assert s.load_spec(model, Options()).draft_vocab == 16384  # the default
         await run_one(s, model, load={"num_ctx": 100, "draft_vocab": 0})
         assert len(FakeEngine.instances) == 3 and FakeEngine.instances[2].spec.draft_vocab == 0
+        # the device: the CPU unless num_gpu asks for a GPU (issue 36); asking reloads onto it
+        assert FakeEngine.instances[2].spec.device == "cpu"
+        await run_one(s, model, load={"num_ctx": 100, "draft_vocab": 0, "num_gpu": 4, "main_gpu": 1})
+        assert len(FakeEngine.instances) == 4 and FakeEngine.instances[3].spec.device == "cuda:1"
         await s.shutdown()
 
     asyncio.run(main())
