@@ -32,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol
@@ -160,6 +160,14 @@ def expiry(keep_alive: float, now: datetime | None = None) -> datetime:
     return now + timedelta(seconds=keep_alive)
 
 
+def serves(loaded: LoadSpec, wanted: LoadSpec) -> bool:
+    """Whether an engine loaded with ``loaded`` serves a request that asks for ``wanted``: the same load, or one
+    that differs only by a smaller context. The engine caps each request at its own ``num_ctx`` (truncation and
+    the context shift happen there, engine.runtime), so clients that ask for different contexts share one
+    engine instead of reloading it for each other (Ollama reloads on every num_ctx change)."""
+    return loaded == wanted or (wanted.num_ctx < loaded.num_ctx and replace(wanted, num_ctx=loaded.num_ctx) == loaded)
+
+
 def model_key(model: StoredModel) -> tuple[str, str | None, tuple[str, ...]]:
     # Adapters are part of what runs: two models over one base with different adapters are two engines.
     return (str(model.model_path), str(model.draft_path) if model.draft_path else None,
@@ -285,11 +293,11 @@ class Scheduler:
             return None, slot.stopping
         spec = self.load_spec(model, options)
         runner = slot.runner
-        if runner is not None and runner.engine.alive() and runner.spec == spec and slot.active == 0:
+        if runner is not None and runner.engine.alive() and serves(runner.spec, spec) and slot.active == 0:
             if not await self._answers(runner):
                 log.warning("engine of %s (pid %s) did not answer a health ping; starting a new one",
                             runner.name, runner.engine.pid)
-        if runner is not None and (not runner.engine.alive() or runner.spec != spec):
+        if runner is not None and (not runner.engine.alive() or not serves(runner.spec, spec)):
             if slot.active > 0 and runner.engine.alive():
                 return None, slot.freed  # other load options: reload once the running requests end
             why = "engine exited" if not runner.engine.alive() else "load options changed"

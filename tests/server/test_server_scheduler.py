@@ -238,11 +238,11 @@ def test_other_load_options_wait_for_the_running_requests_then_reload(model_stor
         s = scheduler()
         running = [asyncio.create_task(run_one(s, model, num_predict=10)) for _ in range(2)]
         await asyncio.sleep(0.05)
-        other = asyncio.create_task(run_one(s, model, load={"num_ctx": 64}))
+        other = asyncio.create_task(run_one(s, model, load={"draft_vocab": 0}))
         assert await asyncio.gather(*running) == ["t0 t1 t2 t3 t4 t5 t6 t7 t8 t9 "] * 2
         assert await other == "t0 t1 t2 "
         first, second = FakeEngine.instances
-        assert first.generated == 20 and first.closed and second.spec.num_ctx == 64
+        assert first.generated == 20 and first.closed and second.spec.draft_vocab == 0
         await s.shutdown()
 
     asyncio.run(main())
@@ -307,6 +307,28 @@ def test_keep_alive_zero_expiry_and_forever(model_store: BlobStore) -> None:
         await run_one(s, model, keep_alive=FOREVER)
         [r] = s.loaded()
         assert r.expires_at.year > datetime.now().year + 200
+        await s.shutdown()
+
+    asyncio.run(main())
+
+
+def test_a_smaller_context_is_served_by_the_loaded_engine(model_store: BlobStore) -> None:
+    """Clients asking for different num_ctx share one engine (each request is capped at its own num_ctx in the
+    engine) instead of reloading it for each other; a larger one than loaded still reloads."""
+    model = load_stored_model(model_store, "fake")
+
+    async def main() -> None:
+        s = scheduler(context_length=64)
+        await run_one(s, model)
+        await run_one(s, model, load={"num_ctx": 48})
+        await run_one(s, model, load={"num_ctx": 32})
+        assert len(FakeEngine.instances) == 1 and FakeEngine.instances[0].spec.num_ctx == 64
+        await run_one(s, model, load={"num_ctx": 128})
+        assert len(FakeEngine.instances) == 2 and FakeEngine.instances[1].spec.num_ctx == 128
+        await run_one(s, model, load={"num_ctx": 32})
+        assert len(FakeEngine.instances) == 2
+        await run_one(s, model, load={"num_ctx": 32, "draft_vocab": 0})  # another load option still reloads
+        assert len(FakeEngine.instances) == 3
         await s.shutdown()
 
     asyncio.run(main())
