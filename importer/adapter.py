@@ -27,11 +27,11 @@ from engine.gguf import GGUFError, GGUFFile
 
 from .hf_to_gguf import _MODEL_ARCH, TensorPlan, _prepare, _text_name
 from .request import CreateError, Progress, ProgressEvent
+from .uploads import sort_weights
 from .safetensors_import import HFSource, TensorReader, folder_paths, read_header
 
 ROLE = "ADAPTER"
 CONFIG_FILE = "adapter_config.json"
-_GGUF_MAGIC = b"GGUF"
 # base_model.model.<module>.lora_A.weight; older PEFT also keeps the adapter's name (lora_A.default.weight).
 _PEFT_RE = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
 
@@ -42,16 +42,7 @@ def _fail(message: str) -> CreateError:
 
 def adapter_layer(store: BlobStore, files: Mapping[str, str], base: Path, progress: Progress) -> Layer:
     """The adapter layer for the uploaded ``files`` (name -> digest) over the target GGUF ``base``."""
-    ggufs, safetensors = [], []
-    for fname, digest in files.items():
-        if not store.has_blob(digest):
-            raise CreateError(f'blob "{digest}" not found; upload it with POST /api/blobs/{digest} first')
-        with store.open_blob(digest) as fh:
-            magic = fh.read(4)
-        if magic == _GGUF_MAGIC:
-            ggufs.append(digest)
-        elif fname.endswith(".safetensors"):
-            safetensors.append(fname)
+    ggufs, safetensors = sort_weights(store, files, ROLE)
     if ggufs and safetensors:
         raise _fail("both GGUF and safetensors files were given; give one adapter")
     if len(set(ggufs)) > 1:

@@ -49,13 +49,13 @@ from .adapter import adapter_layer
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
+from .uploads import sort_weights
 from .pair_precheck import precheck_folder_pair
 from .quantize import parse_quant_type, quantize_gguf
 from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
 from .safetensors_import import folder_paths
 
 _SEMVER_RE = re.compile(r"^v?(\d+)(\.\d+)?(\.\d+)?(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
-_GGUF_MAGIC = b"GGUF"
 log = logging.getLogger(__name__)
 
 
@@ -155,21 +155,7 @@ def _gguf_from_files(store: BlobStore, files: dict[str, str], role: str, progres
     ``check`` vets a converted GGUF before it enters the store; ``donor_digest`` is the GGUF whose
     tokenizer an MTP head uploaded without tokenizer files adopts (the target's).
     """
-    ggufs: list[str] = []
-    safetensors: list[str] = []
-    for fname, digest in files.items():
-        if not store.has_blob(digest):
-            raise CreateError(f'blob "{digest}" not found; upload it with POST /api/blobs/{digest} first')
-        with store.open_blob(digest) as fh:
-            magic = fh.read(4)
-        if magic == _GGUF_MAGIC:
-            ggufs.append(digest)
-        elif fname.endswith(".safetensors"):
-            safetensors.append(fname)
-        elif fname.endswith((".bin", ".pt", ".pth")):
-            raise CreateError(f"{role} {fname}: PyTorch pickle weights are not supported; use safetensors or GGUF")
-        elif fname.endswith(".gguf"):
-            raise CreateError(f"{role} {fname}: not a GGUF file (bad magic {magic!r}, expected b'GGUF')")
+    ggufs, safetensors = sort_weights(store, files, role)
     if ggufs and safetensors:
         raise CreateError(f"{role}: both GGUF and safetensors weights were given; give one model")
     if safetensors:

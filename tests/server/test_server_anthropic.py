@@ -15,12 +15,11 @@ import anthropic
 import httpx
 import pytest
 
-from importer import CreateRequest, create_model
 from server.gojson import INTERNAL_ERROR, ApiError
 from server.routes.anthropic import _sse_response
 from server.routes.anthropic_request import chat_messages_of
-from tests.server.test_server_tools import CALLS_TEMPLATE, THINK_TEMPLATE, forced
-from tests.server_thread import SPEC_FIELDS, ServerThread, make_store, write_pair
+from tests.server.test_server_tools import forced, tool_models_store
+from tests.server_thread import SPEC_FIELDS, ServerThread
 
 USER = [{"role": "user", "content": "Weather in Paris?"}]
 WEATHER = {"name": "get_weather", "description": "Get the weather in a city",
@@ -35,16 +34,7 @@ CALL = {**GREEDY, "output_config": {"format": {"type": "json_schema",
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("anthropic")
-    store = make_store(d)  # "tiny": ChatML, no tools, no thinking
-    target, draft = write_pair(d)
-    t, _ = store.add_file(target)
-    dr, _ = store.add_file(draft)
-    for name, template, params in [("calls", CALLS_TEMPLATE, {"num_predict": 160}),
-                                   ("thinker", THINK_TEMPLATE, {"num_predict": 12})]:
-        create_model(store, CreateRequest(model=name, files={"target.gguf": t}, draft_files={"draft.gguf": dr},
-                                          template=template, parameters={"temperature": 0.0, **params}))
-    with ServerThread(store) as server:
+    with ServerThread(tool_models_store(tmp_path_factory.mktemp("anthropic"))) as server:
         yield server
 
 

@@ -13,13 +13,12 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from importer import CreateRequest, create_model
 from server.gojson import INTERNAL_ERROR, ApiError
 from server.reply import ReplyPiece
 from server.routes.responses import ResponsesRequest, _chat_history, _messages, _options, _response_object
 from server.routes.responses_output import OutputBuilder
-from tests.server.test_server_tools import CALL, CALLS_TEMPLATE, THINK_TEMPLATE, WEATHER
-from tests.server_thread import SPEC_FIELDS, ServerThread, make_store, write_pair
+from tests.server.test_server_tools import CALL, WEATHER, tool_models_store
+from tests.server_thread import SPEC_FIELDS, ServerThread
 
 # The Responses API's flattened function tool.
 TOOL = {"type": "function", **WEATHER["function"]}
@@ -29,16 +28,7 @@ SEEDED = {"options": {"seed": 3}}
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory):
-    d = tmp_path_factory.mktemp("responses")
-    store = make_store(d)  # "tiny": ChatML, no tools, no thinking
-    target, draft = write_pair(d)
-    t, _ = store.add_file(target)
-    dr, _ = store.add_file(draft)
-    for name, template, params in [("calls", CALLS_TEMPLATE, {"num_predict": 160}),
-                                   ("thinker", THINK_TEMPLATE, {"num_predict": 12})]:
-        create_model(store, CreateRequest(model=name, files={"target.gguf": t}, draft_files={"draft.gguf": dr},
-                                          template=template, parameters={"temperature": 0.0, **params}))
-    with ServerThread(store) as server:
+    with ServerThread(tool_models_store(tmp_path_factory.mktemp("responses"))) as server:
         yield server
 
 

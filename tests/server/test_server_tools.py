@@ -64,6 +64,23 @@ WEATHER = {"type": "function", "function": {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 
 
+def tool_models_store(d):
+    """A store with "tiny" (ChatML, no tools, no thinking), "calls" (CALLS_TEMPLATE: tools) and "thinker"
+    (THINK_TEMPLATE), the last two a tiny target/draft pair at temperature 0: the API routes' tests share it."""
+    from importer import CreateRequest, create_model
+    from tests.server_thread import make_store, write_pair
+
+    store = make_store(d)
+    target, draft = write_pair(d)
+    t, _ = store.add_file(target)
+    dr, _ = store.add_file(draft)
+    for name, template, params in [("calls", CALLS_TEMPLATE, {"num_predict": 160}),
+                                   ("thinker", THINK_TEMPLATE, {"num_predict": 12})]:
+        create_model(store, CreateRequest(model=name, files={"target.gguf": t}, draft_files={"draft.gguf": dr},
+                                          template=template, parameters={"temperature": 0.0, **params}))
+    return store
+
+
 def forced(name: str, arguments: dict) -> dict:
     """A format schema whose only conforming output is this call."""
     return {"type": "object", "properties": {"name": {"const": name}, "arguments": {"const": arguments}},

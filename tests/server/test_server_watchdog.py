@@ -36,6 +36,16 @@ def _freeze(pid: int, frozen: list[int]) -> None:
     frozen.append(pid)
 
 
+def _thaw_and_kill(frozen: list[int]) -> None:
+    """The stopped engines a test left: continued and killed, so that none outlives it."""
+    for pid in frozen:
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+
 def _wait_ps_empty(c: httpx.Client, within: float) -> None:
     deadline = time.monotonic() + within
     while c.get("/api/ps").json()["models"]:
@@ -87,12 +97,7 @@ def test_frozen_engine_is_replaced(pair_dir: Path) -> None:
             assert time.monotonic() - t0 < STOP_TIMEOUT + 3
             assert c.get("/api/ps").json()["models"] == []
     finally:
-        for pid in frozen:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        _thaw_and_kill(frozen)
 
 
 def test_engine_timeout_setting() -> None:
@@ -120,12 +125,7 @@ def test_a_model_whose_engine_froze_serves_again_within_30_seconds_by_default(pa
             assert r.status_code == 200 and r.json()["done"] is True
             assert time.monotonic() - t0 < 30
     finally:
-        for pid in frozen:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        _thaw_and_kill(frozen)
 
 
 def test_the_heartbeat_outlives_a_call_that_ends_while_generations_run() -> None:
@@ -199,12 +199,7 @@ def test_unload_does_not_wait_on_an_engine_frozen_mid_stream(pair_dir: Path) -> 
             assert unload["seconds"] < UNLOAD_SILENCE + STOP_TIMEOUT + 3
             assert c.get("/api/ps").json()["models"] == []
     finally:
-        for pid in frozen:
-            for sig in (signal.SIGCONT, signal.SIGKILL):
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
+        _thaw_and_kill(frozen)
 
 
 def test_idle_engine_that_misses_the_ping_is_dropped(pair_dir: Path) -> None:
