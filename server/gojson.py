@@ -14,6 +14,8 @@ from typing import Any, Callable
 from fastapi import Request
 from fastapi.responses import Response
 
+from engine.text.json_scan import JsonScan
+
 
 #: What a client is told about a failure the server did not expect (the details are logged).
 INTERNAL_ERROR = "internal server error (see the server log)"
@@ -67,23 +69,11 @@ def _decoder_message(doc: str, err: json.JSONDecodeError) -> str:
 
 
 def _innermost(doc: str, pos: int) -> str:
-    depth: list[str] = []
-    in_str = esc = False
-    for c in doc[:pos]:
-        if in_str:
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                in_str = False
-        elif c == '"':
-            in_str = True
-        elif c in "{[":
-            depth.append(c)
-        elif c in "}]" and depth:
-            depth.pop()
-    return depth[-1] if depth else ""
+    """The container the text before ``pos`` leaves open ("{", "[" or "")."""
+    scan = JsonScan()
+    while scan.scan(doc, pos) >= 0:  # a value that closed before pos: go on with what follows
+        pass
+    return scan.innermost
 
 
 #: How deeply a request body may nest. Go allows 10,000 levels; Python's decoder and the recursive

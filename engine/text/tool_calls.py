@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.text.gotemplate import Action, Field, GoTemplate, If, Node, Range, Text, With
+from engine.text.json_scan import JsonScan
 
 __all__ = [
     "FUNCTIONGEMMA",
@@ -166,43 +167,9 @@ def _first_text(nodes: Sequence[Node]) -> str | None:
 # Reading calls
 
 
-class _JsonEnd:
-    """Finds where a JSON object/array closes, resumable: a value streamed in chunks is scanned once,
-    not again from its start at every chunk."""
-
-    __slots__ = ("depth", "escaped", "in_string", "pos")
-
-    def __init__(self) -> None:
-        self.pos = self.depth = 0
-        self.in_string = self.escaped = False
-
-    def scan(self, text: str) -> int:
-        """The end (exclusive) of the value opening ``text``, whose start was scanned before; -1 if open."""
-        depth, in_string, escaped = self.depth, self.in_string, self.escaped
-        for i in range(self.pos, len(text)):
-            c = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif c == "\\":
-                    escaped = True
-                elif c == '"':
-                    in_string = False
-            elif c == '"':
-                in_string = True
-            elif c in "{[":
-                depth += 1
-            elif c in "}]":
-                depth -= 1
-                if depth == 0:
-                    return i + 1
-        self.pos, self.depth, self.in_string, self.escaped = len(text), depth, in_string, escaped
-        return -1
-
-
 def _json_end(text: str, start: int) -> int:
     """The end (exclusive) of the balanced JSON object/array opening at ``start``; -1 if not yet closed."""
-    end = _JsonEnd().scan(text[start:])
+    end = JsonScan().scan(text[start:])
     return end if end < 0 else start + end
 
 
@@ -330,7 +297,7 @@ class ToolCallParser:
         self._started = False  # the answer has begun (content was sent): no bare call any more
         self._done = False  # bare format: the answer did not start with a call, so it is all content
         self._n = 0
-        self._scan: tuple[int, _JsonEnd] | None = None  # the open JSON value: its offset in the held text
+        self._scan: tuple[int, JsonScan] | None = None  # the open JSON value: its offset in the held text
 
     def feed(self, text: str) -> tuple[str, list[ParsedCall]]:
         if self._done:
@@ -468,7 +435,7 @@ class ToolCallParser:
         if head[0] in "{[":
             offset = len(self._buf) - len(head)  # stable while the value grows: the buffer is only appended to
             if self._scan is None or self._scan[0] != offset:
-                self._scan = (offset, _JsonEnd())
+                self._scan = (offset, JsonScan())
             end = self._scan[1].scan(head)
             if end != -1:
                 self._scan = None
