@@ -366,3 +366,20 @@ def test_an_exclusive_section_runs_while_every_sequence_waits():
     for th in threads + [waiter]:
         th.join(10)
     assert done.is_set() and seen.count("exclusive") == 1 and seen.count("step") == 6
+
+
+def test_sampled_output_keeps_the_target_distribution_in_a_batch(tmp_path):
+    """test_speculation's perturbed drafter, 500 seeded samples of the first three tokens drawn by four sequences
+    at once (each step one forward over all of their rows): the chi-square test against the target's exact
+    distribution, as alone."""
+    from tests.engine.speculative import test_speculation as ts
+
+    small = dict(n_layer=1, n_embd=32, n_head=2, n_head_kv=1)
+    eng = engine(write_model(tmp_path, "t", 0, **small), write_model(tmp_path, "d", 0, noise=0.3, **small), n=4,
+                 num_ctx=64)
+    exact = ts.exact_first_tokens(eng, ts.DIST_PROMPT, ts.DIST_OPTS, 3)
+    samples = concurrently(lambda i: [generate(eng, ts.DIST_PROMPT, **ts.DIST_OPTS, seed=s)
+                                      for s in range(i, ts.DIST_RUNS, 4)], 4)
+    pvalue, acceptance = ts.samples_pvalue([run for chunk in samples for run in chunk], exact)
+    assert eng.arbiter.rows > eng.arbiter.steps  # the forwards did carry several sequences' rows
+    assert 0.05 < acceptance < 0.95 and pvalue > 1e-3

@@ -348,15 +348,21 @@ def exact_first_tokens(engine: ModelRuntime, prompt: str, opts: dict, n: int) ->
 def chi_square_pvalue(engine: ModelRuntime, exact: dict, runs: int,
                       options: dict | None = None) -> tuple[float, float]:
     """Sample ``runs`` seeded generations with ``options`` (default DIST_OPTS) and test them against ``exact``."""
+    return samples_pvalue([generate(engine, DIST_PROMPT, **(options or DIST_OPTS), seed=seed) for seed in range(runs)],
+                          exact)
+
+
+def samples_pvalue(samples: list[Run], exact: dict) -> tuple[float, float]:
+    """(the chi-square test's p-value of ``samples``' token sequences against ``exact``, their acceptance rate)."""
     counts: dict[tuple[int, ...], int] = {}
     drafted = accepted = 0
-    for seed in range(runs):
-        run = generate(engine, DIST_PROMPT, **(options or DIST_OPTS), seed=seed)
+    for run in samples:
         key = tuple(run.tokens)
         assert key in exact, f"sampled {key}, which the target gives probability 0"
         counts[key] = counts.get(key, 0) + 1
         drafted += run.spec.draft_n
         accepted += run.spec.draft_n_accepted
+    runs = len(samples)
     chi = sum((counts.get(k, 0) - runs * p) ** 2 / (runs * p) for k, p in exact.items())
     df = len(exact) - 1
     pvalue = float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64),
