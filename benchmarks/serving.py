@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        shutil.rmtree(home, ignore_errors=True)  # the model copies and the store: gigabytes per run
     lines = ["# Concurrent clients through the server", "", host_line(int(os.environ.get("OMP_NUM_THREADS", 0))
                                                                        or os.cpu_count() or 1), "",
              f"`python -m benchmarks.serving --model {Path(args.model).name}"

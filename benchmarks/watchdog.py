@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         proc.terminate()
         proc.wait(30)
+        shutil.rmtree(home, ignore_errors=True)  # the model copy and the store: gigabytes per run
     lines = ["# A frozen engine, default settings", "", host_line(os.cpu_count() or 1), "",
              f"`python -m benchmarks.watchdog --model {Path(args.model).name} --rounds {args.rounds}`", "",
              "| round | freeze -> stream's error line, s | freeze -> next request served, s |", "|---:|---:|---:|"]
