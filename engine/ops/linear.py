@@ -23,7 +23,7 @@ docs/measurements.md ("Weight formats"):
                    a Q4_K_M model (Q4_K + Q6_K) as close to the file as the kernels allow: the Q4_K
                    tensors are reproduced exactly (up to bf16 scales) and Q6_K ones get 8 bits.
 * ``qdot``         every Q4_0/Q4_1/Q4_K/Q5_0/Q5_1/Q5_K/Q6_K/Q8_0 tensor keeps its own integer codes (4, 5,
-                   6 or 8 bits, f16 group scales; IQ4_NL's non-linear values exactly as 8-bit codes) and is
+                   6 or 8 bits, f16 group scales; IQ4_NL's and IQ4_XS's non-linear values as 8-bit codes) and is
                    multiplied by tandem's native kernel
                    (``engine/ops/kernels/qdot.cpp``, AVX512-VNNI or AVX2) against activations rounded to int8 per 32
                    values, as llama.cpp does; other sources are requantized to 8 bits per 32 (Q8_0's

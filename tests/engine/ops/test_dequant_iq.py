@@ -88,6 +88,23 @@ def test_iq4_nl_keeps_its_values_as_8_bit_codes():
     assert torch.equal(ic.dequantize(), dq.dequantize(raw, int(GT.IQ4_NL), (n, k)))
 
 
+def test_iq4_xs_keeps_its_values_as_8_bit_codes_with_f16_group_scales():
+    """Its codes exactly; its group scale d * (sc - 32) rounded once to f16 (within 2^-11), far closer to the file
+    than requantizing its values to 8 bits per 32 would be."""
+    n, k = 24, 512
+    raw = _t(_blocks(GT.IQ4_XS, n, k))
+    want = dq.dequantize(raw, int(GT.IQ4_XS), (n, k))
+    ic = dq.integer_codes(raw, int(GT.IQ4_XS), (n, k))
+    assert (ic.bits, ic.group, ic.offset, ic.zeros) == (8, 32, 128, None)
+    assert torch.equal(ic.dequantize(), want)  # f32 scales: exact
+    codes = (ic.codes.float() - 128).view(n, -1, 32)
+    kept = (codes * ic.scales.half().float().view(n, -1, 1)).view(n, k)
+    assert torch.allclose(kept, want, rtol=2 ** -11, atol=0)
+    rq = dq.requantize_q8(want)
+    requantized = ((rq.codes.float() - 128).view(n, -1, 32) * rq.scales.half().float().view(n, -1, 1)).view(n, k)
+    assert (kept - want).norm() < 0.5 * (requantized - want).norm()
+
+
 def test_capabilities_name_every_dequantized_type():
     # what create accepts is what the engine loads
     assert SUPPORTED_TENSOR_TYPES == {GGML_TYPES[t][0] for t in dq.SUPPORTED_TYPES}
