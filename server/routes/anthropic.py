@@ -22,12 +22,11 @@ import random
 import string
 import time
 from dataclasses import dataclass
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sse_starlette.sse import EventSourceResponse
 
 from blobs.model import StoredModel
 from engine.options import Options
@@ -42,6 +41,7 @@ from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import Message, ModelPrompting, Think, Tool, chat_messages
 from ..reply import ReplyPiece, ReplySplitter
 from ..scheduler import Lease
+from ..sse import sse_response
 from ..validation import check_format, check_think, decode_tools, parse_keep_alive, stored_model
 from .anthropic_request import (
     MessagesRequest,
@@ -283,26 +283,12 @@ async def create_message(request: Request) -> Response:
 
 
 async def _sse_response(events: AsyncGenerator[dict[str, str], None]) -> Response:
-    """SSE once the first event is ready; a failure after it is an `error` event, as Anthropic sends one."""
-    try:
-        first = await events.__anext__()
-    except StopAsyncIteration:
-        raise ApiError(500, "no response") from None
+    """Anthropic's SSE: a failure after the first event is an `error` event, as Anthropic sends one."""
+    return await sse_response(events, _error_event, log_failures="/v1/messages stream failed")
 
-    async def body() -> AsyncIterator[dict[str, str]]:
-        try:
-            yield first
-            async for e in events:
-                yield e
-        except ApiError as e:
-            yield {"event": "error", "data": json.dumps(error_body(e.status, e.message), ensure_ascii=False)}
-        except Exception:
-            log.exception("/v1/messages stream failed")
-            yield {"event": "error", "data": json.dumps(error_body(500, INTERNAL_ERROR))}
-        finally:
-            await events.aclose()  # ends gen.events() inside, which cancels an unfinished generation
 
-    return EventSourceResponse(body(), sep="\n", ping=None)
+def _error_event(e: ApiError) -> dict[str, str]:
+    return {"event": "error", "data": json.dumps(error_body(e.status, e.message), ensure_ascii=False)}
 
 
 # --- POST /v1/messages/count_tokens -----------------------------------------------------------------------

@@ -20,7 +20,6 @@ from typing import Any, AsyncIterator
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sse_starlette.sse import EventSourceResponse
 
 from blobs import BlobsError, ModelName
 from blobs.model import load_stored_model
@@ -34,6 +33,7 @@ from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
 from ..reply import ReplyPiece, ReplySplitter
 from ..scheduler import Lease
+from ..sse import sse_response
 from ..validation import (
     check_format,
     check_think,
@@ -220,27 +220,8 @@ def _sse(obj: Any) -> dict[str, str]:
 
 
 async def _sse_response(events: AsyncIterator[dict[str, Any]]) -> Response:
-    """SSE when the first event is ready; an error before it is a proper status with the error body."""
-    it = events.__aiter__()
-    try:
-        first = await it.__anext__()
-    except StopAsyncIteration:
-        raise ApiError(500, "no response") from None
-
-    async def body() -> AsyncIterator[dict[str, str]]:
-        try:
-            yield first
-            async for e in it:
-                yield e
-            yield {"data": "[DONE]"}
-        except ApiError as e:
-            yield _error_event(e)
-        finally:
-            close = getattr(it, "aclose", None)
-            if close is not None:
-                await close()
-
-    return EventSourceResponse(body(), sep="\n", ping=None)
+    """OpenAI's SSE: ``[DONE]`` after the last event, an error object as the event after a failure."""
+    return await sse_response(events, _error_event, trailer={"data": "[DONE]"})
 
 
 def _completion_id(prefix: str) -> str:
