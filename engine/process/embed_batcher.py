@@ -4,8 +4,9 @@ Clients of an embedding model (a RAG indexer, a search box) send one text a requ
 to the engine is a round trip and a forward of its own; the engine batches the inputs of one call by length
 (engine.runtime: one padded forward per batch), so requests merged into one call share forwards. The first
 caller runs a call for every request waiting at that moment; the requests that arrive meanwhile wait and
-then go together in the next call (leader and followers: no thread of its own, no timer, no added latency
-for a lone request).
+then go together in the next call, run by the first of them: a caller leads one round, its own request's, and
+hands on (leader and followers: no thread of its own, no timer, no added latency for a lone request, and no
+caller kept serving others' requests after its own is answered).
 
 Requests merge only when they agree on ``truncate`` and ``num_ctx`` (they change how inputs are cut). An error
 from a merged call is the error of one of its requests (an input past the context with ``truncate`` off), so
@@ -25,7 +26,9 @@ from engine.process.protocol import EmbedRequest, EmbedResult, EngineCrashedErro
 @dataclass
 class _Waiting:
     req: EmbedRequest
-    done: threading.Event = field(default_factory=threading.Event)
+    wake: threading.Event = field(default_factory=threading.Event)  # answered, or asked to lead
+    leads: bool = False
+    answered: bool = False
     result: EmbedResult | None = None
     error: BaseException | None = None
 
@@ -42,26 +45,32 @@ class EmbedBatcher:
         me = _Waiting(req)
         with self._lock:
             self._waiting.append(me)
-            lead = not self._leading
-            self._leading = self._leading or lead
-        if lead:
-            self._lead()
-        me.done.wait()
+            me.leads = not self._leading
+            self._leading = True
+        while not me.answered:
+            if me.leads:
+                self._lead_round()  # answers this caller's request with every other waiting one
+            else:
+                me.wake.wait()
+                me.wake.clear()
         if me.error is not None:
             raise me.error
         assert me.result is not None
         return me.result
 
-    def _lead(self) -> None:
-        """Run calls until nobody waits, then hand leadership back."""
-        while True:
-            with self._lock:
-                batch, self._waiting = self._waiting, []
-                if not batch:
-                    self._leading = False
-                    return
-            for group in _compatible(batch):
-                self._call(group)
+    def _lead_round(self) -> None:
+        """Run calls for every request waiting now, then make the first to arrive since the next leader."""
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+        for group in _compatible(batch):
+            self._call(group)
+        with self._lock:
+            if self._waiting:
+                nxt = self._waiting[0]
+                nxt.leads = True
+                nxt.wake.set()
+            else:
+                self._leading = False
 
     def _call(self, group: list[_Waiting]) -> None:
         merged = replace(group[0].req, inputs=[t for w in group for t in w.req.inputs])
@@ -95,5 +104,5 @@ def _compatible(batch: list[_Waiting]) -> list[list[_Waiting]]:
 
 
 def _finish(w: _Waiting, *, result: EmbedResult | None = None, error: BaseException | None = None) -> None:
-    w.result, w.error = result, error
-    w.done.set()
+    w.result, w.error, w.answered = result, error, True
+    w.wake.set()

@@ -92,3 +92,29 @@ def test_a_lone_request_is_one_call():
     with pytest.raises(ContextLengthError):
         batcher.embed(EmbedRequest(inputs=["too long"], truncate=False))
     assert len(engine.calls) == 2
+
+
+def test_a_caller_is_answered_after_its_own_round_while_others_keep_arriving():
+    """Each engine call brings a new request; the first caller returns once its own call is done, the next
+    round led by a request that waited (no caller serves everyone else's requests after its own)."""
+    log: list[str] = []
+    threads: list[threading.Thread] = []
+    batcher: EmbedBatcher
+
+    def run(req: EmbedRequest) -> EmbedResult:
+        log.append(f"call {req.inputs} by {'the first caller' if threading.current_thread() is main else 'another'}")
+        if len(threads) < 3:  # a request arrives while this call runs
+            t = threading.Thread(target=lambda n=len(threads): batcher.embed(EmbedRequest(inputs=[f"r{n}"])))
+            threads.append(t)
+            t.start()
+            while len(batcher._waiting) < 1:
+                pass
+        return EmbedResult(embeddings=[[0.0] for _ in req.inputs], token_counts=[1 for _ in req.inputs])
+
+    main = threading.current_thread()
+    batcher = EmbedBatcher(run)
+    batcher.embed(EmbedRequest(inputs=["first"]))
+    for t in threads:
+        t.join(10)
+    assert log == ["call ['first'] by the first caller", "call ['r0'] by another", "call ['r1'] by another",
+                   "call ['r2'] by another"]
