@@ -58,6 +58,10 @@ MEDIA_TYPE_JSON = "application/vnd.ollama.image.json"
 #: tandem's own layer: where speculation PARAMETERs came from (``tandem bench --apply``), one claim per
 #: parameter. Ollama skips layer types it does not know, so a tuned model stays an ordinary Ollama model.
 MEDIA_TYPE_TUNING = "application/vnd.tandem.tuning"
+#: tandem's own layers: the Hugging Face folder a model (or its DRAFT) was created from, one layer per file named
+#: by its path within the folder, kept for the vllm engine (``PARAMETER engine vllm``), which loads the folder.
+MEDIA_TYPE_HF_FILE = "application/vnd.tandem.hf.file"
+MEDIA_TYPE_HF_DRAFT_FILE = "application/vnd.tandem.hf.draft.file"
 
 
 class InvalidManifestError(BlobsError, ValueError):

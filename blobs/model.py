@@ -14,6 +14,8 @@ from typing import Any
 from .manifest import (
     MEDIA_TYPE_ADAPTER,
     MEDIA_TYPE_DRAFT,
+    MEDIA_TYPE_HF_DRAFT_FILE,
+    MEDIA_TYPE_HF_FILE,
     MEDIA_TYPE_LICENSE,
     MEDIA_TYPE_MESSAGES,
     MEDIA_TYPE_MODEL,
@@ -46,6 +48,9 @@ class StoredModel:
     licenses: list[str] = field(default_factory=list)
     #: parameter -> where its value came from (the tandem tuning layer; see importer.create)
     tuning: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the Hugging Face folders kept for the vllm engine: (name within the folder, blob path) per file
+    hf_files: tuple[tuple[str, Path], ...] = ()
+    draft_hf_files: tuple[tuple[str, Path], ...] = ()
 
     @property
     def parent_model(self) -> str:
@@ -100,4 +105,7 @@ def load_stored_model(store: BlobStore, name: ModelName | str) -> StoredModel:
         messages=json.loads(messages_text) if messages_text else [],
         licenses=[store.read_blob(l.digest).decode("utf-8") for l in manifest.layers_of(MEDIA_TYPE_LICENSE)],
         tuning=tuning if isinstance(tuning, dict) else {},
+        hf_files=tuple((l.name or "", store.blob_path(l.digest)) for l in manifest.layers_of(MEDIA_TYPE_HF_FILE)),
+        draft_hf_files=tuple((l.name or "", store.blob_path(l.digest))
+                             for l in manifest.layers_of(MEDIA_TYPE_HF_DRAFT_FILE)),
     )

@@ -24,6 +24,8 @@ from blobs import (
     MEDIA_TYPE_ADAPTER,
     MEDIA_TYPE_CONFIG,
     MEDIA_TYPE_DRAFT,
+    MEDIA_TYPE_HF_DRAFT_FILE,
+    MEDIA_TYPE_HF_FILE,
     MEDIA_TYPE_LICENSE,
     MEDIA_TYPE_MESSAGES,
     MEDIA_TYPE_MODEL,
@@ -41,7 +43,7 @@ from blobs import (
     marshal_json,
 )
 from engine.gguf import read_metadata
-from engine.options import OPTION_ALIASES
+from engine.options import OPTION_ALIASES, Options
 from engine.text.gotemplate import TemplateError, parse_template
 
 from . import bert_import
@@ -117,6 +119,7 @@ def _create_model(store: BlobStore, req: CreateRequest, progress: Progress) -> M
     if draft is not None:
         layers.append(draft.layer)
     layers += [l for l in base_layers if l.media_type == MEDIA_TYPE_ADAPTER]
+    layers += _vllm_folder_layers(store, req, base_layers)
     if req.adapters:
         layers.append(adapter_layer(store, req.adapters, store.blob_path(target.layer.digest), progress))
 
@@ -248,6 +251,46 @@ def _draft_weights(store: BlobStore, req: CreateRequest, base_layers: list[Layer
                          from_=inherited.from_)
     check_draft_pair(target.summary, draft.summary)
     return draft
+
+
+def _vllm_folder_layers(store: BlobStore, req: CreateRequest, base_layers: list[Layer]) -> list[Layer]:
+    """For a model on the vllm engine (``PARAMETER engine vllm``), the Hugging Face folders it was created from,
+    one layer per file (vLLM loads the folder, not tandem's GGUF); else none. A model that inherits its weights
+    inherits its folders; one whose weights came from a GGUF has no folder vLLM could load and is refused."""
+    params: dict[str, Any] = {}
+    inherited_params = next((l for l in base_layers if l.media_type == MEDIA_TYPE_PARAMS), None)
+    if inherited_params is not None:
+        params.update(json.loads(store.read_blob(inherited_params.digest)))
+    params.update(req.parameters)
+    options = Options.merged(params, None)
+    if options.engine != "vllm":
+        return []
+    from engine.vllm.translate import native_only_option
+
+    why = native_only_option(options)
+    if why is not None:
+        raise CreateError(why)
+    layers: list[Layer] = []
+    for files, media_type, role in ((req.files, MEDIA_TYPE_HF_FILE, "FROM"),
+                                    (req.draft_files, MEDIA_TYPE_HF_DRAFT_FILE, "DRAFT")):
+        if files:
+            if not any(name.endswith(".safetensors") for name in files):
+                raise CreateError(f"the vllm engine loads a Hugging Face safetensors folder, and {role} is a GGUF "
+                                  "file; create the model FROM the folder (or an hf.co/ repository without GGUF "
+                                  "files), or serve it with engine native")
+            layers += [Layer(media_type, digest, store.blob_path(digest).stat().st_size, name=name)
+                       for name, digest in sorted(files.items())]
+        else:
+            kept = [l for l in base_layers if l.media_type == media_type]
+            if role == "FROM" and not kept:
+                raise CreateError(f"the vllm engine loads a Hugging Face safetensors folder, and model "
+                                  f"'{req.from_}' was not created from one (or not for the vllm engine); create "
+                                  "the model FROM the folder, or serve it with engine native")
+            if role == "DRAFT" and not kept and any(l.media_type == MEDIA_TYPE_DRAFT for l in base_layers):
+                raise CreateError(f"the vllm engine loads the DRAFT as a Hugging Face safetensors folder, and model "
+                                  f"'{req.from_}' has a DRAFT without one; give DRAFT as a folder")
+            layers += kept
+    return layers
 
 
 def _text_layer(store: BlobStore, media_type: str, data: bytes, progress: Progress) -> Layer:

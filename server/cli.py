@@ -211,14 +211,18 @@ def _section(title: str, rows: list[tuple[str, str]]) -> None:
 
 def _local_show(store: BlobStore, name: str) -> dict:
     """What /api/show answers, from the local store (the fields `tandem show` prints)."""
-    from .options import draft_details
+    from .options import draft_details, engine_info
     from .prompting import ModelPrompting
+    from .scheduler import vllm_launch
+    from .settings import Settings
 
     model = load_stored_model(store, name)
+    settings = Settings.from_env()
     return {"modelfile": modelfile_text(model), "parameters": parameters_text(model.params),
             "template": ModelPrompting(model).template_text, "system": model.system or "",
             "license": "\n".join(model.licenses), "details": model.details(), "model_info": model_info(model),
-            "speculation": {"draft": draft_details(model), "tuning": dict(model.tuning)}}
+            "speculation": {"draft": draft_details(model), "tuning": dict(model.tuning)},
+            "engine": engine_info(model, None, settings.engine, vllm_launch(model, settings.vllm))}
 
 
 def _parameter_rows(text: str, tuning: dict) -> list[tuple[str, str]]:
@@ -254,6 +258,12 @@ def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
     # how the engine holds the weights: the model's PARAMETER, else auto (stored precision for a float file)
     params = dict((line[:30].strip(), line[30:].strip()) for line in (info.get("parameters") or "").splitlines())
     rows.append(("weight format", params.get("weight_format", "auto").strip('"')))
+    engine = info.get("engine") or {}
+    if engine.get("backend"):
+        rows.append(("engine", engine["backend"]))
+    if engine.get("backend") == "vllm":
+        method = engine.get("speculative_method")
+        rows.append(("speculation", f"{method}, {engine.get('num_speculative_tokens')} tokens" if method else "none"))
     print()
     _section("Model", rows)
     draft = (info.get("speculation") or {}).get("draft")

@@ -7,6 +7,7 @@ Kept together because they are one policy: how a model's settings and a request 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from blobs.model import StoredModel
@@ -20,6 +21,7 @@ from engine.options import (
     ParamError,
 )
 from engine.speculative.plan import plan_speculation
+from engine.vllm.launch import VllmLaunch, draft_method
 
 from .gojson import ApiError
 
@@ -66,3 +68,35 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
         # where the model's speculation parameters came from (`tandem bench --apply`), per parameter
         "tuning": dict(model.tuning),
     }
+
+
+def engine_info(model: StoredModel, options: dict[str, Any] | None, default_engine: str,
+                launch: VllmLaunch | None) -> dict[str, Any]:
+    """tandem's addition to /api/show: which engine a request with these options runs on and, on vLLM, the
+    speculative method vLLM is started with (``launch``: the model's vLLM launch when that engine applies)."""
+    try:
+        merged = Options.merged(model.params, options)
+    except ParamError as e:
+        raise ApiError(400, str(e)) from None
+    backend = merged.engine if "engine" in merged.explicit else default_engine
+    out: dict[str, Any] = {"backend": backend}
+    if backend == "vllm" and launch is not None:
+        out["speculative_method"] = vllm_method(model, launch)
+        out["num_speculative_tokens"] = launch.num_speculative_tokens
+        out["huggingface_folder"] = bool(model.hf_files)
+    return out
+
+
+def vllm_method(model: StoredModel, launch: VllmLaunch) -> str | None:
+    """vLLM's speculative method for the launch (None: no speculation), as engine.vllm.launch decides it."""
+    if launch.drafter == "none" or launch.num_speculative_tokens <= 0:
+        return None
+    if launch.drafter in ("ngram", "mtp") and not (launch.drafter == "mtp" and model.draft_hf_files):
+        return launch.drafter
+    config = next((p for n, p in model.draft_hf_files if n == "config.json"), None)
+    if config is None:
+        return None
+    try:
+        return draft_method(json.loads(config.read_text()))
+    except (OSError, ValueError):
+        return None

@@ -28,6 +28,7 @@ with an error the client sees as a final line, before the engines stop.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import threading
@@ -41,6 +42,7 @@ import anyio
 
 from blobs.model import StoredModel
 from engine.options import Options
+from engine.vllm.launch import VllmLaunch, plan_launch
 from engine.process.protocol import (
     EXIT_FINISH_CAP,
     EmbedRequest,
@@ -54,7 +56,7 @@ from engine.process.protocol import (
     TokenChunk,
 )
 
-from .settings import Settings
+from .settings import Settings, VllmSettings
 
 log = logging.getLogger("tandem.scheduler")
 
@@ -168,6 +170,27 @@ def serves(loaded: LoadSpec, wanted: LoadSpec) -> bool:
     return loaded == wanted or (wanted.num_ctx < loaded.num_ctx and replace(wanted, num_ctx=loaded.num_ctx) == loaded)
 
 
+def vllm_launch(model: StoredModel, settings: VllmSettings) -> VllmLaunch:
+    """How the vllm engine starts (or attaches) for ``model``: its folders and its own parameters' speculation."""
+    return plan_launch(model.params, files=tuple((n, str(p)) for n, p in model.hf_files),
+                       draft_files=tuple((n, str(p)) for n, p in model.draft_hf_files),
+                       has_mtp_head=_has_mtp_layers(model.hf_files), python=settings.python, url=settings.url,
+                       served_model=settings.model, extra_args=settings.args)
+
+
+def _has_mtp_layers(files: tuple[tuple[str, Path], ...]) -> bool:
+    """Whether a Hugging Face folder's config declares multi-token-prediction layers vLLM drafts with (``mtp``)."""
+    config = next((p for n, p in files if n == "config.json"), None)
+    if config is None:
+        return False
+    try:
+        c = json.loads(Path(config).read_text())
+    except (OSError, ValueError):
+        return False
+    text = c.get("text_config") if isinstance(c.get("text_config"), dict) else c
+    return any(int(text.get(k) or 0) > 0 for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers"))
+
+
 def model_key(model: StoredModel) -> tuple[str, str | None, tuple[str, ...]]:
     # Adapters are part of what runs: two models over one base with different adapters are two engines.
     return (str(model.model_path), str(model.draft_path) if model.draft_path else None,
@@ -229,8 +252,11 @@ class Scheduler:
             num_ctx = trained
         num_thread = (options.num_thread if "num_thread" in options.explicit else 0) or self.settings.num_thread or 0
         weight_format = options.weight_format if "weight_format" in options.explicit else self.settings.weight_format
+        engine = options.engine if "engine" in options.explicit else self.settings.engine
         assert model.model_path is not None
         return LoadSpec(
+            engine=engine,
+            vllm=vllm_launch(model, self.settings.vllm) if engine == "vllm" else None,
             model_path=str(model.model_path),
             draft_path=str(model.draft_path) if model.draft_path else None,
             adapter_paths=tuple(str(p) for p in model.adapter_paths),

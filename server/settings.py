@@ -15,6 +15,11 @@
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
 | TANDEM_NUM_PARALLEL    | OLLAMA_NUM_PARALLEL (read too) | 0 = up to 4, as memory allows |
 | TANDEM_WEIGHT_FORMAT   | (tandem only)           | auto (see weight_format) |
+| TANDEM_ENGINE          | (tandem only)           | native (or vllm: see the engine option) |
+| TANDEM_VLLM_PYTHON     | (tandem only)           | (none): the Python whose vLLM tandem starts |
+| TANDEM_VLLM_URL        | (tandem only)           | (none): a running vLLM to attach to instead |
+| TANDEM_VLLM_MODEL      | (tandem only)           | (none): the model at TANDEM_VLLM_URL (its first) |
+| TANDEM_VLLM_ARGS       | (tandem only)           | (none): more vLLM flags, shell-quoted |
 | TANDEM_CREATE_PATHS    | (tandem only)           | (none)                  |
 
 TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Linux, as PATH is) whose files an
@@ -31,6 +36,7 @@ import logging
 import math
 import os
 import re
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
@@ -251,15 +257,39 @@ def _env_uint(env: Mapping[str, str], key: str, default: int) -> int:
     return n if n >= 0 else default
 
 
-def env_weight_format(env: Mapping[str, str]) -> str:
-    """TANDEM_WEIGHT_FORMAT: one of the ``weight_format`` option's values; anything else is "auto" (with a
-    warning, as an unparseable variable falls back to its default)."""
-    value = (env_value(env, "TANDEM_WEIGHT_FORMAT") or "auto").strip().lower()
-    if value not in OPTION_CHOICES["weight_format"]:
-        log.warning("TANDEM_WEIGHT_FORMAT=%r is not one of %s; using auto", value,
-                    ", ".join(OPTION_CHOICES["weight_format"]))
-        return "auto"
+def env_choice(env: Mapping[str, str], key: str, option: str, default: str) -> str:
+    """``key``: one of the ``option`` option's values; anything else is ``default`` (with a warning, as an
+    unparseable variable falls back to its default)."""
+    value = (env_value(env, key) or default).strip().lower()
+    if value not in OPTION_CHOICES[option]:
+        log.warning("%s=%r is not one of %s; using %s", key, value, ", ".join(OPTION_CHOICES[option]), default)
+        return default
     return value
+
+
+def env_weight_format(env: Mapping[str, str]) -> str:
+    """TANDEM_WEIGHT_FORMAT: one of the ``weight_format`` option's values, else "auto"."""
+    return env_choice(env, "TANDEM_WEIGHT_FORMAT", "weight_format", "auto")
+
+
+@dataclass(frozen=True)
+class VllmSettings:
+    """Where the vllm engine comes from (engine.vllm): a Python to start vLLM with, or a vLLM to attach to."""
+
+    python: str = ""  # TANDEM_VLLM_PYTHON
+    url: str = ""  # TANDEM_VLLM_URL
+    model: str = ""  # TANDEM_VLLM_MODEL
+    args: tuple[str, ...] = ()  # TANDEM_VLLM_ARGS, split as a shell would
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "VllmSettings":
+        try:
+            args = tuple(shlex.split(env.get("TANDEM_VLLM_ARGS", "")))
+        except ValueError:
+            log.warning("TANDEM_VLLM_ARGS is not shell-quoted correctly; ignored")
+            args = ()
+        return cls(python=env_value(env, "TANDEM_VLLM_PYTHON").strip(), url=env_value(env, "TANDEM_VLLM_URL").strip(),
+                   model=env_value(env, "TANDEM_VLLM_MODEL").strip(), args=args)
 
 
 def env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
@@ -303,6 +333,8 @@ class Settings:
     # sequences a loaded model serves at once (engine.batching); 0 = as many as fit, up to 4 (engine.load)
     num_parallel: int = 0
     weight_format: str = "auto"  # the target's weight format when neither model nor request says
+    engine: str = "native"  # the engine when neither model nor request says (TANDEM_ENGINE)
+    vllm: VllmSettings = field(default_factory=VllmSettings)
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.scheduler); inf = off
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
@@ -329,6 +361,8 @@ class Settings:
             # an Ollama user's OLLAMA_NUM_PARALLEL is honoured too (TANDEM_ first)
             num_parallel=_env_uint(env, "TANDEM_NUM_PARALLEL", _env_uint(env, "OLLAMA_NUM_PARALLEL", 0)),
             weight_format=env_weight_format(env),
+            engine=env_choice(env, "TANDEM_ENGINE", "engine", "native"),
+            vllm=VllmSettings.from_env(env),
             create_paths=create_paths(env),
             engine_timeout=env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),
             max_request_bytes=_env_uint(env, "TANDEM_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),

@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.speculative.stats import SpeculationStats
+from engine.vllm.launch import VllmLaunch
 
 # Seconds an exiting engine may spend finishing a packed-weight cache write, beating meanwhile, before
 # the server kills it (the 1.5B's 1 GB takes a few seconds).
@@ -61,6 +62,8 @@ class LoadSpec:
     pack_dir: str | None = None
     # sequences served at once (one KV cache region each, engine.batching); 0 = as many as fit (up to 4)
     num_parallel: int = 1
+    engine: str = "native"  # native | vllm (the model runs on a vLLM server: engine.vllm)
+    vllm: VllmLaunch | None = None  # with engine "vllm": what to start or attach to
 
 
 @dataclass(frozen=True)
@@ -157,3 +160,7 @@ class ModelFacts:
     pooling: str | None = None  # an embedding model's pooling ("mean", "cls", "last"); None: a decoder
     num_parallel: int = 1  # sequences it serves at once (slots)
     embedding_length: int = 0
+    backend: str = "native"  # native | vllm
+    speculative_method: str | None = None  # vllm: vLLM's method (draft_model, mtp, eagle3, ngram), None: none
+    endpoint: str | None = None  # vllm: the URL vLLM answers on
+    attached: bool = False  # vllm: tandem attached to a running vLLM (TANDEM_VLLM_URL) rather than starting one

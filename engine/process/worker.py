@@ -150,12 +150,20 @@ class _Generations:
             self._busy.exit()
 
 
-def _heartbeat(out: _Sender, busy: _Busy, interval: float) -> None:
-    """Send ("beat",) every ``interval`` seconds while the engine is busy."""
+def _healthy(engine) -> bool:
+    """Whether the loaded runtime's own health holds: a vLLM runtime answers for the vLLM server behind it, which
+    can freeze while this process runs on (engine.vllm.runtime); a native runtime is this process."""
+    check = getattr(engine, "healthy", None)
+    return check is None or check()
+
+
+def _heartbeat(out: _Sender, busy: _Busy, interval: float, loaded: list) -> None:
+    """Send ("beat",) every ``interval`` seconds while the engine is busy and its runtime healthy (``loaded``
+    holds the runtime once there is one): silence makes the server's watchdog replace the engine."""
     while True:
         busy.wait()
         time.sleep(interval)
-        if busy.is_set():
+        if busy.is_set() and (not loaded or _healthy(loaded[0])):
             try:
                 out.send(("beat",))
             except (BrokenPipeError, ConnectionResetError, OSError):
@@ -167,11 +175,13 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
     import torch  # imported here: the server process never loads torch
 
     engine = None
+    loaded: list = []  # the runtime, for the heartbeat thread
+    loaded_spec: LoadSpec | None = None
     out = _Sender(conn)
     busy = _Busy()
     generations = _Generations(out, busy, cancel_event)
     if beat_interval > 0:
-        threading.Thread(target=_heartbeat, args=(out, busy, beat_interval), name="tandem-heartbeat",
+        threading.Thread(target=_heartbeat, args=(out, busy, beat_interval, loaded), name="tandem-heartbeat",
                          daemon=True).start()
     while True:
         try:
@@ -186,16 +196,32 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
                 # the server sees an engine at work, not a frozen one (EngineClient.close).
                 while engine is not None and not engine.finish_writes(EXIT_BEAT_SECONDS):
                     out.send(("beat",))
+                if engine is not None and loaded_spec is not None and loaded_spec.engine == "vllm":
+                    # stop the vLLM it started (never one it attached to), beating while it exits
+                    closer = threading.Thread(target=engine.close, name="tandem-vllm-close", daemon=True)
+                    closer.start()
+                    while closer.join(EXIT_BEAT_SECONDS) is None and closer.is_alive():
+                        out.send(("beat",))
                 out.send(("ok", None))
                 return
             if kind == "health":
-                out.send(("ok", {"loaded": engine is not None, "pid": os.getpid()}))
+                if engine is not None and not _healthy(engine):
+                    out.send(("error", "the engine's backend stopped answering", 500))
+                else:
+                    out.send(("ok", {"loaded": engine is not None, "pid": os.getpid()}))
             elif kind == "load":
                 spec: LoadSpec = msg[1]
-                torch.set_num_threads(spec.num_thread if spec.num_thread > 0 else (os.cpu_count() or 1))
-                from engine.runtime import ModelRuntime
+                loaded_spec = spec
+                if spec.engine == "vllm":
+                    from engine.vllm.runtime import VllmRuntime
 
-                engine = ModelRuntime.load(spec)
+                    engine = VllmRuntime.load(spec)
+                else:
+                    torch.set_num_threads(spec.num_thread if spec.num_thread > 0 else (os.cpu_count() or 1))
+                    from engine.runtime import ModelRuntime
+
+                    engine = ModelRuntime.load(spec)
+                loaded.append(engine)
                 out.send(("ok", engine.facts))
             elif engine is None:
                 out.send(("failed", msg[1], "no model loaded", 500) if kind == "generate" else

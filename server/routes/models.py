@@ -54,7 +54,8 @@ from ..gojson import (
 )
 from ..hf_pull import fetch_into_store
 from ..ndjson import as_api_error, merge_last, stream_or_collect, thread_progress
-from ..options import speculation_info
+from ..options import engine_info, speculation_info
+from ..scheduler import vllm_launch
 from ..show import model_info, modelfile_text, parameters_text, tensor_list
 from ..types import CopyBody, DeleteBody, ShowBody
 from ..validation import stored_model
@@ -237,6 +238,7 @@ def _show(ctx: ServerContext, req: ShowBody, name: str) -> dict[str, Any]:
     out["capabilities"] = prompting.capabilities()
     out["modified_at"] = rfc3339(model.modified_at)
     out["speculation"] = speculation_info(model, req.options, prompting.facts.has_mtp_head)
+    out["engine"] = engine_info(model, req.options, ctx.settings.engine, vllm_launch(model, ctx.settings.vllm))
     return out
 
 
@@ -318,7 +320,9 @@ async def ps(request: Request) -> Response:
             "expires_at": rfc3339(r.expires_at.astimezone()), "size_vram": size if on_gpu else 0,
             "context_length": r.spec.num_ctx,
             # tandem's addition: what runs it
-            "engine": {"pid": r.engine.pid, "device": facts.device, "weight_format": facts.weight_format,
+            "engine": {"pid": r.engine.pid, "backend": facts.backend, "device": facts.device,
+                       "weight_format": facts.weight_format, "speculative_method": facts.speculative_method,
+                       "endpoint": facts.endpoint, "attached": facts.attached,
                        "draft_architecture": facts.draft_architecture,
                        "draft_weight_format": facts.draft_weight_format,
                        # sequences it serves at once (TANDEM_NUM_PARALLEL / OLLAMA_NUM_PARALLEL)

@@ -37,11 +37,11 @@ def set_values(options: Options) -> dict:
 def test_option_types_table():
     ints = {"num_keep", "seed", "num_predict", "top_k", "repeat_last_n", "num_ctx", "num_batch",
             "num_gpu", "num_thread", "draft_num_predict", "main_gpu", "draft_n_min", "relaxed_top_n",
-            "draft_vocab"}
+            "draft_vocab", "tensor_parallel_size", "pipeline_parallel_size"}
     floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
               "frequency_penalty", "draft_p_min"}
     bools = {"use_mmap", "draft_trace", "draft_copy"}
-    strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope", "weight_format"}
+    strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope", "weight_format", "engine"}
     assert {k for k, v in OPTION_TYPES.items() if v is int} == ints
     assert {k for k, v in OPTION_TYPES.items() if v is float} == floats
     assert {k for k, v in OPTION_TYPES.items() if v is bool} == bools

@@ -1,0 +1,118 @@
+"""The vllm engine measured: what tandem adds in front of vLLM, and vLLM's speculation beside tandem's own engine.
+
+    python -m benchmarks.vllm_engine --folder TARGET_DIR [--draft-folder DRAFT_DIR] --vllm-python PY
+        [--levels 1,8] [--tokens 64] [--rounds 2] [--parallel 8] [--drafter model|ngram] [--markdown out.md]
+
+Starts ``tandem serve`` (``TANDEM_VLLM_PYTHON=PY``) on a fresh store and creates, from the same safetensors
+folders: ``vllm`` (``PARAMETER engine vllm``) and, with a drafter, ``vllm-spec`` (``DRAFT`` the draft folder, or
+``drafter ngram``), and the same two on tandem's own engine (``native``, ``native-spec``). The ``vllm`` model's own
+vLLM server (its ``/api/ps`` endpoint) is also measured directly (``vllm-direct``): the same process with and
+without tandem in front, so the ratio is tandem's overhead alone. Every level runs every target in turn, each
+round (the host drifts); clients stream greedy ``/v1/completions`` as benchmarks.serving does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+from benchmarks.output import emit, host_line
+from benchmarks.serving import create, run_level, start_server
+
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+
+
+def endpoint_of(url: str, model: str) -> str:
+    with urllib.request.urlopen(url + "/api/ps", timeout=30) as r:
+        models = json.load(r)["models"]
+    return next(m["engine"]["endpoint"] for m in models if m["name"].split(":")[0] == model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.vllm_engine", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--folder", required=True)
+    ap.add_argument("--draft-folder")
+    ap.add_argument("--drafter", choices=("model", "ngram"), default="model")
+    ap.add_argument("--vllm-python", required=True)
+    ap.add_argument("--levels", default="1,8")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--markdown")
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",") if x]
+    for key, value in VLLM_ENV.items():
+        os.environ.setdefault(key, value)
+    os.environ["TANDEM_VLLM_PYTHON"] = args.vllm_python
+    home = Path(tempfile.mkdtemp(prefix="tandem-vllm-bench-"))
+    target = home / "target"
+    shutil.copytree(args.folder, target)
+    spec = ""
+    if args.drafter == "ngram":
+        spec = "PARAMETER drafter ngram\nPARAMETER draft_num_predict 4\n"
+    elif args.draft_folder:
+        shutil.copytree(args.draft_folder, home / "draft")
+        spec = f"DRAFT {home / 'draft'}\nPARAMETER draft_num_predict 4\n"
+    proc, url = start_server(home, args.parallel)
+    cells: dict[tuple[str, int], list[dict]] = {}
+    try:
+        models = {"vllm": f"FROM {target}\nPARAMETER engine vllm\n", "native": f"FROM {target}\n"}
+        if spec:
+            models["vllm-spec"] = models["vllm"] + spec
+            # the native engine's defaults for the rest (adaptive depth); the same drafter and cap
+            models["native-spec"] = models["native"] + spec
+        for name, modelfile in models.items():
+            create(url, name, modelfile)
+        targets = [(name, url, name) for name in models]
+        for _, u, name in targets:  # load, and warm the kernels' shapes
+            run_level(u, name, 1, 8)
+        targets.insert(1, ("vllm-direct", endpoint_of(url, "vllm"), "tandem"))
+        for rnd in range(args.rounds):
+            for c in levels:
+                for label, u, name in targets:
+                    cells.setdefault((label, c), []).append(run_level(u, name, c, args.tokens))
+                    print(f"round {rnd + 1} C={c} {label} done", file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except Exception:  # noqa: BLE001 - a benchmark's cleanup
+            proc.kill()
+        shutil.rmtree(home, ignore_errors=True)
+    lines = ["# The vllm engine: tandem in front of vLLM, and vLLM's speculation beside tandem's engine", "",
+             host_line(int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1), "",
+             f"`python -m benchmarks.vllm_engine --folder {Path(args.folder).name}"
+             + (f" --draft-folder {Path(args.draft_folder).name}" if args.draft_folder else "")
+             + f" --drafter {args.drafter} --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds}"
+             + f" --parallel {args.parallel}`", "",
+             "× direct: the median over rounds of this target's aggregate over vLLM's own server's in the same round "
+             "(vllm and vllm-direct are one vLLM process). × plain: over the same engine without speculation.", "",
+             "| target | clients | aggregate tok/s | × direct | × plain | stream tok/s (median) | inter-token ms p50 "
+             "| drafted (accepted) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for (label, c), runs in cells.items():
+        agg = statistics.median(r["aggregate"] for r in runs)
+        direct = cells.get(("vllm-direct", c))
+        plain = cells.get((label.removesuffix("-spec"), c)) if label.endswith("-spec") else None
+
+        def ratio(other):
+            return f"{statistics.median(r['aggregate'] / o['aggregate'] for r, o in zip(runs, other)):.3f}" \
+                if other else ""
+
+        lines.append(f"| {label} | {c} | {agg:.2f} | {ratio(direct) if label.startswith('vllm') else ''} | "
+                     f"{ratio(plain)} | {statistics.median(r['stream'] for r in runs):.2f} | "
+                     f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | "
+                     f"{sum(r['drafted'] for r in runs) / len(runs):.0f} "
+                     f"({sum(r['accepted'] for r in runs) / len(runs):.0f}) |")
+    emit(lines, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,110 @@
+"""What a model served by vLLM is started with: the typed launch record and its mapping onto vLLM's arguments.
+
+Torch-free and vLLM-free: the server builds a :class:`VllmLaunch` (``server.scheduler.load_spec``) and the engine
+process turns it into a command line (:func:`server_args`). The speculative method comes from the same rule that
+plans a native request (``engine.speculative.plan``), applied to the model's own parameters once, at load:
+vLLM fixes its speculative configuration when it starts, so a request cannot change it
+(``engine.vllm.translate.refusal`` answers those with a 400 that names the backend).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from engine.options import Options
+from engine.speculative.plan import plan_speculation
+
+#: The name tandem gives the model it starts (``--served-model-name``); an attached endpoint names its own.
+SERVED_NAME = "tandem"
+
+#: vLLM's speculative methods, as tandem's statistics name their drafter.
+DRAFTER_OF_METHOD = {"draft_model": "model", "mtp": "mtp", "eagle3": "eagle3", "eagle": "eagle", "ngram": "ngram"}
+
+
+@dataclass(frozen=True)
+class VllmLaunch:
+    """How to reach or start a model's vLLM engine.
+
+    ``files``/``draft_files``: the Hugging Face folders as (name within the folder, path of its blob) pairs, which
+    the engine process lays out as folders of links. ``url`` set: attach to that running vLLM (``TANDEM_VLLM_URL``)
+    and start nothing; else start ``python -m vllm.entrypoints.openai.api_server`` with ``python``."""
+
+    files: tuple[tuple[str, str], ...] = ()
+    draft_files: tuple[tuple[str, str], ...] = ()
+    drafter: str = "none"  # the planned drafter: model | mtp | ngram | none (engine.speculative.plan)
+    num_speculative_tokens: int = 0
+    python: str = ""  # TANDEM_VLLM_PYTHON
+    url: str = ""  # TANDEM_VLLM_URL
+    served_model: str = ""  # TANDEM_VLLM_MODEL: the model's name at ``url`` ("" = the first it lists)
+    extra_args: tuple[str, ...] = ()  # TANDEM_VLLM_ARGS, appended last (they win)
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    @property
+    def attached(self) -> bool:
+        return bool(self.url)
+
+
+def plan_launch(model_params: Mapping[str, Any], *, files: tuple[tuple[str, str], ...],
+                draft_files: tuple[tuple[str, str], ...], has_mtp_head: bool, **settings: Any) -> VllmLaunch:
+    """The launch for a model from its own parameters (a request's options never start vLLM differently):
+    the drafter and depth the native engine would plan for a request that sets nothing."""
+    options = Options.merged(model_params, None)
+    plan = plan_speculation(options, has_draft_layer=bool(draft_files), has_mtp_head=has_mtp_head)
+    return VllmLaunch(files=files, draft_files=draft_files, drafter=plan.drafter,
+                      num_speculative_tokens=plan.cap if plan.drafter != "none" else 0,
+                      tensor_parallel_size=options.tensor_parallel_size,
+                      pipeline_parallel_size=options.pipeline_parallel_size, **settings)
+
+
+def draft_method(draft_config: Mapping[str, Any]) -> str:
+    """vLLM's method for a DRAFT folder, from its config.json: an EAGLE-3 head, an MTP head or assistant (Gemma 4's
+    assistant, a NextN head saved alone), or else an independent draft model."""
+    names = " ".join(str(a) for a in draft_config.get("architectures") or []).lower()
+    kind = str(draft_config.get("model_type", "")).lower()
+    if "eagle3" in names or "eagle3" in kind:
+        return "eagle3"
+    if "eagle" in names or "eagle" in kind:
+        return "eagle"
+    if "mtp" in names or "mtp" in kind or "assistant" in names or "assistant" in kind or "nextn" in names:
+        return "mtp"
+    return "draft_model"
+
+
+def speculative_config(launch: VllmLaunch, draft_dir: Path | None) -> dict[str, Any] | None:
+    """vLLM's ``--speculative-config`` for the launch (None: no speculation). ``draft_dir``: the DRAFT folder as
+    laid out on disk (its config.json names the method)."""
+    k = launch.num_speculative_tokens
+    if launch.drafter == "none" or k <= 0:
+        return None
+    if launch.drafter == "ngram":
+        # tandem's n-gram drafter matches the longest suffix of up to 4 tokens, down to 1 (engine.speculative.ngram)
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    if launch.drafter == "mtp" and draft_dir is None:
+        return {"method": "mtp", "num_speculative_tokens": k}  # the target's own MTP layers
+    if draft_dir is None:
+        return None
+    config = json.loads((draft_dir / "config.json").read_text())
+    return {"method": draft_method(config), "model": str(draft_dir), "num_speculative_tokens": k}
+
+
+def server_args(launch: VllmLaunch, *, model_dir: Path, draft_dir: Path | None, port: int, num_ctx: int,
+                num_parallel: int, eager: bool) -> list[str]:
+    """The arguments after ``python`` that start vLLM's OpenAI server on ``127.0.0.1:port`` for the launch.
+    ``eager``: skip torch.compile (vLLM's CPU build compiles on one thread for minutes at every start)."""
+    args = ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
+            "--model", str(model_dir), "--served-model-name", SERVED_NAME,
+            "--max-model-len", str(num_ctx), "--max-num-seqs", str(max(1, num_parallel)),
+            "--tensor-parallel-size", str(launch.tensor_parallel_size),
+            "--pipeline-parallel-size", str(launch.pipeline_parallel_size),
+            "--enable-prompt-tokens-details",  # the final chunk's cached prompt tokens
+            "--disable-uvicorn-access-log"]
+    if eager:
+        args.append("--enforce-eager")
+    spec = speculative_config(launch, draft_dir)
+    if spec is not None:  # and the final chunk's per-step speculation counts (vLLM refuses them without)
+        args += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
+    return args + list(launch.extra_args)

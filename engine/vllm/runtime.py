@@ -1,0 +1,233 @@
+"""``VllmRuntime``: a model served by vLLM, driven by the engine process exactly as a ``ModelRuntime`` is.
+
+The engine process (engine.process.worker) keeps its role: the server talks to it over the same pipe, its
+watchdog and crash handling apply unchanged, and this runtime stands where the native one would, forwarding each
+call to a vLLM server it started (engine.vllm.server) or one it attached to (``TANDEM_VLLM_URL``).
+
+Faults map onto the engine process's own, so that the server's supervision replaces a broken vLLM as it replaces
+a broken native engine:
+
+* vLLM exits (crash, killed): the monitor thread ends this process, after the requests in flight got their error;
+  the server sees a crashed engine, and the next request starts a new one (and a new vLLM).
+* vLLM stops answering (frozen): ``healthy()`` turns false once its /health has failed for ``HEALTH_GRACE``
+  seconds; the worker's heartbeat stops and its health answer fails, so the server's watchdog kills this process
+  (and the reaper, vLLM's whole tree), as for a frozen native engine.
+* A cancelled request closes its stream; vLLM aborts a request whose client went away.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+from engine.gguf import GGUFFile
+from engine.process.protocol import (
+    ContextLengthError,
+    EmbedRequest,
+    EmbedResult,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    ModelFacts,
+    TokenChunk,
+)
+from engine.vllm.api import VllmApi, VllmUnavailableError
+from engine.vllm.launch import VllmLaunch
+from engine.vllm.server import VllmServer
+from engine.vllm.translate import completion_body, logprobs_of, refusal, speculation_stats
+
+HEALTH_INTERVAL = 1.0  # seconds between the monitor's /health pings
+HEALTH_TIMEOUT = 5.0  # a ping's own bound
+HEALTH_GRACE = 8.0  # seconds without a successful ping before vLLM counts as frozen
+EXIT_DELAY = 1.0  # seconds between vLLM's exit and this process's, for the failed requests' messages to go out
+AUTO_PARALLEL = 16  # sequences vLLM batches when TANDEM_NUM_PARALLEL does not say
+CANCEL_POLL = 0.05
+
+
+class VllmRuntime:
+    def __init__(self, spec: LoadSpec, launch: VllmLaunch, api: VllmApi, server: VllmServer | None,
+                 facts: ModelFacts, method: str | None):
+        self.spec = spec
+        self.launch = launch
+        self.api = api
+        self.server = server
+        self.facts = facts
+        self.method = method  # vLLM's speculative method, None without speculation
+        self._last_ok = time.monotonic()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._monitor, name="tandem-vllm-monitor", daemon=True).start()
+
+    @classmethod
+    def load(cls, spec: LoadSpec, timeout: float | None = None) -> "VllmRuntime":
+        launch = spec.vllm or VllmLaunch()
+        slots = spec.num_parallel if spec.num_parallel > 0 else AUTO_PARALLEL
+        server = None
+        if launch.attached:
+            api = VllmApi(launch.url)
+            try:
+                models = api.models()
+            except VllmUnavailableError:
+                raise EngineError(f"could not reach vLLM at TANDEM_VLLM_URL={launch.url}", 500) from None
+            name = launch.served_model or (models[0] if models else "")
+            if name not in models:
+                raise EngineError(f"vLLM at {launch.url} does not serve model {name!r} (it serves "
+                                  f"{', '.join(models) or 'none'})", 500)
+            api.model = name
+            device, method = "remote", launch.drafter if launch.drafter != "none" else None
+        else:
+            server = VllmServer(launch, num_ctx=spec.num_ctx, num_parallel=slots)
+            try:
+                server.wait_ready(timeout)
+            except BaseException:
+                server.stop()
+                raise
+            api, device = server.api, server.device()
+            method = server.speculative["method"] if server.speculative else None
+        facts = _facts(spec, launch, api.base_url, device, slots, method)
+        return cls(spec, launch, api, server, facts, method)
+
+    # -- health -------------------------------------------------------------------------------
+    def _monitor(self) -> None:
+        while not self._stopping.wait(HEALTH_INTERVAL):
+            if self.server is not None and not self.server.alive():
+                print(f"tandem: vLLM exited; the end of its log:\n{self.server.log_tail()}", file=sys.stderr,
+                      flush=True)
+                time.sleep(EXIT_DELAY)
+                if not self._stopping.is_set():
+                    os._exit(3)  # the server sees a crashed engine and starts a new one for the next request
+                return
+            if self.api.healthy(HEALTH_TIMEOUT):
+                self._last_ok = time.monotonic()
+
+    def healthy(self) -> bool:
+        """Whether vLLM answered /health within the last ``HEALTH_GRACE`` seconds (and, started here, runs)."""
+        if self.server is not None and not self.server.alive():
+            return False
+        return time.monotonic() - self._last_ok < HEALTH_GRACE
+
+    # -- the runtime's interface (engine.process.worker) --------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        return self.api.tokenize(text, add_special_tokens=add_bos is not False)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.api.detokenize(ids)
+
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        raise EngineError("the vllm engine serves generation; embed with a model on the native engine", 400)
+
+    def finish_writes(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self.server is not None:
+            self.server.stop()  # never an attached vLLM: it is not tandem's to stop
+        else:
+            self.api.close()
+
+    def generate(self, req: GenerateRequest,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
+        if req.images:
+            raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
+        why = refusal(req.options, self.launch)
+        if why is not None:
+            raise EngineError(why, 400)
+        num_ctx = self.facts.context_length
+        if "num_ctx" in req.options.explicit and 0 < req.options.num_ctx < num_ctx:
+            num_ctx = req.options.num_ctx
+        prompt = self._prompt_tokens(req, num_ctx)
+        max_tokens = num_ctx - len(prompt)
+        if req.options.num_predict > 0:
+            max_tokens = min(max_tokens, req.options.num_predict)
+        stream = self.api.stream_completion(completion_body(req, prompt, max_tokens))
+        should_stop = should_stop or (lambda: False)
+        done = threading.Event()
+
+        def cancel_when_asked() -> None:  # a request waiting on a long prefill sends no chunk to check between
+            while not done.wait(CANCEL_POLL):
+                if should_stop():
+                    stream.close()
+                    return
+
+        threading.Thread(target=cancel_when_asked, name="tandem-vllm-cancel", daemon=True).start()
+        started = time.monotonic_ns()
+        first = last = 0
+        generated: list[int] = []
+        finish, usage, metrics = None, {}, None
+        try:
+            for event in stream:
+                for choice in event.get("choices") or []:
+                    ids = [int(t) for t in choice.get("token_ids") or []]
+                    text = choice.get("text") or ""
+                    if ids or text:
+                        last = time.monotonic_ns()
+                        first = first or last
+                        generated += ids
+                        yield TokenChunk(text, ids, logprobs_of(choice) if req.logprobs else None)
+                    finish = choice.get("finish_reason") or finish
+                if event.get("usage"):
+                    usage, metrics = event["usage"], event.get("metrics")
+        finally:
+            done.set()
+            stream.close()
+        first = first or time.monotonic_ns()
+        cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0
+        count = int(usage.get("completion_tokens") or len(generated)) if usage else len(generated)
+        yield GenerateResult(
+            done_reason="length" if finish == "length" else "stop",
+            prompt_eval_count=len(prompt),
+            prompt_cached=int(cached),
+            prompt_eval_duration_ns=first - started,
+            eval_count=count,
+            eval_duration_ns=max(0, (last or first) - first),
+            context=prompt + generated,
+            speculation=speculation_stats(metrics, self.method, count),
+        )
+
+    def _prompt_tokens(self, req: GenerateRequest, num_ctx: int) -> list[int]:
+        """The prompt's tokens as the native engine builds them (a ``context`` prefix, then the prompt), cut to
+        leave room for the answer: vLLM never shifts its context, so a prompt that fills it is truncated (keeping
+        ``num_keep`` and the end) to leave a quarter of the context, or the answer's ``num_predict``."""
+        prefix = [int(t) for t in (req.raw_tokens or [])]
+        bad = next((t for t in prefix if not 0 <= t < self.facts.vocab_size), None)
+        if bad is not None:
+            raise EngineError(f"invalid context: token id {bad} is outside the vocabulary "
+                              f"(0 to {self.facts.vocab_size - 1})", 400)
+        add_bos = req.add_bos if req.add_bos is not None else (None if not prefix else False)
+        tokens = prefix + (self.tokenize(req.prompt, add_bos) if req.prompt or not prefix else [])
+        if len(tokens) > num_ctx and not req.truncate:
+            raise ContextLengthError("the input length exceeds the context length")
+        if len(tokens) >= num_ctx:
+            want = req.options.num_predict if req.options.num_predict > 0 else num_ctx // 4
+            room = max(1, min(want, num_ctx // 2))
+            keep = min(max(req.options.num_keep, 0), num_ctx - room - 1)
+            tokens = tokens[:keep] + tokens[len(tokens) - (num_ctx - room - keep):]
+        return tokens
+
+
+def _facts(spec: LoadSpec, launch: VllmLaunch, endpoint: str, device: str, slots: int,
+           method: str | None) -> ModelFacts:
+    """What the server needs to know, from the model's GGUF header (its tokenizer and template stay the
+    server's) and the launch."""
+    with GGUFFile(spec.model_path) as f:
+        md = f.metadata
+        tokens = md.get("tokenizer.ggml.tokens") or []
+
+        def token(key: str) -> str:
+            i = md.get(key)
+            return str(tokens[int(i)]) if i is not None and 0 <= int(i) < len(tokens) else ""
+
+        add_bos = md.get("tokenizer.ggml.add_bos_token")
+        architecture = str(md.get("general.architecture", ""))
+        facts = dict(bos_token=token("tokenizer.ggml.bos_token_id"), eos_token=token("tokenizer.ggml.eos_token_id"),
+                     add_bos=bool(add_bos) if add_bos is not None else md.get("tokenizer.ggml.model") == "llama")
+    weights = sum(Path(p).stat().st_size for name, p in launch.files if name.endswith(".safetensors"))
+    return ModelFacts(architecture=architecture, context_length=spec.num_ctx, vocab_size=len(tokens), device=device,
+                      weight_format="vllm", draft_architecture=method, draft_weight_format=None,
+                      memory_bytes=weights, num_parallel=slots, backend="vllm", speculative_method=method,
+                      endpoint=endpoint, attached=launch.attached, **facts)
