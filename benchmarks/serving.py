@@ -70,13 +70,14 @@ def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[l
     return times, count or len(times), drafted
 
 
-def run_level(url: str, model: str, clients: int, tokens: int) -> dict:
+def run_level(url: str, model: str, clients: int, tokens: int, stream=stream_completion) -> dict:
+    """``clients`` clients at once, each streaming one completion with ``stream`` (stream_completion's signature)."""
     arrivals: list[list[float]] = [[] for _ in range(clients)]
     counts = [0] * clients
     drafted = [(0, 0)] * clients
 
     def client(i: int) -> None:
-        arrivals[i], counts[i], drafted[i] = stream_completion(url, model, PROMPTS[i % len(PROMPTS)], tokens)
+        arrivals[i], counts[i], drafted[i] = stream(url, model, PROMPTS[i % len(PROMPTS)], tokens)
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     t0 = time.perf_counter()

@@ -1,14 +1,19 @@
 """The vllm engine measured: what tandem adds in front of vLLM, and vLLM's speculation beside tandem's own engine.
 
     python -m benchmarks.vllm_engine --folder TARGET_DIR [--draft-folder DRAFT_DIR] --vllm-python PY
-        [--levels 1,8] [--tokens 64] [--rounds 2] [--parallel 8] [--drafter model|ngram] [--markdown out.md]
+        [--native-model T.gguf [--native-draft D.gguf]] [--levels 1,8] [--tokens 64] [--rounds 2] [--parallel 8]
+        [--drafter model|ngram] [--markdown out.md]
 
 Starts ``tandem serve`` (``TANDEM_VLLM_PYTHON=PY``) on a fresh store and creates, from the same safetensors
 folders: ``vllm`` (``PARAMETER engine vllm``) and, with a drafter, ``vllm-spec`` (``DRAFT`` the draft folder, or
 ``drafter ngram``), and the same two on tandem's own engine (``native``, ``native-spec``). The ``vllm`` model's own
 vLLM server (its ``/api/ps`` endpoint) is also measured directly (``vllm-direct``): the same process with and
-without tandem in front, so the ratio is tandem's overhead alone. Every level runs every target in turn, each
-round (the host drifts); clients stream greedy ``/v1/completions`` as benchmarks.serving does.
+without tandem in front, so the ratio is tandem's overhead alone. ``--native-model``/``--native-draft``: the native
+models from these GGUFs instead (the quantized files each engine runs best: vLLM's CPU build has no K-quant
+kernels, tandem's engine is fastest on its own quantized codes). Every level runs every target in turn, each
+round (the host drifts). Every client streams one greedy completion of the same chat-formatted text: from vLLM's
+own ``/v1/completions``, and from tandem's ``/api/generate`` in raw mode (the same tokens; tandem's
+``/v1/completions`` applies the model's template, as Ollama's does).
 """
 
 from __future__ import annotations
@@ -20,13 +25,34 @@ import shutil
 import statistics
 import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import create, run_level, start_server
+from benchmarks.serving import CHATML, create, run_level, start_server, stream_completion
 
-VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+# vLLM's CPU build otherwise sizes its KV cache from the machine's memory; its other defaults stay (it keeps one
+# core for its front end, where tandem's own work runs too). Set VLLM_CPU_* in the environment to override.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def stream_raw(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int, tuple[int, int]]:
+    """One greedy generation streamed from tandem's /api/generate in raw mode: the very text vLLM's own
+    /v1/completions gets (tandem's /v1/completions applies the model's template, as Ollama's does)."""
+    body = json.dumps({"model": model, "prompt": CHATML.format(prompt), "raw": True, "stream": True,
+                       "options": {"temperature": 0, "num_predict": tokens, "seed": 1}}).encode()
+    req = urllib.request.Request(url + "/api/generate", data=body, headers={"Content-Type": "application/json"})
+    times, count, drafted = [], 0, (0, 0)
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        for raw in r:
+            event = json.loads(raw)
+            if event.get("response"):
+                times.append(time.perf_counter())
+            if event.get("done"):
+                count = int(event.get("eval_count") or 0)
+                drafted = (int(event.get("draft_n") or 0), int(event.get("draft_n_accepted") or 0))
+    return times, count or len(times), drafted
 
 
 def endpoint_of(url: str, model: str) -> str:
@@ -41,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-folder")
     ap.add_argument("--drafter", choices=("model", "ngram"), default="model")
     ap.add_argument("--vllm-python", required=True)
+    ap.add_argument("--native-model")
+    ap.add_argument("--native-draft")
     ap.add_argument("--levels", default="1,8")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
@@ -54,30 +82,39 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="tandem-vllm-bench-"))
     target = home / "target"
     shutil.copytree(args.folder, target)
-    spec = ""
+    spec = native_spec = ""
+    native = f"FROM {target}\n"
+    if args.native_model:
+        shutil.copy(args.native_model, home / "native.gguf")
+        native = f"FROM {home / 'native.gguf'}\n"
     if args.drafter == "ngram":
-        spec = "PARAMETER drafter ngram\nPARAMETER draft_num_predict 4\n"
+        spec = native_spec = "PARAMETER drafter ngram\nPARAMETER draft_num_predict 4\n"
     elif args.draft_folder:
         shutil.copytree(args.draft_folder, home / "draft")
-        spec = f"DRAFT {home / 'draft'}\nPARAMETER draft_num_predict 4\n"
+        spec = native_spec = f"DRAFT {home / 'draft'}\nPARAMETER draft_num_predict 4\n"
+        if args.native_draft:
+            shutil.copy(args.native_draft, home / "native-draft.gguf")
+            native_spec = f"DRAFT {home / 'native-draft.gguf'}\nPARAMETER draft_num_predict 4\n"
     proc, url = start_server(home, args.parallel)
     cells: dict[tuple[str, int], list[dict]] = {}
     try:
-        models = {"vllm": f"FROM {target}\nPARAMETER engine vllm\n", "native": f"FROM {target}\n"}
+        models = {"vllm": f"FROM {target}\nPARAMETER engine vllm\n", "native": native}
         if spec:
             models["vllm-spec"] = models["vllm"] + spec
             # the native engine's defaults for the rest (adaptive depth); the same drafter and cap
-            models["native-spec"] = models["native"] + spec
+            models["native-spec"] = native + native_spec
         for name, modelfile in models.items():
             create(url, name, modelfile)
-        targets = [(name, url, name) for name in models]
-        for _, u, name in targets:  # load, and warm the kernels' shapes
-            run_level(u, name, 1, 8)
-        targets.insert(1, ("vllm-direct", endpoint_of(url, "vllm"), "tandem"))
+        targets = [(name, url, name, stream_raw) for name in models]
+        for _, u, name, stream in targets:  # load, and warm the kernels' shapes
+            run_level(u, name, 1, 8, stream)
+        targets.insert(1, ("vllm-direct", endpoint_of(url, "vllm"), "tandem", stream_completion))
         for rnd in range(args.rounds):
             for c in levels:
-                for label, u, name in targets:
-                    cells.setdefault((label, c), []).append(run_level(u, name, c, args.tokens))
+                # every other round in reverse order: the target run right after another finds the host (and vLLM's
+                # caches) as that one left them
+                for label, u, name, stream in (targets if rnd % 2 == 0 else targets[::-1]):
+                    cells.setdefault((label, c), []).append(run_level(u, name, c, args.tokens, stream))
                     print(f"round {rnd + 1} C={c} {label} done", file=sys.stderr, flush=True)
     finally:
         proc.terminate()
@@ -88,8 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(home, ignore_errors=True)
     lines = ["# The vllm engine: tandem in front of vLLM, and vLLM's speculation beside tandem's engine", "",
              host_line(int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1), "",
+             "vLLM's CPU settings: " + ", ".join(f"{k}={os.environ[k]}" for k in sorted(os.environ)
+                                                 if k.startswith("VLLM_CPU")) + ".", "",
              f"`python -m benchmarks.vllm_engine --folder {Path(args.folder).name}"
              + (f" --draft-folder {Path(args.draft_folder).name}" if args.draft_folder else "")
+             + (f" --native-model {Path(args.native_model).name}" if args.native_model else "")
+             + (f" --native-draft {Path(args.native_draft).name}" if args.native_draft else "")
              + f" --drafter {args.drafter} --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds}"
              + f" --parallel {args.parallel}`", "",
              "× direct: the median over rounds of this target's aggregate over vLLM's own server's in the same round "

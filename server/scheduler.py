@@ -128,7 +128,7 @@ class LoadedModel:
 
 @dataclass
 class Slot:
-    key: tuple[str, str | None, tuple[str, ...]]
+    key: "SlotKey"
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     waiting: int = 0
     runner: LoadedModel | None = None
@@ -191,10 +191,21 @@ def _has_mtp_layers(files: tuple[tuple[str, Path], ...]) -> bool:
     return any(int(text.get(k) or 0) > 0 for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers"))
 
 
-def model_key(model: StoredModel) -> tuple[str, str | None, tuple[str, ...]]:
-    # Adapters are part of what runs: two models over one base with different adapters are two engines.
+SlotKey = tuple[str, str | None, tuple[str, ...], tuple]
+
+
+def model_key(model: StoredModel, default_engine: str = "native") -> SlotKey:
+    """Which models share one engine: the same weights, drafter and adapters (two models over one base with
+    different adapters are two engines). On vLLM, whose speculative configuration is fixed when it starts, the
+    model's own speculation parameters count too: a plain model and an n-gram one from the same folder would
+    otherwise restart vLLM for each other's requests."""
+    engine: tuple = ()
+    params = model.params
+    if params.get("engine", default_engine) == "vllm":
+        engine = ("vllm", *(str(params.get(k, "")) for k in ("drafter", "draft_num_predict", "n_max",
+                                                               "tensor_parallel_size", "pipeline_parallel_size")))
     return (str(model.model_path), str(model.draft_path) if model.draft_path else None,
-            tuple(str(p) for p in model.adapter_paths))
+            tuple(str(p) for p in model.adapter_paths), engine)
 
 
 class Lease:
@@ -228,7 +239,7 @@ class Scheduler:
         self.settings = settings
         self.pack_dir = pack_dir
         self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
-        self._slots: dict[tuple[str, str | None, tuple[str, ...]], Slot] = {}
+        self._slots: dict[SlotKey, Slot] = {}
         self._closing = False
         self._streams: set["GenerationStream"] = set()  # generations running now (ended by drain)
         self.ping_interval = PING_INTERVAL
@@ -275,7 +286,7 @@ class Scheduler:
         busy longer than ``settings.queue_timeout``, or the engine's error when it cannot load."""
         started = time.monotonic()
         self._start_pinger()
-        key = model_key(model)
+        key = model_key(model, self.settings.engine)
         slot = self._slots.get(key)
         if slot is None:
             slot = self._slots[key] = Slot(key)
@@ -473,7 +484,7 @@ class Scheduler:
     # -- management ---------------------------------------------------------------------------
     async def unload(self, model: StoredModel) -> bool:
         """Unload a model now (after its in-flight request). True when it was loaded."""
-        slot = self._slots.get(model_key(model))
+        slot = self._slots.get(model_key(model, self.settings.engine))
         if slot is None or slot.runner is None:
             return False
         await self._lock_for_unload(slot)
@@ -522,7 +533,7 @@ class Scheduler:
         return sorted(runners, key=lambda r: r.expires_at, reverse=True)
 
     def runner_for(self, model: StoredModel) -> LoadedModel | None:
-        slot = self._slots.get(model_key(model))
+        slot = self._slots.get(model_key(model, self.settings.engine))
         return slot.runner if slot else None
 
     async def drain(self, grace: float) -> None:

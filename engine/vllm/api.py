@@ -19,8 +19,8 @@ CONNECT_TIMEOUT = 5.0
 
 
 class VllmUnavailableError(EngineError):
-    """vLLM did not answer (refused, reset, timed out): the request fails with 503-like wording, and the runtime's
-    health check decides whether the engine is replaced."""
+    """vLLM did not answer (refused, reset): the request fails, and the runtime's health check decides whether the
+    engine is replaced."""
 
     def __init__(self, message: str):
         super().__init__(message, status=500)
@@ -112,8 +112,8 @@ class CompletionStream:
                 if "error" in event and not event.get("choices"):
                     raise EngineError(f"vLLM failed the request: {_error_text_of(event)}", 500)
                 yield event
-        except httpx.HTTPError as e:
-            if self._closed:
+        except (httpx.HTTPError, httpx.StreamError, OSError) as e:
+            if self._closed:  # closed from another thread (a cancel): the read it broke ends the stream
                 return
             raise VllmUnavailableError(f"vLLM at {self._api.base_url} dropped the stream ({type(e).__name__})") from None
         finally:

@@ -17,6 +17,7 @@ a broken native engine:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -144,7 +145,11 @@ class VllmRuntime:
         max_tokens = num_ctx - len(prompt)
         if req.options.num_predict > 0:
             max_tokens = min(max_tokens, req.options.num_predict)
-        stream = self.api.stream_completion(completion_body(req, prompt, max_tokens))
+        body = completion_body(req, prompt, max_tokens)
+        if os.environ.get("TANDEM_DEBUG"):
+            print(f"tandem: vLLM request {json.dumps({**body, 'prompt': f'<{len(prompt)} tokens>'})}", file=sys.stderr,
+                  flush=True)
+        stream = self.api.stream_completion(body)
         should_stop = should_stop or (lambda: False)
         done = threading.Event()
 

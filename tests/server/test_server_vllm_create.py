@@ -112,3 +112,19 @@ def test_a_vllm_that_fails_to_start_reports_the_end_of_its_log(tmp_path: Path, f
         error = r.json()["error"]
         assert r.status_code == 500 and "vLLM failed to start (exit code 7)" in error and "no CUDA here" in error
         assert c.get("/api/ps").json()["models"] == []
+
+
+def test_vllm_models_that_speculate_differently_get_engines_of_their_own(tmp_path: Path, folders):
+    """vLLM fixes its speculation at start: a plain and an n-gram model from one folder must not share (and restart)
+    one vLLM, while native copies still share one engine."""
+    from server.scheduler import model_key
+
+    target, _ = folders
+    store = BlobStore(tmp_path / "models")
+    files = _upload(store, target)
+    for name, params in (("plain", {"engine": "vllm"}), ("ngram", {"engine": "vllm", "drafter": "ngram"}),
+                         ("copy", {"engine": "vllm", "temperature": 0.2}), ("n1", {}), ("n2", {"drafter": "ngram"})):
+        create_model(store, CreateRequest(model=name, files=files, parameters=params))
+    key = {name: model_key(load_stored_model(store, name)) for name in ("plain", "ngram", "copy", "n1", "n2")}
+    assert key["plain"] != key["ngram"] and key["plain"] == key["copy"] and key["n1"] == key["n2"]
+    assert model_key(load_stored_model(store, "n2"), "vllm") != key["n2"]  # TANDEM_ENGINE=vllm
