@@ -24,7 +24,7 @@ from benchmarks.speculation import CONFIGS, render_prompt, run_once
 from engine.process.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 from engine.speculative.draft_model import DraftModelDrafter
-from server.bench.prompt_sets import PROMPTS
+from server.cli.bench.prompt_sets import PROMPTS
 
 
 @torch.no_grad()

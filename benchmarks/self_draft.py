@@ -6,7 +6,7 @@
 The draft is a byte-different copy of the target (the same weights behind another file), so it proposes
 exactly the target's greedy tokens: at temperature 0 every draft should be accepted, and each one that is
 not was lost to a default (a pruned head that cannot propose the token, a context copy that drafts what
-the model would not write). Prompts: the text kinds set (``server.bench.prompt_sets.TEXT_KINDS``) in the
+the model would not write). Prompts: the text kinds set (``server.cli.bench.prompt_sets.TEXT_KINDS``) in the
 model's chat template, and two raw continuations (prose, a counting list). Acceptance is counted, not
 timed, so one run is the measurement.
 """
@@ -24,7 +24,7 @@ from benchmarks.output import emit, host_line
 from benchmarks.speculation import render_prompt, run_once
 from engine.process.protocol import LoadSpec
 from engine.runtime import ModelRuntime
-from server.bench.prompt_sets import TEXT_KINDS
+from server.cli.bench.prompt_sets import TEXT_KINDS
 
 RAW_PROMPTS = {
     "raw-prose": "The three most important ideas in thermodynamics are",

@@ -38,9 +38,9 @@ from benchmarks.output import host_line
 from engine.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
-from server.bench.prompt_sets import PROMPTS, TEMPERATURES, TEXT_KINDS
+from server.cli.bench.prompt_sets import PROMPTS, TEMPERATURES, TEXT_KINDS
 
-# PROMPTS and TEMPERATURES are shared with `tandem bench` (server/bench/).
+# PROMPTS and TEMPERATURES are shared with `tandem bench` (server/cli/bench/).
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class Probe:
         return None
 
 sys.meta_path.insert(0, Probe())
-import server.app, server.cli, importer, modelfile, blobs
+import server.app, server.cli.commands, importer, modelfile, blobs
 if "torch" in sys.modules:
     print("torch imported by:\n" + "\n".join(Probe.chain or ["(unknown)"]))
     sys.exit(1)
@@ -163,3 +163,31 @@ def test_server_and_importer_do_not_import_torch() -> None:
     done = subprocess.run([sys.executable, "-c", _TORCH_PROBE], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def folder_cycles() -> list[list[str]]:
+    """Import cycles between folders (a module counts for the folder it sits in; a package's `__init__` for its
+    own folder), parent and child folders included: each strongly connected set of two or more folders."""
+    modules = module_files()
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        here = str(path.parent.relative_to(ROOT))
+        graph.setdefault(here, set())
+        for target, _ in imports_of(module, path, modules):
+            there = str(modules[target].parent.relative_to(ROOT))
+            graph.setdefault(there, set())
+            if there != here:
+                graph[here].add(there)
+    return [c for c in strongly_connected(graph) if len(c) > 1]
+
+
+def test_the_command_line_stands_apart_from_the_server() -> None:
+    """`server/cli/` (the `tandem` verbs, their HTTP client, `tandem bench`) imports the server; nothing else in
+    `server/` imports it, and no folder cycle runs through it."""
+    modules = module_files()
+    offenders = [f"{m} -> {t}" for m, p in modules.items()
+                 if m.startswith("server") and not m.startswith("server.cli")
+                 for t, _ in imports_of(m, p, modules) if t == "server.cli" or t.startswith("server.cli.")]
+    assert not offenders, offenders
+    cycles = [c for c in folder_cycles() if any(f == "server/cli" or f.startswith("server/cli/") for f in c)]
+    assert not cycles, cycles

@@ -16,7 +16,7 @@ import pytest
 
 from blobs import BlobStore, NoSpaceError, NotRegularFileError
 from blobs import store as store_mod
-from server.cli import cmd_list
+from server.cli.commands import cmd_list
 
 ROOT = Path(__file__).resolve().parents[2]
 # A writer that stops half-way: its partial file stays on disk, flock-ed for as long as the process lives.

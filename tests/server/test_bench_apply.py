@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from blobs import MEDIA_TYPE_MODEL, MEDIA_TYPE_TUNING
-from server.api_client import APIError, Client
-from server.bench import analysis
-from server.cli import _local_show, main
+from server.cli.client import APIError, Client
+from server.cli.bench import analysis
+from server.cli.commands import _local_show, main
 from tests.server_thread import ServerThread, make_store
 
 REPO = Path(__file__).resolve().parents[2]

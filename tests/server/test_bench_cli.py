@@ -1,4 +1,4 @@
-"""`tandem bench` (server/bench/): the speed sweep and the quality harness end to end against a server
+"""`tandem bench` (server/cli/bench/): the speed sweep and the quality harness end to end against a server
 with tiny models, and their parts (grid, statistics, pairing, the sandbox, HumanEval plumbing), plus
 the engine property the quality measurement relies on: logprobs under speculation are the target's.
 """
@@ -17,7 +17,7 @@ import torch
 
 from blobs import BlobStore
 from importer import CreateRequest, create_model
-from server.bench import analysis, grid, quality, sandbox, stats
+from server.cli.bench import analysis, grid, quality, sandbox, stats
 from tests.server_thread import ServerThread
 from tests.engine.speculative.test_speculation import write_model
 
@@ -387,7 +387,7 @@ def test_logprobs_under_relaxed_speculation_are_the_targets(pair: tuple[Path, Pa
 
 def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_path: Path) -> None:
     from benchmarks import speculation as bench_spec
-    from server.bench import prompt_sets
+    from server.cli.bench import prompt_sets
 
     assert bench_spec.PROMPTS is prompt_sets.PROMPTS and bench_spec.TEMPERATURES is prompt_sets.TEMPERATURES
     target, draft = pair

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from server.api_client import Client
+from server.cli.client import Client
 from server.cli import main
 from tests.server_thread import ServerThread, free_port, make_store
 

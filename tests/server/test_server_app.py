@@ -8,7 +8,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from server.api_client import Client
+from server.cli.client import Client
 from server.routes.models import OLLAMA_API_VERSION
 from tests.server_thread import ServerThread, make_store
 

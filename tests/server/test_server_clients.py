@@ -13,8 +13,8 @@ import ollama
 import pytest
 
 from blobs import BlobStore
-from server.api_client import Client
-from server.cli import _command, _Session, main
+from server.cli.client import Client
+from server.cli.commands import _command, _Session, main
 from tests.server_thread import ServerThread, write_pair
 
 REPO = Path(__file__).resolve().parents[2]

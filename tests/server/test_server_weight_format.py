@@ -64,7 +64,7 @@ def test_the_server_default_comes_from_the_environment(tmp_path) -> None:
 
 
 def test_tandem_show_names_the_format(tmp_path, capsys, monkeypatch) -> None:
-    from server import cli
+    from server.cli import commands as cli
 
     store = _store(tmp_path)
     monkeypatch.setattr(cli, "_server", lambda store: None)  # read the store directly

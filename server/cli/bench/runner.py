@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator
 
-from ..api_client import Client
+from ..client import Client
 from .grid import Setting
 from .prompts import Prompt, sampling_options
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import httpx
 
-from .settings import env_value, parse_host
+from ...settings import env_value, parse_host
 
 
 class APIError(Exception):

@@ -140,7 +140,7 @@ class _Progress:
 def run_bench(args: argparse.Namespace) -> None:
     from rich.console import Console
 
-    from ..api_client import APIError, Client
+    from ..client import APIError, Client
     from .prompts import PromptsError, builtin_prompts, builtin_prose, load_prompts, select
 
     if args.runs < 1 or args.warmup < 0 or args.num_predict < 1:

@@ -11,7 +11,7 @@ Two measurements, every setting run on exactly the same inputs (paired):
    appended, and the completion is generated with ``raw: true`` and the stop string "```". The
    completion is cut at the closing fence and at the first top-level statement that is not a
    definition or an import (example usage, prints, asserts). The program ``prompt + completion +
-   tests + check(entry_point)`` runs in the sandbox (server.bench.sandbox); exit status 0 is a pass.
+   tests + check(entry_point)`` runs in the sandbox (server.cli.bench.sandbox); exit status 0 is a pass.
    pass@1 comes with a 95% Wilson score interval, and each setting is compared with strict on the
    same problems (both / only strict / only the setting / neither, exact McNemar p). A relaxed setting
    shows "no measurable loss" only when its interval overlaps strict's.
@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..api_client import Client
+from ..client import Client
 from .grid import Setting, strict
 from .prompts import Prompt, sampling_options
 from .runner import final_chunk

@@ -29,9 +29,9 @@ from importer import (
 )
 from modelfile import ParseError, parse
 
-from .api_client import APIError, Client, ServerBlobSink
+from .client import APIError, Client, ServerBlobSink
 from .bench.command import add_arguments as bench_arguments
-from .show import model_info, modelfile_text, parameters_text
+from ..show import model_info, modelfile_text, parameters_text
 
 
 class CLIError(Exception):
@@ -211,10 +211,10 @@ def _section(title: str, rows: list[tuple[str, str]]) -> None:
 
 def _local_show(store: BlobStore, name: str) -> dict:
     """What /api/show answers, from the local store (the fields `tandem show` prints)."""
-    from .options import draft_details, engine_info
-    from .prompting import ModelPrompting
-    from .scheduler import vllm_launch
-    from .settings import Settings
+    from ..options import draft_details, engine_info
+    from ..prompting import ModelPrompting
+    from ..scheduler import vllm_launch
+    from ..settings import Settings
 
     model = load_stored_model(store, name)
     settings = Settings.from_env()
@@ -309,9 +309,9 @@ def cmd_rm(args: argparse.Namespace, store: BlobStore) -> None:
 def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
     import logging
 
-    from .app import create_app
-    from .serving import serve
-    from .settings import Settings
+    from ..app import create_app
+    from ..serving import serve
+    from ..settings import Settings
 
     settings = Settings.from_env()
     logging.basicConfig(level=logging.DEBUG if settings.debug else logging.INFO,
