@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import CHATML, create, run_level, start_server, stream_completion
+from benchmarks.serving import CHATML, create, drafted_cell, run_level, start_server, stream_completion
 
 # vLLM's CPU build otherwise sizes its KV cache from the machine's memory; its other defaults stay (it keeps one
 # core for its front end, where tandem's own work runs too). Set VLLM_CPU_* in the environment to override.
@@ -148,9 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
         lines.append(f"| {label} | {c} | {agg:.2f} | {ratio(direct) if label.startswith('vllm') else ''} | "
                      f"{ratio(plain)} | {statistics.median(r['stream'] for r in runs):.2f} | "
-                     f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | "
-                     f"{sum(r['drafted'] for r in runs) / len(runs):.0f} "
-                     f"({sum(r['accepted'] for r in runs) / len(runs):.0f}) |")
+                     f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | {drafted_cell(runs)} |")
     emit(lines, args.markdown)
     return 0
 
