@@ -24,6 +24,8 @@ import gguf
 import numpy as np
 import torch
 
+from importer.gemma4_tensors import gguf_name
+
 WINDOW = 8
 N_EMBD, N_HEAD, N_FF = 64, 4, 96
 HEAD_SWA, HEAD_FULL = 16, 32
@@ -187,51 +189,17 @@ def randomize(model: torch.nn.Module, seed: int) -> None:
             p.copy_(p.float().double())
 
 
-_LAYER = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "post_attention_norm",
-    "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "per_layer_input_gate": "inp_gate", "per_layer_projection": "proj", "post_per_layer_input_norm": "post_norm",
-    "layer_scalar": "layer_output_scale",
-    "pre_feedforward_layernorm_2": "pre_ffw_norm_2", "post_feedforward_layernorm_1": "post_ffw_norm_1",
-    "post_feedforward_layernorm_2": "post_ffw_norm_2", "router.proj": "ffn_gate_inp",
-}
-# layer tensors whose transformers name has no ``.weight`` (or ``.bias``) suffix
-_LAYER_EXACT = {
-    "layer_scalar": "layer_output_scale.weight", "experts.gate_up_proj": "ffn_gate_up_exps.weight",
-    "experts.down_proj": "ffn_down_exps.weight", "router.scale": "ffn_gate_inp.scale",
-    "router.per_expert_scale": "ffn_down_exps.scale",
-}
-_GLOBAL = {
-    "embed_tokens.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
-    "embed_tokens_per_layer.weight": "per_layer_token_embd.weight",
-    "per_layer_model_projection.weight": "per_layer_model_proj.weight",
-    "per_layer_projection_norm.weight": "per_layer_proj_norm.weight",
-}
-
-
 def gguf_tensors(state: dict[str, torch.Tensor], prefix: str = "model.") -> dict[str, np.ndarray]:
-    """A Gemma 4 text model's state dict in llama.cpp's GGUF naming (norms as they are)."""
+    """A Gemma 4 text model's state dict in llama.cpp's GGUF naming (norms as they are), named by the importer's
+    own map: a wrong name there still fails these tests, whose reference is transformers' output, not the names."""
     out: dict[str, np.ndarray] = {}
     for name, t in state.items():
         if name == "lm_head.weight" or not name.startswith(prefix):
             continue
-        rest = name[len(prefix):]
-        a = t.detach().to(torch.float64).numpy()
-        if rest in _GLOBAL:
-            gname = _GLOBAL[rest]
-        elif rest.startswith("layers."):
-            idx, sub = rest[len("layers."):].split(".", 1)
-            if sub in _LAYER_EXACT:
-                gname = f"blk.{idx}.{_LAYER_EXACT[sub]}"
-            else:
-                stem, kind = sub.rsplit(".", 1)
-                gname = f"blk.{idx}.{_LAYER[stem]}.{kind}"
-        else:
+        gname = gguf_name("model." + name[len(prefix):])
+        if gname is None:
             raise KeyError(f"unmapped tensor {name}")
-        out[gname] = np.ascontiguousarray(a.astype(np.float32))
+        out[gname] = np.ascontiguousarray(t.detach().to(torch.float64).numpy().astype(np.float32))
     return out
 
 
