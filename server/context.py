@@ -1,7 +1,7 @@
 """What every request handler reaches through `request.app.state.ctx`: the app's store, settings,
 scheduler, metrics and prompt cache.
 
-It lives apart from `app.py` so that route modules can name it without importing the module that
+It lives apart from `routes/app.py` so that route modules can name it without importing the module that
 includes their routers (which would be an import cycle); two apps in one process (tests do this) each
 have their own.
 """

@@ -20,7 +20,7 @@ import uvicorn
 
 from blobs import BlobStore
 from importer import CreateRequest, create_model
-from server.app import create_app
+from server.routes.app import create_app
 from server.settings import Settings, parse_host
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 

@@ -309,7 +309,7 @@ def cmd_rm(args: argparse.Namespace, store: BlobStore) -> None:
 def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
     import logging
 
-    from ..app import create_app
+    from ..routes.app import create_app
     from ..serving import serve
     from ..settings import Settings
 

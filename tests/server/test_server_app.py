@@ -1,4 +1,4 @@
-"""The app itself over real HTTP (server/app.py): the root and version routes, gin's plain 404/405, the
+"""The app itself over real HTTP (server/routes/app.py): the root and version routes, gin's plain 404/405, the
 loopback Host check, CORS, and the JSON body errors every route shares.
 """
 

@@ -22,16 +22,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from blobs import BlobStore
 
-from .context import ServerContext
-from .gojson import INTERNAL_ERROR, ApiError, json_response
-from .limits import BodyLimitMiddleware
-from .metrics import Metrics, MetricsMiddleware
-from .prompting import PromptCache
-from .routes import embed, generate, models, openai, pull
-from .routes import responses
-from .routes import anthropic
-from .scheduler import EngineHandle, Scheduler
-from .settings import Settings
+from ..context import ServerContext
+from ..gojson import INTERNAL_ERROR, ApiError, json_response
+from ..limits import BodyLimitMiddleware
+from ..metrics import Metrics, MetricsMiddleware
+from ..prompting import PromptCache
+from . import anthropic, embed, generate, models, openai, pull, responses
+from ..scheduler import EngineHandle, Scheduler
+from ..settings import Settings
 
 log = logging.getLogger("tandem.server")
 
