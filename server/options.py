@@ -7,7 +7,9 @@ Kept together because they are one policy: how a model's settings and a request 
 
 from __future__ import annotations
 
+import functools
 import json
+from pathlib import Path
 from typing import Any
 
 from blobs.model import StoredModel
@@ -21,9 +23,10 @@ from engine.options import (
     ParamError,
 )
 from engine.speculative.plan import plan_speculation
-from engine.vllm.launch import VllmLaunch, draft_method
+from engine.vllm.launch import VllmLaunch, plan_launch, speculative_method
 
 from .gojson import ApiError
+from .settings import Settings, VllmSettings
 
 
 def merged_options(model: StoredModel, options: dict[str, Any] | None) -> Options:
@@ -70,33 +73,42 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
     }
 
 
-def engine_info(model: StoredModel, options: dict[str, Any] | None, default_engine: str,
-                launch: VllmLaunch | None) -> dict[str, Any]:
+def engine_info(model: StoredModel, options: dict[str, Any] | None, settings: Settings) -> dict[str, Any]:
     """tandem's addition to /api/show: which engine a request with these options runs on and, on vLLM, the
-    speculative method vLLM is started with (``launch``: the model's vLLM launch when that engine applies)."""
+    speculative method vLLM is started with."""
     try:
         merged = Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(400, str(e)) from None
-    backend = merged.engine if "engine" in merged.explicit else default_engine
+    backend = merged.engine if "engine" in merged.explicit else settings.engine
     out: dict[str, Any] = {"backend": backend}
-    if backend == "vllm" and launch is not None:
-        out["speculative_method"] = vllm_method(model, launch)
+    if backend == "vllm":
+        launch = vllm_launch(model, settings.vllm)
+        try:
+            out["speculative_method"] = speculative_method(launch)
+        except (OSError, ValueError):  # an unreadable DRAFT config: vLLM would refuse it at start, and say why
+            out["speculative_method"] = None
         out["num_speculative_tokens"] = launch.num_speculative_tokens
         out["huggingface_folder"] = bool(model.hf_files)
     return out
 
 
-def vllm_method(model: StoredModel, launch: VllmLaunch) -> str | None:
-    """vLLM's speculative method for the launch (None: no speculation), as engine.vllm.launch decides it."""
-    if launch.drafter == "none" or launch.num_speculative_tokens <= 0:
-        return None
-    if launch.drafter in ("ngram", "mtp") and not (launch.drafter == "mtp" and model.draft_hf_files):
-        return launch.drafter
-    config = next((p for n, p in model.draft_hf_files if n == "config.json"), None)
-    if config is None:
-        return None
+def vllm_launch(model: StoredModel, settings: VllmSettings) -> VllmLaunch:
+    """How the vllm engine starts (or attaches) for ``model``: its folders and its own parameters' speculation."""
+    config = dict(model.hf_files).get("config.json")
+    return plan_launch(model.params, files=tuple((n, str(p)) for n, p in model.hf_files),
+                       draft_files=tuple((n, str(p)) for n, p in model.draft_hf_files),
+                       has_mtp_head=config is not None and _has_mtp_layers(config), python=settings.python,
+                       url=settings.url, served_model=settings.model, extra_args=settings.args)
+
+
+@functools.lru_cache(maxsize=256)
+def _has_mtp_layers(config: Path) -> bool:
+    """Whether a Hugging Face config.json declares multi-token-prediction layers vLLM drafts with (``mtp``). Cached:
+    the path is a content-addressed blob, read once rather than at every request."""
     try:
-        return draft_method(json.loads(config.read_text()))
+        c = json.loads(config.read_text())
     except (OSError, ValueError):
-        return None
+        return False
+    text = c.get("text_config") if isinstance(c.get("text_config"), dict) else c
+    return any(int(text.get(k) or 0) > 0 for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers"))

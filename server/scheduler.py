@@ -28,7 +28,6 @@ with an error the client sees as a final line, before the engines stop.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import threading
@@ -42,7 +41,6 @@ import anyio
 
 from blobs.model import StoredModel
 from engine.options import Options
-from engine.vllm.launch import VllmLaunch, plan_launch
 from engine.process.protocol import (
     EXIT_FINISH_CAP,
     EmbedRequest,
@@ -56,6 +54,7 @@ from engine.process.protocol import (
     TokenChunk,
 )
 
+from .options import vllm_launch
 from .settings import Settings, VllmSettings
 
 log = logging.getLogger("tandem.scheduler")
@@ -170,27 +169,6 @@ def serves(loaded: LoadSpec, wanted: LoadSpec) -> bool:
     return loaded == wanted or (wanted.num_ctx < loaded.num_ctx and replace(wanted, num_ctx=loaded.num_ctx) == loaded)
 
 
-def vllm_launch(model: StoredModel, settings: VllmSettings) -> VllmLaunch:
-    """How the vllm engine starts (or attaches) for ``model``: its folders and its own parameters' speculation."""
-    return plan_launch(model.params, files=tuple((n, str(p)) for n, p in model.hf_files),
-                       draft_files=tuple((n, str(p)) for n, p in model.draft_hf_files),
-                       has_mtp_head=_has_mtp_layers(model.hf_files), python=settings.python, url=settings.url,
-                       served_model=settings.model, extra_args=settings.args)
-
-
-def _has_mtp_layers(files: tuple[tuple[str, Path], ...]) -> bool:
-    """Whether a Hugging Face folder's config declares multi-token-prediction layers vLLM drafts with (``mtp``)."""
-    config = next((p for n, p in files if n == "config.json"), None)
-    if config is None:
-        return False
-    try:
-        c = json.loads(Path(config).read_text())
-    except (OSError, ValueError):
-        return False
-    text = c.get("text_config") if isinstance(c.get("text_config"), dict) else c
-    return any(int(text.get(k) or 0) > 0 for k in ("num_nextn_predict_layers", "mtp_num_hidden_layers"))
-
-
 SlotKey = tuple[str, str | None, tuple[str, ...], tuple]
 
 
@@ -200,10 +178,10 @@ def model_key(model: StoredModel, default_engine: str = "native") -> SlotKey:
     model's own speculation parameters count too: a plain model and an n-gram one from the same folder would
     otherwise restart vLLM for each other's requests."""
     engine: tuple = ()
-    params = model.params
-    if params.get("engine", default_engine) == "vllm":
-        engine = ("vllm", *(str(params.get(k, "")) for k in ("drafter", "draft_num_predict", "n_max",
-                                                               "tensor_parallel_size", "pipeline_parallel_size")))
+    if model.params.get("engine", default_engine) == "vllm":
+        launch = vllm_launch(model, VllmSettings())  # where vLLM comes from is the server's, the same for all
+        engine = ("vllm", launch.drafter, launch.num_speculative_tokens, launch.tensor_parallel_size,
+                  launch.pipeline_parallel_size)
     return (str(model.model_path), str(model.draft_path) if model.draft_path else None,
             tuple(str(p) for p in model.adapter_paths), engine)
 

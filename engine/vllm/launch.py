@@ -74,27 +74,39 @@ def draft_method(draft_config: Mapping[str, Any]) -> str:
     return "draft_model"
 
 
-def speculative_config(launch: VllmLaunch, draft_dir: Path | None) -> dict[str, Any] | None:
-    """vLLM's ``--speculative-config`` for the launch (None: no speculation). ``draft_dir``: the DRAFT folder as
-    laid out on disk (its config.json names the method)."""
-    k = launch.num_speculative_tokens
-    if launch.drafter == "none" or k <= 0:
+def speculative_method(launch: VllmLaunch) -> str | None:
+    """vLLM's speculative method for the launch (None: no speculation): the planned drafter, and for a DRAFT folder
+    the method its config.json names."""
+    if launch.drafter == "none" or launch.num_speculative_tokens <= 0:
         return None
     if launch.drafter == "ngram":
-        # tandem's n-gram drafter matches the longest suffix of up to 4 tokens, down to 1 (engine.speculative.ngram)
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
-    if launch.drafter == "mtp" and draft_dir is None:
-        return {"method": "mtp", "num_speculative_tokens": k}  # the target's own MTP layers
-    if draft_dir is None:
+        return "ngram"
+    config = dict(launch.draft_files).get("config.json")
+    if config is None:
+        return "mtp" if launch.drafter == "mtp" else None  # mtp: the target's own MTP layers
+    return draft_method(json.loads(Path(config).read_text()))
+
+
+def speculative_config(launch: VllmLaunch, draft_dir: Path | None) -> dict[str, Any] | None:
+    """vLLM's ``--speculative-config`` for the launch (None: no speculation). ``draft_dir``: the DRAFT folder as
+    laid out on disk."""
+    method = speculative_method(launch)
+    if method is None:
         return None
-    config = json.loads((draft_dir / "config.json").read_text())
-    return {"method": draft_method(config), "model": str(draft_dir), "num_speculative_tokens": k}
+    spec: dict[str, Any] = {"method": method, "num_speculative_tokens": launch.num_speculative_tokens}
+    if method == "ngram":
+        # tandem's n-gram drafter matches the longest suffix of up to 4 tokens, down to 1 (engine.speculative.ngram)
+        spec |= {"prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    elif launch.draft_files:
+        spec["model"] = str(draft_dir)
+    return spec
 
 
-def server_args(launch: VllmLaunch, *, model_dir: Path, draft_dir: Path | None, port: int, num_ctx: int,
+def server_args(launch: VllmLaunch, *, model_dir: Path, speculative: dict[str, Any] | None, port: int, num_ctx: int,
                 num_parallel: int, eager: bool) -> list[str]:
-    """The arguments after ``python`` that start vLLM's OpenAI server on ``127.0.0.1:port`` for the launch.
-    ``eager``: skip torch.compile (vLLM's CPU build compiles on one thread for minutes at every start)."""
+    """The arguments after ``python`` that start vLLM's OpenAI server on ``127.0.0.1:port`` for the launch, with
+    ``speculative`` as its ``--speculative-config`` (``speculative_config``). ``eager``: skip torch.compile (vLLM's
+    CPU build compiles on one thread for minutes at every start)."""
     args = ["-m", "vllm.entrypoints.openai.api_server", "--host", "127.0.0.1", "--port", str(port),
             "--model", str(model_dir), "--served-model-name", SERVED_NAME,
             "--max-model-len", str(num_ctx), "--max-num-seqs", str(max(1, num_parallel)),
@@ -104,7 +116,6 @@ def server_args(launch: VllmLaunch, *, model_dir: Path, draft_dir: Path | None, 
             "--disable-uvicorn-access-log"]
     if eager:
         args.append("--enforce-eager")
-    spec = speculative_config(launch, draft_dir)
-    if spec is not None:  # and the final chunk's per-step speculation counts (vLLM refuses them without)
-        args += ["--speculative-config", json.dumps(spec), "--per-request-spec-decode-metrics", "detailed"]
+    if speculative is not None:  # and the final chunk's per-step speculation counts (vLLM refuses them without)
+        args += ["--speculative-config", json.dumps(speculative), "--per-request-spec-decode-metrics", "detailed"]
     return args + list(launch.extra_args)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from engine.gguf import GGUFFile
+from engine.text.tokenizer import Tokenizer
 from engine.process.protocol import (
     ContextLengthError,
     EmbedRequest,
@@ -217,22 +218,15 @@ class VllmRuntime:
 
 def _facts(spec: LoadSpec, launch: VllmLaunch, endpoint: str, device: str, slots: int,
            method: str | None) -> ModelFacts:
-    """What the server needs to know, from the model's GGUF header (its tokenizer and template stay the
-    server's) and the launch."""
+    """What the server needs to know: the model's tokens as the native engine reads them from the GGUF (the
+    server's tokenizer and template stay its own), and the launch."""
     with GGUFFile(spec.model_path) as f:
-        md = f.metadata
-        tokens = md.get("tokenizer.ggml.tokens") or []
-
-        def token(key: str) -> str:
-            i = md.get(key)
-            return str(tokens[int(i)]) if i is not None and 0 <= int(i) < len(tokens) else ""
-
-        add_bos = md.get("tokenizer.ggml.add_bos_token")
-        architecture = str(md.get("general.architecture", ""))
-        facts = dict(bos_token=token("tokenizer.ggml.bos_token_id"), eos_token=token("tokenizer.ggml.eos_token_id"),
-                     add_bos=bool(add_bos) if add_bos is not None else md.get("tokenizer.ggml.model") == "llama")
-    weights = sum(Path(p).stat().st_size for name, p in launch.files if name.endswith(".safetensors"))
+        tokenizer, architecture = Tokenizer.from_gguf_metadata(f.metadata), f.architecture
+    tokens = tokenizer.token_strings()
+    name = lambda i: tokens[i] if i is not None else ""  # noqa: E731
+    weights = sum(Path(p).stat().st_size for name_, p in launch.files if name_.endswith(".safetensors"))
     return ModelFacts(architecture=architecture, context_length=spec.num_ctx, vocab_size=len(tokens), device=device,
                       weight_format="vllm", draft_architecture=method, draft_weight_format=None,
-                      memory_bytes=weights, num_parallel=slots, backend="vllm", speculative_method=method,
-                      endpoint=endpoint, attached=launch.attached, **facts)
+                      memory_bytes=weights, bos_token=name(tokenizer.bos_id), eos_token=name(tokenizer.eos_id),
+                      add_bos=bool(tokenizer.add_bos), num_parallel=slots, backend="vllm",
+                      speculative_method=method, endpoint=endpoint, attached=launch.attached)

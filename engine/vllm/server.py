@@ -78,7 +78,7 @@ class VllmServer:
         draft_dir = layout_folder(launch.draft_files, self.workdir / "draft") if launch.draft_files else None
         self.speculative = speculative_config(launch, draft_dir)
         self.port = free_port()
-        args = server_args(launch, model_dir=model_dir, draft_dir=draft_dir, port=self.port, num_ctx=num_ctx,
+        args = server_args(launch, model_dir=model_dir, speculative=self.speculative, port=self.port, num_ctx=num_ctx,
                            num_parallel=num_parallel, eager=is_cpu_build(python) and not _compiles(launch))
         self.log_path = self.workdir / "vllm.log"
         reaper = Path(__file__).with_name("reaper.py")

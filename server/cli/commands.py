@@ -213,7 +213,6 @@ def _local_show(store: BlobStore, name: str) -> dict:
     """What /api/show answers, from the local store (the fields `tandem show` prints)."""
     from ..options import draft_details, engine_info
     from ..prompting import ModelPrompting
-    from ..scheduler import vllm_launch
     from ..settings import Settings
 
     model = load_stored_model(store, name)
@@ -222,7 +221,7 @@ def _local_show(store: BlobStore, name: str) -> dict:
             "template": ModelPrompting(model).template_text, "system": model.system or "",
             "license": "\n".join(model.licenses), "details": model.details(), "model_info": model_info(model),
             "speculation": {"draft": draft_details(model), "tuning": dict(model.tuning)},
-            "engine": engine_info(model, None, settings.engine, vllm_launch(model, settings.vllm))}
+            "engine": engine_info(model, None, settings)}
 
 
 def _parameter_rows(text: str, tuning: dict) -> list[tuple[str, str]]:

@@ -55,7 +55,6 @@ from ..gojson import (
 from ..hf_pull import fetch_into_store
 from ..ndjson import as_api_error, merge_last, stream_or_collect, thread_progress
 from ..options import engine_info, speculation_info
-from ..scheduler import vllm_launch
 from ..show import model_info, modelfile_text, parameters_text, tensor_list
 from ..types import CopyBody, DeleteBody, ShowBody
 from ..validation import stored_model
@@ -238,7 +237,7 @@ def _show(ctx: ServerContext, req: ShowBody, name: str) -> dict[str, Any]:
     out["capabilities"] = prompting.capabilities()
     out["modified_at"] = rfc3339(model.modified_at)
     out["speculation"] = speculation_info(model, req.options, prompting.facts.has_mtp_head)
-    out["engine"] = engine_info(model, req.options, ctx.settings.engine, vllm_launch(model, ctx.settings.vllm))
+    out["engine"] = engine_info(model, req.options, ctx.settings)
     return out
 
 

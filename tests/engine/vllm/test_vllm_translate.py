@@ -10,7 +10,8 @@ import pytest
 
 from engine.options import Options
 from engine.process.protocol import EngineError, GenerateRequest
-from engine.vllm.launch import VllmLaunch, draft_method, plan_launch, server_args, speculative_config
+from engine.vllm.launch import (VllmLaunch, draft_method, plan_launch, server_args, speculative_config,
+                                speculative_method)
 from engine.vllm.server import layout_folder
 from engine.vllm.translate import completion_body, logprobs_of, refusal, speculation_stats
 
@@ -18,15 +19,17 @@ FOLDER = (("config.json", "/blobs/a"), ("model.safetensors", "/blobs/b"))
 
 
 def test_a_draft_folder_plans_vllms_draft_model_with_the_models_depth(tmp_path: Path):
-    launch = plan_launch({"draft_num_predict": 3}, files=FOLDER, draft_files=FOLDER, has_mtp_head=False)
+    config = tmp_path / "draft-config"
+    config.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    draft_files = (("config.json", str(config)), ("model.safetensors", "/blobs/b"))
+    launch = plan_launch({"draft_num_predict": 3}, files=FOLDER, draft_files=draft_files, has_mtp_head=False)
     assert (launch.drafter, launch.num_speculative_tokens) == ("model", 3)
-    draft = tmp_path / "draft"
-    draft.mkdir()
-    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
+    draft = tmp_path / "draft"  # the folder vLLM is given (laid out by engine.vllm.server)
+    assert speculative_method(launch) == "draft_model"
     assert speculative_config(launch, draft) == {"method": "draft_model", "model": str(draft),
                                                  "num_speculative_tokens": 3}
     # without a draft_num_predict the model drafts Ollama's default 4
-    assert plan_launch({}, files=FOLDER, draft_files=FOLDER, has_mtp_head=False).num_speculative_tokens == 4
+    assert plan_launch({}, files=FOLDER, draft_files=draft_files, has_mtp_head=False).num_speculative_tokens == 4
 
 
 @pytest.mark.parametrize("config, method", [
@@ -54,7 +57,8 @@ def test_ngram_mtp_and_no_speculation_plan_without_a_draft_folder():
 def test_server_args_map_the_load_options(tmp_path: Path):
     launch = VllmLaunch(files=FOLDER, drafter="ngram", num_speculative_tokens=3, tensor_parallel_size=2,
                         extra_args=("--dtype", "float32"))
-    args = server_args(launch, model_dir=tmp_path, draft_dir=None, port=8123, num_ctx=2048, num_parallel=6, eager=True)
+    args = server_args(launch, model_dir=tmp_path, speculative=speculative_config(launch, None), port=8123,
+                       num_ctx=2048, num_parallel=6, eager=True)
     flags = dict(zip(args, args[1:]))
     assert flags["--port"] == "8123" and flags["--model"] == str(tmp_path)
     assert flags["--max-model-len"] == "2048" and flags["--max-num-seqs"] == "6"
@@ -62,7 +66,7 @@ def test_server_args_map_the_load_options(tmp_path: Path):
     assert json.loads(flags["--speculative-config"])["method"] == "ngram"
     assert flags["--per-request-spec-decode-metrics"] == "detailed"
     assert "--enforce-eager" in args and args[-2:] == ["--dtype", "float32"]  # the user's flags come last
-    plain = server_args(VllmLaunch(files=FOLDER), model_dir=tmp_path, draft_dir=None, port=1, num_ctx=8,
+    plain = server_args(VllmLaunch(files=FOLDER), model_dir=tmp_path, speculative=None, port=1, num_ctx=8,
                         num_parallel=1, eager=False)
     # vLLM refuses per-request speculation metrics without speculation
     assert "--enforce-eager" not in plain and "--per-request-spec-decode-metrics" not in plain
