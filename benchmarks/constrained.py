@@ -28,8 +28,8 @@ from typing import Literal, Optional
 import torch
 from pydantic import BaseModel, Field, ValidationError
 
-from engine.options import Options
-from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+from engine.contract.options import Options
+from engine.contract.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
 
 

@@ -303,7 +303,7 @@ def tandem_bytes_per_token(model) -> tuple[int, int]:
 
 def gguf_bytes_per_token(path: str) -> tuple[int, int]:
     """(bytes of the GGUF's 2-D tensors a decode step reads as stored, one embedding row)."""
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
 
     with GGUFFile(path) as f:
         tied = "output.weight" not in f.tensors
@@ -323,7 +323,7 @@ class TandemSubject:
     kind = "tandem"
 
     def __init__(self, path: str, fmt: str, n_ctx: int, threads: int):
-        from engine.process.protocol import LoadSpec
+        from engine.contract.protocol import LoadSpec
         from engine.runtime import ModelRuntime
 
         self.requested = fmt
@@ -348,8 +348,8 @@ class TandemSubject:
         return _clock() - t0
 
     def decode_e2e(self, ids: list[int], n: int) -> DecodeOutput:
-        from engine.options import Options
-        from engine.process.protocol import GenerateRequest, GenerateResult
+        from engine.contract.options import Options
+        from engine.contract.protocol import GenerateRequest, GenerateResult
 
         # num_ctx: the whole cache, as before options had a 4096 default.
         req = GenerateRequest(prompt="", raw_tokens=list(ids), add_bos=False,
@@ -911,7 +911,7 @@ def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
     log(f"llama.cpp: {llama_info['status']}")
 
     # --- formats: resolve 'auto' and drop duplicates
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
     from engine.models.loader import default_format
 
     with GGUFFile(path) as f:

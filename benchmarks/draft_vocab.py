@@ -21,7 +21,7 @@ import torch
 
 from benchmarks.output import emit, host_line
 from benchmarks.speculation import CONFIGS, render_prompt, run_once
-from engine.process.protocol import LoadSpec
+from engine.contract.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 from engine.speculative.draft_model import DraftModelDrafter
 from server.cli.bench.prompt_sets import PROMPTS

@@ -1,6 +1,6 @@
 """Concurrent single-text /api/embed clients against two `tandem serve`s side by side: an embedding model with one
 slot (requests one after another, as before issue 34) and with the default slots (requests served together, the
-ones that wait merged into one engine call by engine/process/embed_batcher.py).
+ones that wait merged into one engine call by server/engine_process/embed_batcher.py).
 
     python -m benchmarks.embed_load [--rounds 2] [--levels 1,4,16]
 

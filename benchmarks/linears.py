@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 
 from benchmarks.output import emit, host_line
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.ops.linear import load_linear
 
 

@@ -30,7 +30,7 @@ _CHILD = r"""
 import json, os, sys, time
 import torch
 t0 = time.perf_counter()
-from engine.process.protocol import LoadSpec
+from engine.contract.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 spec = LoadSpec(**json.loads(sys.argv[1]))
 engine = ModelRuntime.load(spec)
@@ -38,8 +38,8 @@ seconds = time.perf_counter() - t0
 def rss():
     return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 loaded = rss()
-from engine.options import Options
-from engine.process.protocol import GenerateRequest
+from engine.contract.options import Options
+from engine.contract.protocol import GenerateRequest
 opts = Options.from_map({"num_predict": 16, "temperature": 0, "draft_num_predict": 3 if spec.draft_path else 0})
 for _ in engine.generate(GenerateRequest(prompt="def fib(n):", options=opts)):
     pass

@@ -22,7 +22,7 @@ import torch
 
 from benchmarks.output import emit, host_line
 from benchmarks.speculation import render_prompt, run_once
-from engine.process.protocol import LoadSpec
+from engine.contract.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 from server.cli.bench.prompt_sets import TEXT_KINDS
 

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from benchmarks.output import host_line
-from engine.options import DEFAULT_DRAFT_VOCAB, Options
-from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+from engine.contract.options import DEFAULT_DRAFT_VOCAB, Options
+from engine.contract.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
 from server.cli.bench.prompt_sets import PROMPTS, TEMPERATURES, TEXT_KINDS
 
@@ -57,7 +57,7 @@ def _fixed(n: int, **kw) -> dict:
 
 CONFIGS: list[Config] = [
     Config("plain", dict(drafter="none"), needs_draft=False),
-    # what a client that sends no speculation options gets (the DRAFT model, engine.options' defaults)
+    # what a client that sends no speculation options gets (the DRAFT model, engine.contract.options' defaults)
     Config("default", {}),
     Config("default-no-copy", dict(draft_copy=False)),
     *[Config(f"strict-n{n}", _fixed(n)) for n in (1, 2, 3, 4, 8)],

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.cache.kv import KVCache
-from engine.capabilities import DRAFTER_ARCHITECTURES, ENCODER_ARCHITECTURES, is_mtp_head_only
-from engine.gguf import GGUFFile
+from engine.contract.capabilities import DRAFTER_ARCHITECTURES, ENCODER_ARCHITECTURES, is_mtp_head_only
+from engine.contract.gguf import GGUFFile
 from engine.models.config import UnsupportedModelError
 from engine.models.encoder import Encoder
 from engine.models.loader import (
@@ -27,7 +27,7 @@ from engine.models.loader import (
 from engine.models.pruned_head import prune_output_head
 from engine.models.transformer import Model
 from engine.ops.memory import model_bytes
-from engine.process.protocol import EngineError, LoadSpec, ModelFacts
+from engine.contract.protocol import EngineError, LoadSpec, ModelFacts
 from engine.speculative.assistant import AssistantDrafter
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter
@@ -279,6 +279,6 @@ def _load_encoder_parts(spec: LoadSpec, f: GGUFFile, device: torch.device) -> Lo
         memory_bytes=int(model_bytes(encoder)), bos_token=toks[tokenizer.bos_id], eos_token=toks[tokenizer.sep_id],
         add_bos=True, pooling=cfg.pooling, embedding_length=cfg.n_embd,
         # requests at once: an encoder keeps no per-sequence state, and the engine client merges the calls of
-        # requests served together into one (engine.process.embed_batcher)
+        # requests served together into one (server.engine_process.embed_batcher)
         num_parallel=spec.num_parallel if spec.num_parallel > 0 else AUTO_PARALLEL)
     return LoadedParts(spec=spec, target=encoder, gguf=f, tokenizer=tokenizer, cache=None, drafters={}, facts=facts)

@@ -22,7 +22,7 @@ from typing import Callable, Iterator
 from engine.batching.arbiter import BatchedModel, ForwardArbiter
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.load import LoadedParts, load_parts
-from engine.process.protocol import (
+from engine.contract.protocol import (
     ContextLengthError,
     EmbedRequest,
     EmbedResult,
@@ -44,8 +44,8 @@ from engine.speculative.loop import (
     TimeBreakdown,
     trace_from_env,
 )
-from engine.speculative.plan import SpeculationPlan, plan_speculation
-from engine.text.json_grammar import SchemaError, compile_format
+from engine.contract.speculation_plan import SpeculationPlan, plan_speculation
+from engine.contract.json_grammar import SchemaError, compile_format
 
 
 #: Open-ended generation stops after this many contexts' worth of tokens (Ollama's runner rule).

@@ -2,7 +2,7 @@
 
 Two sources, as Ollama takes them:
 
-* a GGUF LoRA (llama.cpp's ``convert_lora_to_gguf.py`` layout, ``engine.adapter``): stored as it is;
+* a GGUF LoRA (llama.cpp's ``convert_lora_to_gguf.py`` layout, ``engine.contract.adapter``): stored as it is;
 * a PEFT folder (``adapter_config.json`` + ``adapter_model.safetensors``): converted here into that layout,
   the way llama.cpp's converter does it: each ``<module>.lora_A/B.weight`` named after its base weight with the
   importer's HF -> GGUF name map for the base architecture (``<gguf name>.lora_a`` [rank, in], ``.lora_b``
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from blobs import MEDIA_TYPE_ADAPTER, BlobStore, Layer
-from engine.adapter import LORA_A, LORA_B, AdapterError, read_lora
-from engine.gguf import GGUFError, GGUFFile
+from engine.contract.adapter import LORA_A, LORA_B, AdapterError, read_lora
+from engine.contract.gguf import GGUFError, GGUFFile
 
 from .hf_to_gguf import _MODEL_ARCH, TensorPlan, _prepare, _text_name
 from .request import CreateError, Progress, ProgressEvent

@@ -42,9 +42,9 @@ from blobs import (
     ModelNotFoundError,
     marshal_json,
 )
-from engine.gguf import read_metadata
-from engine.options import OPTION_ALIASES, Options
-from engine.text.gotemplate import TemplateError, parse_template
+from engine.contract.gguf import read_metadata
+from engine.contract.options import OPTION_ALIASES, Options
+from modelfile.gotemplate import TemplateError, parse_template
 
 from . import bert_import
 from .adapter import adapter_layer
@@ -265,7 +265,7 @@ def _vllm_folder_layers(store: BlobStore, req: CreateRequest, base_layers: list[
     options = Options.merged(params, None)
     if options.engine != "vllm":
         return []
-    from engine.vllm.translate import native_only_option
+    from engine.contract.vllm_launch import native_only_option
 
     why = native_only_option(options)
     if why is not None:

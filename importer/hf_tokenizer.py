@@ -28,7 +28,7 @@ from typing import Any, Mapping
 
 import gguf
 
-from engine.text.tokenizer import _GPT2, _PRE_TOKENIZERS, PreTokenizerSpec  # the table the engine reads back
+from engine.contract.pretokenizers import GPT2, PRE_TOKENIZERS, PreTokenizerSpec  # the table the engine reads back
 
 from .request import CreateError
 
@@ -169,14 +169,14 @@ def _pre_tokenizer_name(tj: Mapping[str, Any], ignore_merges: bool, role: str) -
             regexes.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
         elif kind == "ByteLevel" and not step.get("add_prefix_space"):
             if step.get("use_regex", True):
-                regexes.append(_GPT2)
+                regexes.append(GPT2)
         else:
             raise _fail(role, f"{TOKENIZER_JSON}: pre-tokenizer step {json.dumps(step)[:200]} is not supported")
     normalizers = [n.get("type") for n in _flatten(tj.get("normalizer"))]
     if any(n != "NFC" for n in normalizers):
         raise _fail(role, f"{TOKENIZER_JSON}: normalizer {normalizers} is not supported for a byte-level BPE")
     spec = PreTokenizerSpec(tuple(regexes), nfc=bool(normalizers), ignore_merges=ignore_merges)
-    names = [n for n, s in _PRE_TOKENIZERS.items() if s == spec]
+    names = [n for n, s in PRE_TOKENIZERS.items() if s == spec]
     if not names:
         raise _fail(role, f"{TOKENIZER_JSON}: its pre-tokenizer (regexes {regexes}, NFC {bool(normalizers)}, "
                           f"ignore_merges {ignore_merges}) matches none that tandem runs")

@@ -6,7 +6,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from engine.capabilities import (
+from engine.contract.capabilities import (
     DRAFTER_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TENSOR_TYPES,
@@ -15,7 +15,7 @@ from engine.capabilities import (
     has_mtp_head,
     is_mtp_head_only,
 )
-from engine.gguf import GGUFError, GGUFFile, format_parameter_count
+from engine.contract.gguf import GGUFError, GGUFFile, format_parameter_count
 
 from .request import CreateError
 

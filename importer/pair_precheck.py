@@ -3,7 +3,7 @@
 Converting a target folder puts its GGUF in the store; a drafter found unfit only after that would leave the
 store changed by a create that failed. What config.json already decides (a Gemma 4 assistant built for
 another target width, or a target family it does not draft for) is therefore checked first, with the same
-words the GGUF pair check uses (``engine.capabilities.drafter_problem``).
+words the GGUF pair check uses (``engine.contract.capabilities.drafter_problem``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from engine.capabilities import DRAFTER_ARCHITECTURES, drafter_problem
+from engine.contract.capabilities import DRAFTER_ARCHITECTURES, drafter_problem
 
 from .hf_config import read_params
 from .request import CreateError

@@ -26,7 +26,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from engine.gguf import FILE_TYPE_IDS, GGML_TYPE_IDS, GGML_TYPES, GGUFFile, TensorInfo
+from engine.contract.gguf import FILE_TYPE_IDS, GGML_TYPE_IDS, GGML_TYPES, GGUFFile, TensorInfo
 
 from . import kquant
 from .request import CreateError
@@ -35,7 +35,7 @@ from .request import CreateError
 QUANT_TYPES: dict[str, str] = {"q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1", "q5_0": "Q5_0", "q5_1": "Q5_1",
                                "f16": "F16", "bf16": "BF16", "f32": "F32"}
 # K-quant mixtures: name -> (llama_ftype name, default tensor type). The ftype ids written to
-# general.file_type are llama.cpp's enum llama_ftype (engine.gguf.FILE_TYPES: 14..18).
+# general.file_type are llama.cpp's enum llama_ftype (engine.contract.gguf.FILE_TYPES: 14..18).
 K_MIXTURES: dict[str, tuple[str, str]] = {
     "q4_k_s": ("Q4_K_S", "Q4_K"), "q4_k_m": ("Q4_K_M", "Q4_K"),
     "q5_k_s": ("Q5_K_S", "Q5_K"), "q5_k_m": ("Q5_K_M", "Q5_K"),

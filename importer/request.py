@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from engine.options import ParamError, coerce_options
+from engine.contract.options import ParamError, coerce_options
 
 _DIGEST_RE = re.compile(r"^sha256[:-][0-9a-fA-F]{64}$")
 

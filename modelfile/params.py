@@ -1,6 +1,6 @@
 """Modelfile parameters: Ollama's ``FormatParams`` for string values, against the option table.
 
-The option table itself (names, types, defaults, value checks) is :class:`engine.options.Options`;
+The option table itself (names, types, defaults, value checks) is :class:`engine.contract.options.Options`;
 this module keeps what is specific to the Modelfile and Go:
 
 * :func:`format_params` - Ollama's ``api.FormatParams`` for string values (Modelfile
@@ -8,7 +8,7 @@ this module keeps what is specific to the Modelfile and Go:
 * :func:`parameters_from_commands` - the PARAMETER part of ``Modelfile.CreateRequest``.
 * deprecated parameter names and the command names that are not parameters.
 
-JSON ``options`` (requests, the stored params layer) are parsed by ``engine.options``.
+JSON ``options`` (requests, the stored params layer) are parsed by ``engine.contract.options``.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.options import (
+from engine.contract.options import (
     INT64_MAX,
     INT64_MIN,
     OPTION_ALIASES,

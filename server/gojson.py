@@ -14,7 +14,7 @@ from typing import Any, Callable
 from fastapi import Request
 from fastapi.responses import Response
 
-from engine.text.json_scan import JsonScan
+from server.text.json_scan import JsonScan
 
 
 #: What a client is told about a failure the server did not expect (the details are logged).

@@ -28,7 +28,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from engine.process.protocol import GenerateResult
+from engine.contract.protocol import GenerateResult
 
 
 class Metrics:

@@ -1,6 +1,6 @@
 """The options a generation runs with: defaults <- the model's parameters <- the request's options,
-parsed once into one typed `engine.options.Options`, and what /api/show reports about speculation
-(decided by the engine's own rule, `engine.speculative.plan.plan_speculation`).
+parsed once into one typed `engine.contract.options.Options`, and what /api/show reports about speculation
+(decided by the engine's own rule, `engine.contract.speculation_plan.plan_speculation`).
 
 Kept together because they are one policy: how a model's settings and a request combine.
 """
@@ -13,17 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from blobs.model import StoredModel
-from engine.capabilities import draft_layer_kind
-from engine.gguf import GGUFFile, format_parameter_count
-from engine.options import (
+from engine.contract.capabilities import draft_layer_kind
+from engine.contract.gguf import GGUFFile, format_parameter_count
+from engine.contract.options import (
     SPECULATION_DEFAULTS,
     SPECULATION_OPTIONS,
     OptionRangeError,
     Options,
     ParamError,
 )
-from engine.speculative.plan import plan_speculation
-from engine.vllm.launch import VllmLaunch, plan_launch, speculative_method
+from engine.contract.speculation_plan import plan_speculation
+from engine.contract.vllm_launch import VllmLaunch, plan_launch, speculative_method
 
 from .gojson import ApiError
 from .settings import Settings, VllmSettings

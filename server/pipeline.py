@@ -14,15 +14,15 @@ import anyio
 from fastapi import Request
 
 from blobs.model import StoredModel
-from engine.options import Options
-from engine.process.protocol import (
+from engine.contract.options import Options
+from engine.contract.protocol import (
     EngineCrashedError,
     EngineError,
     GenerateResult,
     TokenChunk,
     TokenLogprob,
 )
-from engine.process.protocol import GenerateRequest as EngineRequest
+from engine.contract.protocol import GenerateRequest as EngineRequest
 
 from .context import ServerContext
 from .gojson import ApiError

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from blobs.model import StoredModel
-from engine.capabilities import embedding_normalizes, embedding_pooling, has_mtp_head
-from engine.gguf import GGUFFile
-from engine.text.gotemplate import GoTemplate, TemplateError, parse_template
-from engine.text.harmony import harmony_function_names, is_gpt_oss, uses_harmony
-from engine.text.prompt import (
+from engine.contract.capabilities import embedding_normalizes, embedding_pooling, has_mtp_head
+from engine.contract.gguf import GGUFFile
+from modelfile.gotemplate import GoTemplate, TemplateError, parse_template
+from server.text.harmony import harmony_function_names, is_gpt_oss, uses_harmony
+from server.text.prompt import (
     InsertNotSupported,
     JinjaChatTemplate,
     Message,
@@ -32,10 +32,10 @@ from engine.text.prompt import (
     render_generate,
     supports_insert,
 )
-from engine.text.special_tokens import FimTokens, find_fim_tokens
-from engine.text.template_errata import corrected_chat_template
-from engine.text.thinking import infer_thinking_tags, jinja_thinking_tags
-from engine.text.tool_calls import ToolCallFormat, format_for_go_template, format_for_jinja_template
+from engine.contract.special_tokens import FimTokens, find_fim_tokens
+from server.text.template_errata import corrected_chat_template
+from server.text.thinking import infer_thinking_tags, jinja_thinking_tags
+from server.text.tool_calls import ToolCallFormat, format_for_go_template, format_for_jinja_template
 
 __all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "Think", "Tool", "InsertNotSupported"]
 

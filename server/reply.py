@@ -1,6 +1,6 @@
 """A generation's text split the way Ollama's ChatHandler splits it: the reasoning first (the model's
 thinking tags), then tool calls out of what is left (the model's call format), the rest content; or, for
-gpt-oss models with a harmony template, by harmony channel (engine.text.harmony) for all three.
+gpt-oss models with a harmony template, by harmony channel (server.text.harmony) for all three.
 
 One ``ReplySplitter`` per request: ``feed`` each engine chunk, ``finish`` at the end. Tool calls get
 Ollama's ids (``call_`` and 8 random letters/digits). Reasoning is never searched for tool calls.
@@ -13,10 +13,10 @@ import string
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from engine.text.harmony import HarmonyParser, HarmonyPiece
-from engine.text.prompt import Think, Tool, ToolCall
-from engine.text.thinking import ThinkingParser
-from engine.text.tool_calls import ParsedCall, ToolCallParser
+from server.text.harmony import HarmonyParser, HarmonyPiece
+from server.text.prompt import Think, Tool, ToolCall
+from server.text.thinking import ThinkingParser
+from server.text.tool_calls import ParsedCall, ToolCallParser
 
 from .prompting import ModelPrompting
 

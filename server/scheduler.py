@@ -40,8 +40,8 @@ from typing import Any, AsyncIterator, Callable, Protocol
 import anyio
 
 from blobs.model import StoredModel
-from engine.options import Options
-from engine.process.protocol import (
+from engine.contract.options import Options
+from engine.contract.protocol import (
     EXIT_FINISH_CAP,
     EmbedRequest,
     EmbedResult,
@@ -87,7 +87,7 @@ class QueueTimeoutError(QueueFullError):
 
 
 class EngineHandle(Protocol):
-    """What the scheduler needs of an engine handle (engine.process.client.EngineClient; fakes in tests)."""
+    """What the scheduler needs of an engine handle (server.engine_process.client.EngineClient; fakes in tests)."""
 
     pid: int | None
 
@@ -105,7 +105,7 @@ class EngineHandle(Protocol):
 
 
 def _default_engine_factory(timeout: float) -> EngineHandle:
-    from engine.process.client import EngineClient
+    from server.engine_process.client import EngineClient
 
     return EngineClient(timeout=None if math.isinf(timeout) else timeout)
 

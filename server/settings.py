@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Mapping
 
 from blobs import default_models_root
-from engine.options import OPTION_CHOICES
+from engine.contract.options import OPTION_CHOICES
 
 log = logging.getLogger("tandem.settings")
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from blobs.model import StoredModel
-from engine.gguf import GGML_TYPES, GGUFFile
+from engine.contract.gguf import GGML_TYPES, GGUFFile
 from modelfile import Command, render
 
 

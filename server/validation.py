@@ -9,8 +9,8 @@ from typing import Any
 
 from blobs import InvalidNameError, ModelNotFoundError
 from blobs.model import StoredModel, load_stored_model
-from engine.text.json_grammar import SchemaError, compile_format
-from engine.text.prompt import Think, Tool
+from engine.contract.json_grammar import SchemaError, compile_format
+from server.text.prompt import Think, Tool
 
 from .context import ServerContext
 from .gojson import ApiError
@@ -89,7 +89,7 @@ def decode_tools(name: str, raw: list[Any], supported: bool) -> list[Tool]:
 
 
 def check_format(fmt: Any) -> Any:
-    """Validate ``format`` (None/"", "json", or a JSON schema; engine.text.json_schema says what is enforced)
+    """Validate ``format`` (None/"", "json", or a JSON schema; engine.contract.json_schema says what is enforced)
     before anything is loaded: a keyword that cannot be enforced is a 400 naming it. Returns what the
     engine request carries (None: free text)."""
     try:

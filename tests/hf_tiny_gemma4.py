@@ -83,7 +83,7 @@ def gemma4_vocab() -> tuple[list[str], list[int], list[float], list[str]]:
 
 
 # A Gemma 4 style chat template, written for the tests in the constructs Gemma 4's own template uses (see
-# tests/engine/text/test_templates_gemma4.py).
+# tests/server/text/test_templates_gemma4.py).
 CHAT_TEMPLATE = r"""
 {%- macro quote(value) -%}
     {%- if value is string -%}{{- '<|"|>' + value + '<|"|>' -}}

@@ -191,10 +191,51 @@ def test_the_command_line_stands_apart_from_the_server() -> None:
     assert not offenders, offenders
 
 
-def test_no_folder_cycles_but_the_engines() -> None:
+def test_no_folder_cycles() -> None:
     """No two folders import each other, parent and child folders included (`server/` and `server/routes` did
-    until the app moved into `routes/`). The engine's root and its subfolders still do (its runtimes import the
-    process protocol, whose worker imports the runtimes); the torch-free contract package of issue 37 is what will
-    end that, and nothing else may join it."""
-    cycles = [c for c in folder_cycles() if not all(f == "engine" or f.startswith("engine/") for f in c)]
-    assert not cycles, cycles
+    until the app moved into `routes/`; the engine's root and its subfolders did until the torch-free contract
+    moved into `engine/contract/`)."""
+    assert not folder_cycles(), folder_cycles()
+
+
+CONTRACT = "engine.contract"
+OUTSIDE_THE_ENGINE = ("server", "importer", "modelfile", "blobs")
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_the_contract_stands_alone() -> None:
+    """`engine/contract/` (what the server and the engine process share) imports nothing of the engine's own:
+    reading it never pulls in the code that only the engine process runs."""
+    modules = module_files()
+    offenders = [f"{m} -> {t}" for m, p in modules.items() if _in(m, CONTRACT)
+                 for t, _ in imports_of(m, p, modules) if not _in(t, CONTRACT) and _in(t, "engine")]
+    assert not offenders, offenders
+
+
+def test_the_server_side_reaches_the_engine_only_through_the_contract() -> None:
+    """The server, the importer, `modelfile/` and `blobs/` run in the server's process: of the engine they import
+    only `engine/contract/` (the engine process itself is started by name, `ENGINE_MAIN_MODULE`)."""
+    modules = module_files()
+    offenders = [f"{m} -> {t}" for m, p in modules.items() if any(_in(m, pkg) for pkg in OUTSIDE_THE_ENGINE)
+                 for t, _ in imports_of(m, p, modules) if _in(t, "engine") and not _in(t, CONTRACT)]
+    assert not offenders, offenders
+
+
+_CONTRACT_PROBE = r"""
+import pkgutil, importlib, sys
+import engine.contract
+for info in pkgutil.iter_modules(engine.contract.__path__):
+    importlib.import_module("engine.contract." + info.name)
+engine_modules = sorted(m for m in sys.modules if m.startswith("engine.") and not m.startswith("engine.contract"))
+assert "torch" not in sys.modules, "torch imported"
+assert not engine_modules, engine_modules
+"""
+
+
+def test_the_contract_imports_neither_torch_nor_the_engine() -> None:
+    done = subprocess.run([sys.executable, "-c", _CONTRACT_PROBE], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr

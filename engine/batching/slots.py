@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from engine.cache.kv import KVCache
-from engine.process.protocol import EngineError
+from engine.contract.protocol import EngineError
 from engine.speculative.depth import AdaptiveDepth
 from engine.speculative.drafter import Drafter
 

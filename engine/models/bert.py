@@ -7,21 +7,21 @@ the norms are post-norm LayerNorms with biases (``token_embd_norm`` after the em
 ``ffn_down``. The output is one vector per input, pooled over the last hidden states as
 ``bert.pooling_type`` says (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last, 4 rank).
 
-Torch-free: the server reads ``pooling_of`` to decide the ``embedding`` capability without loading torch.
+The pooling and normalisation a GGUF declares are read by ``engine.contract.capabilities`` (the server decides
+the ``embedding`` capability from them without torch).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
-from engine.gguf import GGUFFile
+from engine.contract.capabilities import embedding_normalizes, embedding_pooling
+from engine.contract.gguf import GGUFFile
 from engine.models.config import UnsupportedModelError
 
 ARCH = "bert"
 
-# llama.cpp's enum llama_pooling_type, as stored in {arch}.pooling_type.
-POOLING_NAMES: Mapping[int, str] = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 # What the encoder computes; "none" (per-token vectors) and "rank" (a reranker's score) are not embeddings.
 RUNNABLE_POOLING = frozenset({"mean", "cls", "last"})
 
@@ -47,25 +47,6 @@ class EncoderConfig:
         return self.n_embd // self.n_head
 
 
-def pooling_of(metadata: Mapping[str, Any]) -> str | None:
-    """The pooling an embedding GGUF declares (``{arch}.pooling_type``), or None for a model without one.
-
-    Ollama's rule: a model whose GGUF carries a pooling type is an embedding model (capability
-    ``embedding``, no ``completion``); any other is a completion model."""
-    arch = metadata.get("general.architecture")
-    value = metadata.get(f"{arch}.pooling_type")
-    if value is None:
-        return None
-    return POOLING_NAMES.get(int(value), f"unknown ({int(value)})")
-
-
-def normalizes(metadata: Mapping[str, Any]) -> bool:
-    """Whether the model's own pipeline L2-normalises its vectors (``{arch}.normalize_embeddings``; llama.cpp
-    and Ollama read a bert without the key as normalising)."""
-    arch = metadata.get("general.architecture")
-    return bool(metadata.get(f"{arch}.normalize_embeddings", True))
-
-
 def read_config(f: GGUFFile) -> EncoderConfig:
     path = f.path
 
@@ -78,7 +59,7 @@ def read_config(f: GGUFFile) -> EncoderConfig:
     n_embd, n_head = int(need("embedding_length")), int(need("attention.head_count"))
     if n_embd % n_head:
         raise UnsupportedModelError(f"{path}: embedding_length {n_embd} is not a multiple of head_count {n_head}")
-    pooling = pooling_of(f.metadata)
+    pooling = embedding_pooling(f.metadata)
     if pooling not in RUNNABLE_POOLING:
         raise UnsupportedModelError(f"{path}: pooling type {pooling or 'missing'} is not supported "
                                     f"(supported: {', '.join(sorted(RUNNABLE_POOLING))})")
@@ -95,5 +76,5 @@ def read_config(f: GGUFFile) -> EncoderConfig:
         norm_eps=float(f.arch_key("attention.layer_norm_epsilon", 1e-12)),
         n_token_types=int(f.metadata.get("tokenizer.ggml.token_type_count", 2)),
         pooling=pooling,
-        normalize=normalizes(f.metadata),
+        normalize=embedding_normalizes(f.metadata),
     )

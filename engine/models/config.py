@@ -1,6 +1,6 @@
 """``ModelConfig``: what the shared transformer needs to know about one model, read from GGUF metadata.
 
-Torch-free, so that the registry in ``engine.models`` (and through it ``engine.capabilities``, which the
+Torch-free, so that the registry in ``engine.models`` (and through it ``engine.contract.capabilities``, which the
 importer validates with) can be imported without loading torch. The fields every architecture shares are
 read here (``base_config``); each architecture's module overrides the ones it deviates in.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 
 
 class UnsupportedModelError(ValueError):

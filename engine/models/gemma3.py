@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.config import (
     ModelConfig,
     UnsupportedModelError,

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.config import (
     ModelConfig,
     MoEConfig,

@@ -10,15 +10,15 @@ the assistant computes no K/V), and predicts a token through its final norm and 
 
 Its layers are gemma4 layers (``engine.models.gemma4.attention_config``) with only q projections, so the
 config read here is completed at load by ``bind_to_target``: which target cache layer each layer reads
-and how many K/V heads that layer has. Torch-free, so that ``engine.capabilities`` can describe it.
+and how many K/V heads that layer has. Its name and targets are the contract's (``engine.contract.capabilities``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
 
-from engine.gguf import GGUFFile
+from engine.contract.capabilities import DRAFTER_TARGETS, GEMMA4_ASSISTANT
+from engine.contract.gguf import GGUFFile
 from engine.models.config import (
     ModelConfig,
     UnsupportedModelError,
@@ -27,14 +27,8 @@ from engine.models.config import (
 )
 from engine.models.gemma4 import attention_config
 
-ARCH = "gemma4-assistant"
-TARGET_ARCHITECTURES = frozenset({"gemma4"})
-
-
-def target_width(metadata: Mapping[str, Any]) -> int | None:
-    """The target hidden size the assistant was built for (``embedding_length_out``), if the file says."""
-    value = metadata.get(f"{ARCH}.embedding_length_out")
-    return int(value) if value is not None else None
+ARCH = GEMMA4_ASSISTANT
+TARGET_ARCHITECTURES = DRAFTER_TARGETS[ARCH]
 
 
 def read_config(f: GGUFFile, layout: WeightLayout) -> ModelConfig:

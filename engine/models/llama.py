@@ -8,7 +8,7 @@ by the model when the tensor is present.
 
 from __future__ import annotations
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.config import ModelConfig, WeightLayout, base_config
 
 

@@ -20,8 +20,9 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from engine.adapter import AdapterError
-from engine.gguf import GGUFError, GGUFFile
+from engine.contract.adapter import AdapterError
+from engine.contract.capabilities import drafter_target_width
+from engine.contract.gguf import GGUFError, GGUFFile
 from engine.models import bert, gemma4_assistant, get_arch
 from engine.models.assistant import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
@@ -341,7 +342,7 @@ def load_assistant(target: Model, f: GGUFFile, fmt: str) -> Gemma4Assistant:
     """The gemma4-assistant in ``f`` over ``target``; ``UnsupportedModelError`` if it does not fit it."""
     device = target.device
     own = gemma4_assistant.read_config(f, weight_layout(f))
-    cfg = gemma4_assistant.bind_to_target(own, target.config, gemma4_assistant.target_width(f.metadata))
+    cfg = gemma4_assistant.bind_to_target(own, target.config, drafter_target_width(gemma4_assistant.ARCH, f.metadata))
     blocks = []
     for i in range(cfg.n_layer):
         blocks.append(load_block_weights(f, cfg, i, fmt, device))

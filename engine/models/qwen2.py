@@ -6,7 +6,7 @@ the GGUF), tied or untied output (``output.weight`` present or not).
 
 from __future__ import annotations
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.config import ModelConfig, WeightLayout, base_config
 
 

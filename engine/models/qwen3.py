@@ -12,7 +12,7 @@ running it without them would give wrong logits silently.
 
 from __future__ import annotations
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout, base_config
 
 

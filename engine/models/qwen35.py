@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.config import (ModelConfig, RecurrentConfig, UnsupportedModelError, WeightLayout, base_config,
                                   per_layer_ints)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models import qwen35
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout, moe_config
 

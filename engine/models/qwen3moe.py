@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models import qwen3
 from engine.models.config import ModelConfig, WeightLayout, moe_config
 

@@ -26,7 +26,7 @@ from engine.models.per_layer import PerLayerInput
 from engine.ops.linear import Linear
 
 if TYPE_CHECKING:
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
 
 # Token ids [n] -> embedding rows [n, n_embd] (engine.ops.linear.Embedding reads them from a GGUF mapping).
 TokenEmbedding = Callable[[torch.Tensor], torch.Tensor]

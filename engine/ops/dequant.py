@@ -1,7 +1,7 @@
 """Torch dequantizers for GGUF tensor bytes, and the exact Q4 -> int4 (group 32) mapping.
 
 Every function takes the *raw block bytes* of a tensor as a uint8 torch tensor (normally
-``torch.from_numpy`` over the mmap view from :meth:`engine.gguf.GGUFFile.tensor_data`, so nothing
+``torch.from_numpy`` over the mmap view from :meth:`engine.contract.gguf.GGUFFile.tensor_data`, so nothing
 is copied up front) and works in chunks of rows, so the extra memory at any moment is a few
 megabytes of temporaries on top of the output itself.
 
@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from engine.gguf import GGML_TYPES, GGUFFile
+from engine.contract.gguf import GGML_TYPES, GGUFFile
 
 # Elements per chunk of work: big enough that per-op overhead is negligible, small enough that the
 # f32 temporaries (a handful of them) stay around 10-40 MB.

@@ -62,9 +62,9 @@ from typing import Iterable, Mapping, Sequence, get_args
 import torch
 import torch.nn.functional as F
 
-from engine.gguf import GGML_TYPES, GGUFFile
+from engine.contract.gguf import GGML_TYPES, GGUFFile
 from engine.ops import dequant as dq
-from engine.options import WeightFormat
+from engine.contract.options import WeightFormat
 from engine.ops.kernels import load_qdot, qdot_fast, qdot_status
 
 FORMATS = tuple(f for f in get_args(WeightFormat) if f != "auto")  # what a request may name, less "auto"

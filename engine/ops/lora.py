@@ -17,8 +17,8 @@ from typing import Sequence
 
 import torch
 
-from engine.adapter import AdapterError, LoraAdapter, read_lora
-from engine.gguf import GGUFFile
+from engine.contract.adapter import AdapterError, LoraAdapter, read_lora
+from engine.contract.gguf import GGUFFile
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Linear
 
@@ -61,7 +61,7 @@ class LoraWeights:
 
     @classmethod
     def load(cls, paths: Sequence[str], base: GGUFFile, user_scale: float = 1.0) -> "LoraWeights":
-        """Read and check each adapter GGUF against ``base`` (``engine.adapter.AdapterError`` if one does not fit)."""
+        """Read and check each adapter GGUF against ``base`` (``engine.contract.adapter.AdapterError`` if one does not fit)."""
         out = cls()
         for path in paths:
             with GGUFFile(path) as f:

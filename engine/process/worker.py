@@ -31,8 +31,8 @@ from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from typing import Iterator
 
-from engine.process.cancel_flag import CancelFlag
-from engine.process.protocol import EngineError, GenerateResult, LoadSpec
+from engine.contract.cancel_flag import CancelFlag
+from engine.contract.protocol import EngineError, GenerateResult, LoadSpec
 
 
 EXIT_BEAT_SECONDS = 0.5  # how often an exiting engine that finishes a cache write says it is alive

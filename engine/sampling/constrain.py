@@ -1,5 +1,5 @@
 """Constrained decoding for Ollama's ``format``, the token layer: keep only the next tokens whose text
-keeps ``engine.text.json_grammar``'s recogniser valid (JSON mode and JSON schemas).
+keeps ``engine.contract.json_grammar``'s recogniser valid (JSON mode and JSON schemas).
 
 With speculation the decode loop asks two things of it: :meth:`TokenConstraint.walk` cuts a draft
 chain at its first token the constraint does not allow (cloning the recogniser along the chain, so
@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from engine.sampling.sampler import Distribution
-from engine.text.json_grammar import JsonRecognizer, Node
+from engine.contract.json_grammar import JsonRecognizer, Node
 
 FALLBACK_SCAN = 4096  # first slice of the vocabulary (by raw logit) checked when no pool candidate is valid
 

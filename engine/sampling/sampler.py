@@ -50,7 +50,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from engine.options import Options
+from engine.contract.options import Options
 
 __all__ = [
     "SamplingOptions",

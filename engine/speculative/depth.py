@@ -113,7 +113,7 @@ class FixedDepth:
 
 #: The deepest draft ``AdaptiveDepth`` considers. ``choose`` runs before every token and scores each
 #: depth up to the cap, so without a bound a huge cap made every token slow; no drafter is ever
-#: accepted this deep (and ``engine.options`` refuses a larger ``draft_num_predict``).
+#: accepted this deep (and ``engine.contract.options`` refuses a larger ``draft_num_predict``).
 MAX_CONSIDERED_DEPTH = 64
 
 CostModel = Callable[[int, int], float]  # (depth, n_drafted) -> seconds; replaces measurements in tests

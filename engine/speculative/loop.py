@@ -30,7 +30,7 @@ from typing import Callable, Generator, Sequence
 import torch
 
 from engine.cache.protocol import SequenceCache
-from engine.process.protocol import GenerateResult, TokenChunk, TokenLogprob
+from engine.contract.protocol import GenerateResult, TokenChunk, TokenLogprob
 from engine.sampling.constrain import TokenConstraint
 from engine.sampling.sampler import Distribution, SamplingOptions, process
 from engine.speculative.acceptance import (
@@ -41,8 +41,8 @@ from engine.speculative.acceptance import (
 )
 from engine.speculative.depth import DepthController
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, TargetOutput
-from engine.speculative.stats import SpeculationStats
-from engine.text.special_tokens import ThinkTags
+from engine.contract.speculation_stats import SpeculationStats
+from engine.contract.special_tokens import ThinkTags
 from engine.text.stops import TextStream
 
 TRACE_ENV = "TANDEM_DRAFT_TRACE"

@@ -3,9 +3,8 @@
 Three vocabulary kinds are supported, as ``tokenizer.ggml.model`` names them:
 
 * ``gpt2``: byte-level BPE. The merges are in the file; what the file does not carry is the
-  pre-tokenizer, which llama.cpp picks by the ``tokenizer.ggml.pre`` name. ``_PRE_TOKENIZERS``
-  mirrors llama.cpp's table (``llama-vocab.cpp``), using the original ``tokenizer.json`` regexes
-  where llama.cpp only rewrote them for its own regex engine.
+  pre-tokenizer, which llama.cpp picks by the ``tokenizer.ggml.pre`` name. ``engine/contract/pretokenizers.py``
+  mirrors llama.cpp's table (``llama-vocab.cpp``).
 * ``llama``: SentencePiece-style BPE with byte fallback (``<0xNN>`` tokens). The file has scores
   but no merges, so merges are derived from the vocabulary the way transformers' GGUF converter
   does (``generate_merges``): every split of a token into two tokens is a merge, ranked by the
@@ -36,7 +35,8 @@ import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
-from engine.text.special_tokens import ThinkTags, find_think_tags
+from engine.contract.pretokenizers import PRE_TOKENIZERS, SPEC_DEFAULT, SUPPORTED_PRE_TOKENIZERS, PreTokenizerSpec
+from engine.contract.special_tokens import ThinkTags, find_think_tags
 
 log = logging.getLogger(__name__)
 
@@ -81,86 +81,6 @@ _HASH_B2 = np.uint64(0x9E3779B97F4A7C15)
 _SPM_SPACE = "\u2581"  # ▁, SentencePiece's spelling of a space
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
-# --- pre-tokenizer regexes ---------------------------------------------------------------------
-# Each pre-tokenizer is a sequence of regexes applied like llama.cpp's unicode_regex_split: every
-# regex splits the pieces the previous one produced, keeping matches and the text between them
-# as separate pieces (``Split(..., "isolated")``).
-
-_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN35 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_TEKKEN = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_GPT4O = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_DEEPSEEK_CODER = (r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")
-_DEEPSEEK_V3 = (
-    r"\p{N}{1,3}",
-    r"[一-龥぀-ゟ゠-ヿ]+",
-    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-    r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
-)
-_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
-
-
-@dataclass(frozen=True)
-class PreTokenizerSpec:
-    """How a byte-level vocabulary splits text before BPE (one llama.cpp pre-tokenizer type)."""
-
-    regexes: tuple[str, ...]
-    nfc: bool = False  # Qwen2's tokenizer.json normalizes to NFC first
-    ignore_merges: bool = False  # llama.cpp: a word that is itself a token is not merged (llama3, tekken)
-
-
-_SPEC_LLAMA3 = PreTokenizerSpec((_LLAMA3,), ignore_merges=True)
-_SPEC_LLAMA3_MERGED = PreTokenizerSpec((_LLAMA3,))
-_SPEC_QWEN2 = PreTokenizerSpec((_QWEN2,), nfc=True)
-_SPEC_STARCODER = PreTokenizerSpec((r"\p{N}", _GPT2))
-_SPEC_GPT2 = PreTokenizerSpec((_GPT2,))
-_SPEC_GPT4O = PreTokenizerSpec((_GPT4O,))
-# llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT, used for "default" and for files without a pre name.
-_SPEC_DEFAULT = PreTokenizerSpec((r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"))
-
-# tokenizer.ggml.pre -> pre-tokenizer, grouped as llama.cpp's llama_vocab::impl::load groups them.
-_PRE_TOKENIZERS: Mapping[str, PreTokenizerSpec] = {
-    "default": _SPEC_DEFAULT,
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"), _SPEC_LLAMA3),
-    **dict.fromkeys(("dbrx", "smaug-bpe", "chatglm-bpe", "glm4"), _SPEC_LLAMA3_MERGED),
-    "deepseek-coder": PreTokenizerSpec(_DEEPSEEK_CODER),
-    "deepseek-v3": PreTokenizerSpec(_DEEPSEEK_V3),
-    "falcon": PreTokenizerSpec((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]")),
-    **dict.fromkeys(("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"), _SPEC_STARCODER),
-    **dict.fromkeys(
-        ("gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "mpt", "olmo", "jais",
-         "exaone4", "gigachat", "mellum"),
-        _SPEC_GPT2,
-    ),
-    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez", "kormo", "f2llmv2"), _SPEC_QWEN2),
-    "stablelm2": PreTokenizerSpec((_QWEN2,)),
-    "qwen35": PreTokenizerSpec((_QWEN35,), nfc=True),
-    **dict.fromkeys(("poro-chat", "bloom", "gpt3-finnish"), PreTokenizerSpec((_BLOOM,))),
-    "viking": PreTokenizerSpec((_BLOOM, r"\p{N}")),
-    "tekken": PreTokenizerSpec((_TEKKEN,), ignore_merges=True),
-    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "minimax-m2"), _SPEC_GPT4O),
-}
-
-SUPPORTED_PRE_TOKENIZERS: tuple[str, ...] = tuple(sorted(_PRE_TOKENIZERS))
 
 # Token texts llama.cpp treats as end-of-generation whatever their type (llama_vocab::impl::load).
 _EOG_NAMES = frozenset({
@@ -548,8 +468,8 @@ def _complete_prefix_len(buf: bytes) -> int:
 def _pre_tokenizer_spec(pre: str | None) -> tuple[str, PreTokenizerSpec]:
     if not pre:
         log.warning("GGUF has no tokenizer.ggml.pre; using llama.cpp's 'default' pre-tokenizer (quality may degrade)")
-        return "default", _SPEC_DEFAULT
-    spec = _PRE_TOKENIZERS.get(pre)
+        return "default", SPEC_DEFAULT
+    spec = PRE_TOKENIZERS.get(pre)
     if spec is None:
         raise TokenizerError(
             f"unknown tokenizer.ggml.pre {pre!r}: this model's text splitting is not supported. "

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from engine.process.protocol import EngineError
+from engine.contract.protocol import EngineError
 
 CONNECT_TIMEOUT = 5.0
 

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.text.tokenizer import Tokenizer
-from engine.process.protocol import (
+from engine.contract.protocol import (
     ContextLengthError,
     EmbedRequest,
     EmbedResult,
@@ -39,7 +39,7 @@ from engine.process.protocol import (
     TokenChunk,
 )
 from engine.vllm.api import VllmApi, VllmUnavailableError
-from engine.vllm.launch import VllmLaunch
+from engine.contract.vllm_launch import VllmLaunch
 from engine.vllm.server import VllmServer
 from engine.vllm.translate import completion_body, logprobs_of, refusal, speculation_stats
 

@@ -18,9 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.process.protocol import EngineError
+from engine.contract.protocol import EngineError
 from engine.vllm.api import VllmApi
-from engine.vllm.launch import SERVED_NAME, VllmLaunch, server_args, speculative_config
+from engine.contract.vllm_launch import SERVED_NAME, VllmLaunch, server_args, speculative_config
 
 LOG_TAIL_LINES = 25
 STOP_TIMEOUT = 15.0  # seconds vLLM gets to exit (the reaper's own grace is 10)

@@ -11,27 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.options import SPECULATION_DEFAULTS, Options
-from engine.process.protocol import EngineError, GenerateRequest, TokenLogprob
-from engine.speculative.stats import SpeculationStats
-from engine.vllm.launch import DRAFTER_OF_METHOD, VllmLaunch
-
-#: Speculation options that only tandem's own decode loop has: vLLM verifies a fixed number of drafts per step
-#: with its rejection sampler (strict acceptance) and drafts nothing else.
-NATIVE_ONLY = ("draft_n_min", "draft_p_min", "relaxed_top_n", "relaxed_scope", "draft_schedule", "draft_trace",
-               "draft_acceptance", "draft_copy", "draft_vocab")
-
-
-def native_only_option(options: Options) -> str | None:
-    """Why one of these options needs the native engine (None: vLLM does what they ask). An option counts when it
-    was set (by the model's parameters or the request) to something other than what vLLM does."""
-    for name in NATIVE_ONLY:
-        value = getattr(options, name)
-        if name in options.explicit and value != SPECULATION_DEFAULTS[name]:
-            return (f"option {name}={_shown(value)} is not supported by the vllm engine (vLLM drafts a fixed "
-                    "number of tokens and verifies them strictly); remove it, or serve the model with engine native")
-    return None
-
+from engine.contract.options import Options
+from engine.contract.protocol import EngineError, GenerateRequest, TokenLogprob
+from engine.contract.speculation_stats import SpeculationStats
+from engine.contract.vllm_launch import DRAFTER_OF_METHOD, VllmLaunch, native_only_option
 
 def refusal(options: Options, launch: VllmLaunch) -> str | None:
     """Why vLLM cannot serve these options as asked (None: it can): an option only the native engine has, or a
@@ -49,10 +32,6 @@ def refusal(options: Options, launch: VllmLaunch) -> str | None:
                 f"which drafts {launch.num_speculative_tokens} tokens per step; set it in the Modelfile instead "
                 "(vLLM fixes it when it starts)")
     return None
-
-
-def _shown(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def completion_body(req: GenerateRequest, prompt: list[int], max_tokens: int) -> dict[str, Any]:

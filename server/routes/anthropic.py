@@ -29,10 +29,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from blobs.model import StoredModel
-from engine.options import Options
-from engine.process.protocol import GenerateRequest as EngineRequest
-from engine.process.protocol import GenerateResult, TokenChunk
-from engine.text.prompt import ToolCall
+from engine.contract.options import Options
+from engine.contract.protocol import GenerateRequest as EngineRequest
+from engine.contract.protocol import GenerateResult, TokenChunk
+from server.text.prompt import ToolCall
 
 from ..context import ctx_of
 from ..gojson import INTERNAL_ERROR, ApiError, decode_struct, json_response, read_json

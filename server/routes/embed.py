@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from blobs.model import StoredModel
-from engine.process.protocol import EmbedRequest, EmbedResult, EngineCrashedError, EngineError
+from engine.contract.protocol import EmbedRequest, EmbedResult, EngineCrashedError, EngineError
 
 from ..context import ServerContext, ctx_of
 from ..gojson import ApiError, decode_struct, jfield, json_response, read_json

@@ -14,8 +14,8 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from engine.process.protocol import GenerateRequest as EngineRequest
-from engine.process.protocol import TokenChunk
+from engine.contract.protocol import GenerateRequest as EngineRequest
+from engine.contract.protocol import TokenChunk
 
 from ..context import ctx_of
 from ..gojson import ApiError, decode_struct, json_response, read_json, rfc3339

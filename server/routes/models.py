@@ -27,7 +27,7 @@ from blobs import (
     parse_digest,
 )
 from blobs.model import StoredModel, load_stored_model
-from engine.options import coerce_options
+from engine.contract.options import coerce_options
 from importer import (
     CreateError,
     CreateRequest,

@@ -23,8 +23,8 @@ from fastapi.responses import Response
 
 from blobs import BlobsError, ModelName
 from blobs.model import load_stored_model
-from engine.process.protocol import GenerateRequest as EngineRequest
-from engine.process.protocol import GenerateResult, TokenChunk
+from engine.contract.protocol import GenerateRequest as EngineRequest
+from engine.contract.protocol import GenerateResult, TokenChunk
 
 from ..context import ctx_of
 from ..gojson import ApiError, decode_struct, jfield, json_response, read_json

@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse
 
-from engine.process.protocol import TokenChunk
+from engine.contract.protocol import TokenChunk
 
 from ..context import ctx_of
 from ..gojson import INTERNAL_ERROR, ApiError, decode_struct, jfield, json_response, read_json

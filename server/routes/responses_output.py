@@ -14,8 +14,8 @@ import time
 import uuid
 from typing import Any
 
-from engine.process.protocol import GenerateResult
-from engine.text.prompt import ToolCall
+from engine.contract.protocol import GenerateResult
+from server.text.prompt import ToolCall
 
 from ..gojson import ApiError
 from ..pipeline import speculation_fields

@@ -4,7 +4,7 @@ width (a smoke run: the numbers mean nothing here)."""
 from __future__ import annotations
 
 from benchmarks import linears as bench
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 

@@ -14,7 +14,7 @@ import tests.hf_tiny_qwen35 as hf_tiny_qwen35
 from engine.batching.arbiter import BatchedModel, ForwardArbiter
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.models.loader import load_model
-from engine.process.protocol import EngineError, LoadSpec
+from engine.contract.protocol import EngineError, LoadSpec
 from engine.runtime import ModelRuntime
 from tests.engine.speculative.test_speculation import PROMPT, generate, write_model
 from tests.tiny_gguf import TinySpec, write_tiny_gguf

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from engine.options import (
+from engine.contract.options import (
     MAX_DRAFT_NUM_PREDICT,
     OptionRangeError,
     Options,

@@ -8,8 +8,8 @@ import torch
 
 import engine.load as load
 from engine.load import load_parts
-from engine.options import Options
-from engine.process.protocol import EngineError, LoadSpec
+from engine.contract.options import Options
+from engine.contract.protocol import EngineError, LoadSpec
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.adapter import AdapterError
-from engine.gguf import GGUFFile
+from engine.contract.adapter import AdapterError
+from engine.contract.gguf import GGUFFile
 from engine.load import load_parts
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import load_linear
 from engine.ops.lora import LoraLinear, LoraWeights
-from engine.process.protocol import EngineError, LoadSpec
+from engine.contract.protocol import EngineError, LoadSpec
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 RANK = 3

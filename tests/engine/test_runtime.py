@@ -2,7 +2,7 @@
 
 Stop strings as pure functions; then a tiny model through ``ModelRuntime``: facts, prompt handling,
 prefix reuse counts, seeds, num_ctx truncation and context shift, logprobs; and the real engine
-process through ``engine.process.client.EngineClient`` (load, stream, cancel, crash).
+process through ``server.engine_process.client.EngineClient`` (load, stream, cancel, crash).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import signal
 import pytest
 import torch
 
-from engine.options import Options
-from engine.process.protocol import (
+from engine.contract.options import Options
+from engine.contract.protocol import (
     ContextLengthError,
     EngineCrashedError,
     EngineError,
@@ -272,7 +272,7 @@ def test_logprobs_match_the_target_softmax(engine, extra):
 # the engine process
 # ------------------------------------------------------------------------------------------------
 def test_engine_client_load_stream_cancel_and_crash(paths):
-    from engine.process.client import EngineClient
+    from server.engine_process.client import EngineClient
 
     client = EngineClient()
     try:

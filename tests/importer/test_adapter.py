@@ -127,7 +127,7 @@ def test_peft_conversion_is_llama_cpp_layout(case, tmp_path):
     pair, peft_model, d = case
     store = BlobStore(tmp_path / "models")
     stored = _create(store, f"FROM {pair.path}\nADAPTER {d / 'peft'}\n", tmp_path)
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
 
     with GGUFFile(stored.adapter_paths[0]) as f:
         assert f.metadata["general.type"] == "adapter" and f.metadata["adapter.type"] == "lora"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from blobs import MEDIA_TYPE_MODEL, BlobStore, ModelNotFoundError
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile
 from modelfile import parse
 from tests.hf_tiny_bert import folder_files, make_bert_folder

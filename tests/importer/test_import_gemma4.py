@@ -24,7 +24,7 @@ import torch
 pytest.importorskip("transformers")
 
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_assistant, load_model  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("transformers")
 
 from blobs import MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402
 from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile  # noqa: E402

@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("transformers")
 
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from importer import CreateError, CreateRequest, create_model  # noqa: E402
 from importer.hf_to_gguf import convert_folder  # noqa: E402
@@ -370,7 +370,7 @@ def test_mtp_head_only_folder(tmp_path):
     from safetensors.torch import save_file
 
     save_file(head, str(head_dir / "model.safetensors"))
-    from engine.gguf import read_metadata
+    from engine.contract.gguf import read_metadata
 
     donor, _ = read_metadata(target)
     out = convert(head_dir, tmp_path / "head.gguf", role="DRAFT", donor=donor)

@@ -24,9 +24,9 @@ import torch
 pytest.importorskip("transformers")
 
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore, ModelNotFoundError  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
-from engine.process.protocol import EngineError, LoadSpec  # noqa: E402
+from engine.contract.protocol import EngineError, LoadSpec  # noqa: E402
 from engine.runtime import ModelRuntime  # noqa: E402
 from engine.text.tokenizer import Tokenizer  # noqa: E402
 from importer import (  # noqa: E402

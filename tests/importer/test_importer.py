@@ -20,7 +20,7 @@ from blobs import (
     BlobStore,
 )
 from blobs.model import load_stored_model
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from importer import CreateError, CreateRequest, LocalBlobSink, create_model, request_from_modelfile
 from modelfile import parse
 from tests.tiny_gguf import TinySpec, write_tiny_gguf

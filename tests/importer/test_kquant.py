@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.gguf import GGUFFile, TensorInfo
+from engine.contract.gguf import GGUFFile, TensorInfo
 from engine.ops.dequant import load_tensor
 from importer import kquant
 from importer.quantize import (

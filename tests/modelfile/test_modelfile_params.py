@@ -1,6 +1,6 @@
-"""Modelfile parameter typing (Ollama's FormatParams, Go strconv) against engine.options' table.
+"""Modelfile parameter typing (Ollama's FormatParams, Go strconv) against engine.contract.options' table.
 
-JSON options (Options.FromMap), the table itself and the speculation rule: tests/engine/test_options.py.
+JSON options (Options.FromMap), the table itself and the speculation rule: tests/engine/contract/test_options.py.
 """
 from __future__ import annotations
 

@@ -350,8 +350,8 @@ def test_logprobs_under_relaxed_speculation_are_the_targets(pair: tuple[Path, Pa
     """What the prose measurement relies on: with a lossy rule accepting drafts the target would not
     have picked, each emitted token's logprob is still the target's log-probability of it given the
     emitted prefix, and top_logprobs[0] is the target's argmax there."""
-    from engine.options import Options
-    from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+    from engine.contract.options import Options
+    from engine.contract.protocol import GenerateRequest, GenerateResult, LoadSpec
     from engine.runtime import ModelRuntime
 
     target, draft = pair

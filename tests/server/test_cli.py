@@ -137,7 +137,7 @@ def test_create_gemma4_folders_with_draft_quantize(tmp_path: Path, capsys: pytes
     quantized (the target as it was)."""
     pytest.importorskip("transformers")
     from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_MODEL, BlobStore
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
     from tests.hf_gemma4_folders import make_assistant_folder, make_gemma4_folder
 
     monkeypatch.setenv("TANDEM_MODELS", str(tmp_path / "models"))

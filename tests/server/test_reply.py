@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from engine.text.thinking import ThinkingParser
-from engine.text.tool_calls import QWEN, ToolCallParser
+from server.text.thinking import ThinkingParser
+from server.text.tool_calls import QWEN, ToolCallParser
 from server.reply import ReplyPiece, ReplySplitter, thinking_on
 
 OUTPUT = ('Maybe <tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>? No, Paris.</think>\n\n'

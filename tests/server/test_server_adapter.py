@@ -8,7 +8,7 @@ import hashlib
 import httpx
 import pytest
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from tests.engine.test_lora import write_adapter
 from tests.server_thread import ServerThread, make_store, ndjson, write_pair
 from tests.tiny_gguf import TinySpec, write_tiny_gguf

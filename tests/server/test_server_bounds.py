@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from blobs.model import load_stored_model
-from engine.options import Options
+from engine.contract.options import Options
 from server.scheduler import QueueFullError, QueueTimeoutError, Scheduler
 from server.settings import Settings
 from tests.server_thread import ServerThread, make_store

@@ -1,5 +1,5 @@
 """Fill-in-the-middle (`suffix`) on /api/generate and /v1/completions: the vocabulary's FIM markers
-(engine/text/special_tokens.py), the `insert` capability, Ollama's refusal, and the real `ollama` and
+(engine/contract/special_tokens.py), the `insert` capability, Ollama's refusal, and the real `ollama` and
 `openai` clients against a server thread."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from blobs import BlobStore
-from engine.gguf import GGUFFile
-from engine.text.special_tokens import FimTokens, find_fim_tokens
+from engine.contract.gguf import GGUFFile
+from engine.contract.special_tokens import FimTokens, find_fim_tokens
 from engine.text.tokenizer import Tokenizer
 from importer import CreateRequest, create_model
 from tests.server_thread import ServerThread, write_pair

@@ -13,7 +13,7 @@ import httpx
 import ollama
 import pytest
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from server.settings import Settings
 from tests.hf_mock import HFMock
 from tests.server_thread import ServerThread, make_store, ndjson, parse_time, write_pair

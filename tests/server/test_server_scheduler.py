@@ -16,8 +16,8 @@ import pytest
 
 from blobs import BlobStore
 from blobs.model import load_stored_model
-from engine.options import Options
-from engine.process.protocol import (
+from engine.contract.options import Options
+from engine.contract.protocol import (
     EngineCrashedError,
     EngineUnresponsiveError,
     GenerateRequest,
@@ -26,7 +26,7 @@ from engine.process.protocol import (
     ModelFacts,
     TokenChunk,
 )
-from engine.speculative.stats import SpeculationStats
+from engine.contract.speculation_stats import SpeculationStats
 from importer import CreateRequest, create_model
 from server.scheduler import GenerationStream, QueueFullError, Scheduler
 from server.settings import (

@@ -16,10 +16,10 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from engine.text.prompt import FALLBACK_TEMPLATES
+from server.text.prompt import FALLBACK_TEMPLATES
 from importer import CreateRequest, create_model
 from server.routes.openai import _message_from_openai
-from tests.engine.text.test_templates_qwen3 import TEMPLATE as QWEN3_JINJA
+from tests.server.text.test_templates_qwen3 import TEMPLATE as QWEN3_JINJA
 from tests.server_thread import ServerThread, make_store, ndjson, write_pair
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 

@@ -11,7 +11,7 @@ import pytest
 
 from blobs import MEDIA_TYPE_HF_DRAFT_FILE, MEDIA_TYPE_HF_FILE, BlobStore
 from blobs.model import load_stored_model
-from engine.options import Options
+from engine.contract.options import Options
 from importer import CreateError, CreateRequest, create_model
 from server.scheduler import Scheduler, serves
 from server.settings import Settings, VllmSettings

@@ -146,9 +146,9 @@ def test_the_heartbeat_outlives_a_call_that_ends_while_generations_run() -> None
 def test_long_prefill_is_not_a_freeze(pair_dir: Path) -> None:
     """A prefill that sends nothing for longer than the bound (a 4096-token prompt, one token per forward)
     survives: the engine's heartbeat is what tells it apart from a frozen engine."""
-    from engine.options import Options
-    from engine.process.client import EngineClient
-    from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+    from engine.contract.options import Options
+    from server.engine_process.client import EngineClient
+    from engine.contract.protocol import GenerateRequest, GenerateResult, LoadSpec
     from tests.server_thread import write_pair
 
     target, _ = write_pair(pair_dir)

@@ -43,7 +43,7 @@ def model_parameters(show: dict[str, Any]) -> dict[str, str]:
 
 def apply_temperature(temperatures: list[float], show: dict[str, Any]) -> float:
     """The temperature whose best setting is applied; raises ApplyError (before any measuring)."""
-    from engine.options import DEFAULT_OPTIONS
+    from engine.contract.options import DEFAULT_OPTIONS
 
     if len(temperatures) == 1:
         return temperatures[0]
@@ -90,7 +90,7 @@ def choose(best: list[dict[str, Any]], temperature: float, settings: list[Settin
 
 
 def speculation_options(setting: Setting) -> dict[str, Any]:
-    from engine.options import OPTION_ALIASES, SPECULATION_OPTIONS
+    from engine.contract.options import OPTION_ALIASES, SPECULATION_OPTIONS
 
     out = {}
     for key, value in setting.options.items():

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.models.loader import load_encoder
-from engine.process.protocol import ContextLengthError, EmbedRequest
+from engine.contract.protocol import ContextLengthError, EmbedRequest
 from engine.text.tokenizer import Tokenizer
 from importer.bert_import import convert_folder
 from importer.safetensors_import import folder_paths
@@ -75,7 +75,7 @@ def test_cls_and_last_pooling(tmp_path: Path, pooling: str) -> None:
 
 def test_runtime_embed_truncates_and_refuses_as_ollama(mean_model) -> None:
     from engine.runtime import ModelRuntime
-    from engine.process.protocol import LoadSpec
+    from engine.contract.protocol import LoadSpec
 
     path, tok, enc, hf, _ = mean_model
     rt = ModelRuntime.load(LoadSpec(model_path=str(path), num_ctx=4096, device="cpu"))

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from engine.cache.layered import LayeredKVCache, LayerShape  # noqa: E402
-from engine.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
+from engine.contract.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from tests import hf_tiny_gemma4  # noqa: E402
 from tests.cpu_formats import fmt_param

@@ -14,7 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.config import UnsupportedModelError  # noqa: E402
 from engine.models.gemma4_moe import Gemma4MoE  # noqa: E402
 from engine.models.loader import load_model, read_config  # noqa: E402
@@ -193,7 +193,7 @@ def test_q8_0_experts(pair, model, tmp_path, fmt):
 def test_speculative_decoding_is_lossless(pair):
     """The MoE target verifying drafts (k+1-wide forwards, grouped by expert) gives plain greedy decoding's
     tokens, with the same tiny model as its draft model and with n-gram drafting."""
-    from engine.process.protocol import LoadSpec
+    from engine.contract.protocol import LoadSpec
     from engine.runtime import ModelRuntime
     from tests.engine.speculative.test_speculation import GREEDY, generate, spec_opts
 

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.config import UnsupportedModelError  # noqa: E402
 from engine.models.loader import load_model, read_config  # noqa: E402
 from engine.ops.kernels import qdot_status  # noqa: E402

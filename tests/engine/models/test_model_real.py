@@ -75,7 +75,7 @@ def _spm_longest_match(path) -> list[int]:
 
     Not the canonical tokenization, but real vocabulary pieces in a realistic order, which is all a
     logit comparison needs; transformers' gemma GGUF tokenizer would add ~20 s to the test."""
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
 
     with GGUFFile(path) as f:
         vocab = {t: i for i, t in enumerate(f.metadata["tokenizer.ggml.tokens"])}

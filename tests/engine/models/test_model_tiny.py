@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("transformers")
 
 from engine.cache.kv import ContextOverflowError  # noqa: E402
-from engine.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.capabilities import SUPPORTED_ARCHITECTURES  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.config import UnsupportedArchitectureError, UnsupportedModelError  # noqa: E402
 from engine.models.loader import load_model, read_config  # noqa: E402
 from engine.models.transformer import ForwardOutput  # noqa: E402

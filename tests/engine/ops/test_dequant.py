@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.ops import dequant as dq
-from engine.gguf import GGML_TYPE_IDS, GGUFFile
+from engine.contract.gguf import GGML_TYPE_IDS, GGUFFile
 
 GT = gguf.GGMLQuantizationType
 

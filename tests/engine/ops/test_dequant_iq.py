@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.capabilities import SUPPORTED_TENSOR_TYPES
-from engine.gguf import GGML_TYPES, GGUFFile
+from engine.contract.capabilities import SUPPORTED_TENSOR_TYPES
+from engine.contract.gguf import GGML_TYPES, GGUFFile
 from engine.models.loader import load_model
 from engine.ops import dequant as dq
 from engine.ops import linear as L

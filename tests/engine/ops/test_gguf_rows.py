@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.gguf import GGML_TYPES
+from engine.contract.gguf import GGML_TYPES
 from engine.ops import dequant as dq
 from engine.ops.kernels import qdot_status
 

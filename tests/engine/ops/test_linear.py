@@ -12,7 +12,7 @@ import torch
 
 from engine.ops import dequant as dq
 from engine.ops import linear as L
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from tests.cpu_formats import fmt_param
 from tests.engine.ops.test_dequant import random_kquant_blocks
 

@@ -130,7 +130,7 @@ def test_the_server_caches_beside_its_store(tmp_path):
 
 def test_the_runtime_finishes_its_cache_writes(tmp_path, gguf):
     """What an exiting engine waits on (engine.process.worker): every file's background write, done."""
-    from engine.process.protocol import LoadSpec
+    from engine.contract.protocol import LoadSpec
     from engine.runtime import ModelRuntime
 
     runtime = ModelRuntime.load(LoadSpec(model_path=str(gguf), num_ctx=64, device="cpu", weight_format="qdot",

@@ -21,7 +21,7 @@ import torch
 
 from engine.ops import dequant as dq
 from engine.ops import linear as L
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.ops.kernels import load_qdot, qdot_status
 from tests.engine.ops.test_dequant import random_kquant_blocks
 from tests.engine.ops.test_linear import write_tensor_gguf

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.process import worker
-from engine.process.client import await_exit_answer
-from engine.process.protocol import LoadSpec
+from server.engine_process.client import await_exit_answer
+from engine.contract.protocol import LoadSpec
 
 
 def _send_later(conn, beats: int, interval: float, answer: bool) -> threading.Thread:

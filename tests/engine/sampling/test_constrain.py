@@ -1,4 +1,4 @@
-"""Constrained decoding for `format` (engine.text.json_grammar, engine.sampling.constrain): the JSON recogniser, the token filter, and
+"""Constrained decoding for `format` (engine.contract.json_grammar, engine.sampling.constrain): the JSON recogniser, the token filter, and
 end to end with a random tiny model, whose output must still parse."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from engine.options import Options
-from engine.process.protocol import (
+from engine.contract.options import Options
+from engine.contract.protocol import (
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -17,7 +17,7 @@ from engine.process.protocol import (
 )
 from engine.sampling.constrain import TokenConstraint, TokenPieces
 from engine.sampling.sampler import Distribution
-from engine.text.json_grammar import JsonRecognizer, SchemaError, compile_format
+from engine.contract.json_grammar import JsonRecognizer, SchemaError, compile_format
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"]}
@@ -252,6 +252,6 @@ def test_engine_refuses_a_bad_schema(engine):
 
 
 def test_nesting_is_capped():
-    from engine.text.json_grammar import MAX_DEPTH
+    from engine.contract.json_grammar import MAX_DEPTH
 
     assert feed("[" * MAX_DEPTH) is not None and feed("[" * (MAX_DEPTH + 1)) is None

@@ -11,11 +11,11 @@ import json
 import pytest
 import torch
 
-from engine.options import Options
-from engine.process.protocol import GenerateRequest, GenerateResult, LoadSpec
+from engine.contract.options import Options
+from engine.contract.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import Distribution
-from engine.text.json_grammar import compile_format
+from engine.contract.json_grammar import compile_format
 from tests.engine.sampling.test_constrain import EOS, PIECES, FakeTokenizer
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from engine.options import Options
+from engine.contract.options import Options
 from engine.sampling.sampler import (
     SamplingOptions,
     apply_penalties,

@@ -13,10 +13,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from engine.capabilities import DRAFTER_ARCHITECTURES, drafter_problem  # noqa: E402
-from engine.gguf import GGUFFile  # noqa: E402
+from engine.contract.capabilities import DRAFTER_ARCHITECTURES, drafter_problem  # noqa: E402
+from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_assistant, load_model  # noqa: E402
-from engine.process.protocol import EngineError  # noqa: E402
+from engine.contract.protocol import EngineError  # noqa: E402
 from tests import hf_tiny_gemma4 as g4  # noqa: E402
 from tests.engine.speculative.test_speculation import (  # noqa: E402
     DIST_OPTS,

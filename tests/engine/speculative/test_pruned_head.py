@@ -20,7 +20,7 @@ import torch
 
 from engine.models.loader import load_model
 from engine.models.pruned_head import PrunedHead, prune_output_head
-from engine.process.protocol import LoadSpec
+from engine.contract.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 from engine.text import token_frequency as tf
 from engine.text.tokenizer import Tokenizer
@@ -77,7 +77,7 @@ def test_a_pruned_head_refuses_to_keep_everything_or_nothing(tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from engine.gguf import GGUFFile
+    from engine.contract.gguf import GGUFFile
 
     path = write_tiny_gguf(tmp_path_factory.mktemp("tok") / "t.gguf", TinySpec(arch="qwen2", seed=1))
     with GGUFFile(path) as f:

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine.gguf import GGUFFile
-from engine.options import Options, OptionRangeError
+from engine.contract.gguf import GGUFFile
+from engine.contract.options import Options, OptionRangeError
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.depth import FixedDepth
 from engine.speculative.drafter import Drafter, Proposal
 from engine.speculative.loop import DecodeLoop, DecodeSettings
-from engine.text.special_tokens import ThinkTags
+from engine.contract.special_tokens import ThinkTags
 from engine.text.tokenizer import Tokenizer
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 

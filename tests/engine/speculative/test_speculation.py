@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.options import Options, ParamError
-from engine.process.protocol import (
+from engine.contract.options import Options, ParamError
+from engine.contract.protocol import (
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -250,8 +250,8 @@ def test_engine_and_show_agree_on_an_mtp_head(paths, tmp_path):
     Ollama's rule needs an explicit cap (the engine used to pick the head on its own)."""
     from blobs import BlobStore
     from blobs.model import load_stored_model
-    from engine.capabilities import has_mtp_head
-    from engine.gguf import GGUFFile
+    from engine.contract.capabilities import has_mtp_head
+    from engine.contract.gguf import GGUFFile
     from importer import CreateRequest, create_model
     from server.options import merged_options, speculation_info
 

@@ -14,7 +14,7 @@ import torch
 
 import engine.text.token_frequency as tf
 from engine.models.pruned_head import PrunedHead
-from engine.process.protocol import LoadSpec
+from engine.contract.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 from engine.sampling.sampler import SamplingOptions
 from engine.speculative.copy_first import CopyFirstDrafter

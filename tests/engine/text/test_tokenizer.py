@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.text.tokenizer import (
     SUPPORTED_PRE_TOKENIZERS,
     IncrementalDecoder,

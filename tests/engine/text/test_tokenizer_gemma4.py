@@ -5,7 +5,7 @@ from __future__ import annotations
 import gguf
 import pytest
 
-from engine.gguf import GGUFFile
+from engine.contract.gguf import GGUFFile
 from engine.text.tokenizer import Tokenizer, TokenizerError
 from tests.hf_tiny_gemma4 import gemma4_vocab, write_tokenizer
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.options import Options
-from engine.process.protocol import EngineError, GenerateRequest
-from engine.vllm.launch import (VllmLaunch, draft_method, plan_launch, server_args, speculative_config,
+from engine.contract.options import Options
+from engine.contract.protocol import EngineError, GenerateRequest
+from engine.contract.vllm_launch import (VllmLaunch, draft_method, plan_launch, server_args, speculative_config,
                                 speculative_method)
 from engine.vllm.server import layout_folder
 from engine.vllm.translate import completion_body, logprobs_of, refusal, speculation_stats

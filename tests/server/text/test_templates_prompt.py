@@ -1,4 +1,4 @@
-"""engine.text.prompt: Ollama's prompt building with real library templates, HF Jinja templates and fallbacks.
+"""server.text.prompt: Ollama's prompt building with real library templates, HF Jinja templates and fallbacks.
 
 The TEMPLATEs below are Ollama library templates reproduced from memory; the expected prompts were
 worked out by hand from Go's trim rules and Ollama's template.Execute.
@@ -10,8 +10,8 @@ import datetime
 
 import pytest
 
-from engine.text.gotemplate import GoTemplate, TemplateError
-from engine.text.prompt import (
+from modelfile.gotemplate import GoTemplate, TemplateError
+from server.text.prompt import (
     DEFAULT_TEMPLATE,
     FALLBACK_TEMPLATES,
     InsertNotSupported,

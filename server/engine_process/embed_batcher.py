@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from engine.process.protocol import EmbedRequest, EmbedResult, EngineCrashedError
+from engine.contract.protocol import EmbedRequest, EmbedResult, EngineCrashedError
 
 
 @dataclass

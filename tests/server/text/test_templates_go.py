@@ -1,4 +1,4 @@
-"""Go text/template semantics of engine.text.gotemplate; expected strings follow Go's documented behaviour."""
+"""Go text/template semantics of modelfile.gotemplate; expected strings follow Go's documented behaviour."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.text.gotemplate import MISSING, GoStruct, GoTemplate, StringerMap, TemplateError, go_sprintf, parse_template
+from modelfile.gotemplate import MISSING, GoStruct, GoTemplate, StringerMap, TemplateError, go_sprintf, parse_template
 
 
 def render(text: str, data: object = None, **kwargs: object) -> str:

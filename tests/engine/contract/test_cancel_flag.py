@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 
-from engine.process.client import EngineClient
+from server.engine_process.client import EngineClient
 
 _CTX = mp.get_context("spawn")
 

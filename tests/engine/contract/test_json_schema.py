@@ -1,4 +1,4 @@
-"""Full JSON schemas for `format` (engine.text.json_schema, json_regex, json_grammar): what pydantic v2
+"""Full JSON schemas for `format` (engine.contract.json_schema, json_regex, json_grammar): what pydantic v2
 emits for ordinary models. Property-style: random walks through the recogniser (every character drawn
 from what it allows) must produce documents pydantic's validator accepts, and valid documents built by
 pydantic must be accepted, compact or indented."""
@@ -15,8 +15,8 @@ from uuid import UUID
 import pytest
 from pydantic import BaseModel, Field, TypeAdapter
 
-from engine.text.json_grammar import MAX_PATHS, JsonRecognizer, SchemaError, compile_format
-from engine.text.json_regex import compile_regex
+from engine.contract.json_grammar import MAX_PATHS, JsonRecognizer, SchemaError, compile_format
+from engine.contract.json_regex import compile_regex
 
 
 class Color(str, enum.Enum):
@@ -204,7 +204,7 @@ def test_lone_surrogates_are_refused():
 
 
 def test_recursion_is_bounded_by_the_nesting_cap():
-    from engine.text.json_grammar import MAX_DEPTH
+    from engine.contract.json_grammar import MAX_DEPTH
 
     schema = Tree.model_json_schema()
     r = JsonRecognizer(compile_format(schema))
@@ -292,7 +292,7 @@ def test_type_adapter_schemas():
 
 def test_no_dead_end_at_the_nesting_cap():
     """At the cap a key or item whose schema needs a container is not started (nothing could follow it)."""
-    from engine.text.json_grammar import MAX_DEPTH
+    from engine.contract.json_grammar import MAX_DEPTH
 
     node = {"type": "object", "properties": {"c": {"type": "array", "items": {"$ref": "#"}}, "n": {"type": "null"}}}
     r = JsonRecognizer(compile_format(node))

@@ -2,7 +2,7 @@
 
 Why one function: the server (for /api/show's "effective" settings) and the engine (for the
 request it runs) used to decide the drafter separately, with different "auto" rules.  Both now
-call :func:`plan_speculation` with the merged :class:`~engine.options.Options` and what the model
+call :func:`plan_speculation` with the merged :class:`~engine.contract.options.Options` and what the model
 has; the engine then only checks that the chosen drafter is actually loaded.
 
 Torch-free: the server imports this module.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from engine.options import (DEFAULT_DRAFT_VOCAB, SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options,
+from engine.contract.options import (DEFAULT_DRAFT_VOCAB, SPECULATION_DEFAULTS, AcceptanceRule, DraftSchedule, Options,
                             RelaxedScope)
 
 PlannedDrafter = Literal["model", "mtp", "ngram", "none"]

@@ -2,7 +2,7 @@
 
 ``format: "json"`` constrains the output to one JSON value of any kind (llama.cpp's JSON grammar
 allows any value at the root; in practice models answer with an object). ``format: {schema}``
-constrains it to JSON conforming to the schema, compiled by ``engine.text.json_schema`` (what is
+constrains it to JSON conforming to the schema, compiled by ``engine.contract.json_schema`` (what is
 supported is listed there; the rest is refused with :class:`SchemaError` naming the keyword).
 
 This module is torch-free so that the server validates a ``format`` before anything is loaded:
@@ -26,7 +26,7 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
-from engine.text.json_schema import ANY, Bounds, Node, SchemaError, StrSpec, compact, compile_schema
+from engine.contract.json_schema import ANY, Bounds, Node, SchemaError, StrSpec, compact, compile_schema
 
 __all__ = ["ANY", "MAX_DEPTH", "JsonRecognizer", "Node", "SchemaError", "compile_format"]
 

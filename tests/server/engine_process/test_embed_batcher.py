@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from engine.process.embed_batcher import EmbedBatcher
-from engine.process.protocol import ContextLengthError, EmbedRequest, EmbedResult, EngineCrashedError
+from server.engine_process.embed_batcher import EmbedBatcher
+from engine.contract.protocol import ContextLengthError, EmbedRequest, EmbedResult, EngineCrashedError
 
 
 class FakeEngine:

@@ -18,7 +18,7 @@ semantics where JSON Schema leaves a choice to the generator:
 * arrays: ``items`` (``false`` too), ``prefixItems``, ``minItems`` / ``maxItems``; ``uniqueItems:
   true`` is refused (a character automaton cannot compare elements);
 * strings: ``minLength`` / ``maxLength`` (characters after unescaping, a surrogate pair being one),
-  ``pattern`` (``engine.text.json_regex``'s subset), ``format`` ``date``, ``time``, ``date-time``,
+  ``pattern`` (``engine.contract.json_regex``'s subset), ``format`` ``date``, ``time``, ``date-time``,
   ``uuid`` (other formats are annotations, as in llama.cpp);
 * numbers: ``minimum`` / ``maximum`` / ``exclusiveMinimum`` / ``exclusiveMaximum``, exact for
   integers and for numbers (which then go without an exponent).
@@ -35,7 +35,7 @@ from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
-from engine.text.json_regex import FORMATS, Regex, compile_regex
+from engine.contract.json_regex import FORMATS, Regex, compile_regex
 
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 ANNOTATIONS = frozenset({"title", "description", "$schema", "$id", "$comment", "default", "examples",

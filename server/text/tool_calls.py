@@ -24,8 +24,8 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.text.gotemplate import Action, Field, GoTemplate, If, Node, Range, Text, With
-from engine.text.json_scan import JsonScan
+from modelfile.gotemplate import Action, Field, GoTemplate, If, Node, Range, Text, With
+from server.text.json_scan import JsonScan
 
 __all__ = [
     "FUNCTIONGEMMA",
@@ -202,7 +202,7 @@ def _call_from_json(obj: Any, names: Collection[str]) -> tuple[str, dict[str, An
 
 def _loads(text: str) -> Any:
     """A balanced JSON value, or one wrapped in doubled braces (``{{"name": ..., "arguments": {...}}}``, as
-    Qwen2.5-Coder's shipped template teaches: engine.text.template_errata), read without its outer pair.
+    Qwen2.5-Coder's shipped template teaches: server.text.template_errata), read without its outer pair.
     Raises ValueError when it is neither."""
     try:
         return json.loads(text)

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.options import DEFAULT_DRAFT_VOCAB, Options
-from engine.speculative.stats import SpeculationStats
-from engine.vllm.launch import VllmLaunch
+from engine.contract.options import DEFAULT_DRAFT_VOCAB, Options
+from engine.contract.speculation_stats import SpeculationStats
+from engine.contract.vllm_launch import VllmLaunch
 
 # Seconds an exiting engine may spend finishing a packed-weight cache write, beating meanwhile, before
 # the server kills it (the 1.5B's 1 GB takes a few seconds).
@@ -79,7 +79,7 @@ class GenerateRequest:
     top_logprobs: int = 0
     shift: bool = True  # shift the context when num_ctx is exceeded (Ollama's default) instead of failing
     truncate: bool = True  # truncate a prompt longer than num_ctx (keeping num_keep + the end)
-    format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.text.json_grammar)
+    format: Any = None  # Ollama's format: None / "" (free text), "json", or a JSON schema dict (engine.contract.json_grammar)
     # The model was asked to think: with a ``format``, its reasoning block (when the vocabulary has the tags)
     # is free text and the format holds from the block's end, as Ollama reasons first and formats after.
     think_first: bool = False

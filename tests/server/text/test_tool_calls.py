@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.text.gotemplate import parse_template
-from engine.text.prompt import FALLBACK_TEMPLATES
-from engine.text.tool_calls import (
+from modelfile.gotemplate import parse_template
+from server.text.prompt import FALLBACK_TEMPLATES
+from server.text.tool_calls import (
     FUNCTIONGEMMA,
     GEMMA4,
     JSON_OBJECT,
@@ -61,7 +61,7 @@ CASES = [
     (QWEN, '```python\nprint(1)\n```', '```python\nprint(1)\n```', []),
     (QWEN, 'See: {"name": "get_weather", "arguments": {"city": "Paris"}}',
      'See: {"name": "get_weather", "arguments": {"city": "Paris"}}', []),
-    # wrapped in doubled braces, as Qwen2.5-Coder's shipped template teaches (engine.text.template_errata)
+    # wrapped in doubled braces, as Qwen2.5-Coder's shipped template teaches (server.text.template_errata)
     (QWEN, '<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Paris"}}}\n</tool_call>', "", [PARIS]),
     (QWEN, '{{"name": "get_weather", "arguments": {"city": "Paris"}}}', "", [PARIS]),
     (QWEN, '<tool_call>{{"city": "Paris"}}</tool_call>', '<tool_call>{{"city": "Paris"}}</tool_call>', []),
@@ -150,8 +150,8 @@ def test_format_learned_from_jinja_templates() -> None:
 def test_a_shipped_template_that_teaches_doubled_braces_is_corrected() -> None:
     """Qwen2.5-Coder's GGUF template shows its tool-call example as {{"name": ...}} inside a Jinja string (so
     verbatim): the model copies it. The prompt tandem renders shows single braces, as Ollama's template does."""
-    from engine.text.prompt import JinjaChatTemplate, Message, Tool
-    from engine.text.template_errata import corrected_chat_template
+    from server.text.prompt import JinjaChatTemplate, Message, Tool
+    from server.text.template_errata import corrected_chat_template
 
     shipped = ('{%- if tools %}{{- "<|im_start|>system\\n<tools>" }}{%- for t in tools %}{{ t | tojson }}{%- endfor %}'
                '{{- "</tools>\\n<tool_call>\\n{{\\"name\\": <function-name>, \\"arguments\\": '

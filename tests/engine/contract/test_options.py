@@ -1,4 +1,4 @@
-"""engine.options (the typed option record, Ollama's Options.FromMap) and engine.speculative.plan
+"""engine.contract.options (the typed option record, Ollama's Options.FromMap) and engine.contract.speculation_plan
 (the one speculation rule, shared by the engine and /api/show)."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.options import (
+from engine.contract.options import (
     DEFAULT_OPTIONS,
     OPTION_ALIASES,
     OPTION_TYPES,
@@ -17,7 +17,7 @@ from engine.options import (
     ParamError,
     coerce_options,
 )
-from engine.speculative.plan import SpeculationPlan, plan_speculation
+from engine.contract.speculation_plan import SpeculationPlan, plan_speculation
 from modelfile import format_params
 
 
@@ -75,7 +75,7 @@ def test_speculation_defaults():
 
 
 def test_options_module_is_torch_free():
-    code = ("import sys, engine.options, engine.speculative.plan, modelfile; "
+    code = ("import sys, engine.contract.options, engine.contract.speculation_plan, modelfile; "
             "sys.exit('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 

@@ -1,6 +1,6 @@
-"""engine.text.json_scan: where a streamed JSON value closes, and which container a position sits in."""
+"""server.text.json_scan: where a streamed JSON value closes, and which container a position sits in."""
 
-from engine.text.json_scan import JsonScan
+from server.text.json_scan import JsonScan
 from server.gojson import _innermost
 
 

@@ -14,7 +14,7 @@ validates against the same table.
 Merge order for a request (Ollama's ``modelOptions``): the defaults <- the model's ``params`` layer
 <- the request's ``options`` (:meth:`Options.merged`).  ``Options.explicit`` remembers which names
 a layer above the defaults set, because Ollama's draft-depth rule depends on it
-(``engine.speculative.plan``).
+(``engine.contract.speculation_plan``).
 
 Torch-free: the server imports this module.
 """
@@ -87,7 +87,7 @@ class Options:
     ``draft_num_predict`` (alias ``n_max``)
         Cap on tokens drafted per round; 0 disables speculation.  Ollama's default is 4, but it is
         forced to 0 when the model has no DRAFT layer and neither the model's parameters nor the
-        request set it (``engine.speculative.plan``).
+        request set it (``engine.contract.speculation_plan``).
     ``draft_n_min``
         Fixed schedule: skip verification when fewer tokens than this were drafted (>= 0).
     ``draft_copy``

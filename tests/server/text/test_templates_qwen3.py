@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.text.prompt import JinjaChatTemplate, Message, Tool, ToolCall
+from server.text.prompt import JinjaChatTemplate, Message, Tool, ToolCall
 
 pytest.importorskip("transformers")
 

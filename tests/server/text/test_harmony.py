@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.text.harmony import (
+from server.text.harmony import (
     HarmonyHeader,
     HarmonyParser,
     harmony_function_names,

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.text.gotemplate import parse_template
-from engine.text.prompt import FALLBACK_TEMPLATES
-from engine.text.thinking import ThinkingParser, infer_thinking_tags, jinja_thinking_tags
+from modelfile.gotemplate import parse_template
+from server.text.prompt import FALLBACK_TEMPLATES
+from server.text.thinking import ThinkingParser, infer_thinking_tags, jinja_thinking_tags
 
 
 def split(output: str, chunks: list[str] | None = None, opened: bool = False) -> tuple[str, str]:

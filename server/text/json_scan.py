@@ -1,5 +1,5 @@
 """Where a JSON text's brackets and strings stand, read left to right and resumable: the one scanner behind finding
-where a streamed value closes (engine.text.tool_calls) and naming the container an error sits in (server.gojson)."""
+where a streamed value closes (server.text.tool_calls) and naming the container an error sits in (server.gojson)."""
 
 from __future__ import annotations
 

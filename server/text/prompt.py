@@ -25,7 +25,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.text.gotemplate import GoStruct, GoTemplate, StringerList, StringerMap, TemplateError
+from modelfile.gotemplate import GoStruct, GoTemplate, StringerList, StringerMap, TemplateError
 
 __all__ = [
     "DEFAULT_TEMPLATE",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.text.gotemplate import Action, Field, GoTemplate, If, Node, Paren, Pipe, Range, Text, With
+from modelfile.gotemplate import Action, Field, GoTemplate, If, Node, Paren, Pipe, Range, Text, With
 
 __all__ = ["ThinkingParser", "infer_thinking_tags", "jinja_thinking_tags"]
 

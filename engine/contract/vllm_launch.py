@@ -2,7 +2,7 @@
 
 Torch-free and vLLM-free: the server builds a :class:`VllmLaunch` (``server.scheduler.load_spec``) and the engine
 process turns it into a command line (:func:`server_args`). The speculative method comes from the same rule that
-plans a native request (``engine.speculative.plan``), applied to the model's own parameters once, at load:
+plans a native request (``engine.contract.speculation_plan``), applied to the model's own parameters once, at load:
 vLLM fixes its speculative configuration when it starts, so a request cannot change it
 (``engine.vllm.translate.refusal`` answers those with a 400 that names the backend).
 """
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from engine.options import Options
-from engine.speculative.plan import plan_speculation
+from engine.contract.options import SPECULATION_DEFAULTS, Options
+from engine.contract.speculation_plan import plan_speculation
 
 #: The name tandem gives the model it starts (``--served-model-name``); an attached endpoint names its own.
 SERVED_NAME = "tandem"
@@ -34,7 +34,7 @@ class VllmLaunch:
 
     files: tuple[tuple[str, str], ...] = ()
     draft_files: tuple[tuple[str, str], ...] = ()
-    drafter: str = "none"  # the planned drafter: model | mtp | ngram | none (engine.speculative.plan)
+    drafter: str = "none"  # the planned drafter: model | mtp | ngram | none (engine.contract.speculation_plan)
     num_speculative_tokens: int = 0
     python: str = ""  # TANDEM_VLLM_PYTHON
     url: str = ""  # TANDEM_VLLM_URL
@@ -119,3 +119,24 @@ def server_args(launch: VllmLaunch, *, model_dir: Path, speculative: dict[str, A
     if speculative is not None:  # and the final chunk's per-step speculation counts (vLLM refuses them without)
         args += ["--speculative-config", json.dumps(speculative), "--per-request-spec-decode-metrics", "detailed"]
     return args + list(launch.extra_args)
+
+
+#: Speculation options that only tandem's own decode loop has: vLLM verifies a fixed number of drafts per step
+#: with its rejection sampler (strict acceptance) and drafts nothing else.
+NATIVE_ONLY = ("draft_n_min", "draft_p_min", "relaxed_top_n", "relaxed_scope", "draft_schedule", "draft_trace",
+               "draft_acceptance", "draft_copy", "draft_vocab")
+
+
+def native_only_option(options: Options) -> str | None:
+    """Why one of these options needs the native engine (None: vLLM does what they ask). An option counts when it
+    was set (by the model's parameters or the request) to something other than what vLLM does."""
+    for name in NATIVE_ONLY:
+        value = getattr(options, name)
+        if name in options.explicit and value != SPECULATION_DEFAULTS[name]:
+            return (f"option {name}={_shown(value)} is not supported by the vllm engine (vLLM drafts a fixed "
+                    "number of tokens and verifies them strictly); remove it, or serve the model with engine native")
+    return None
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

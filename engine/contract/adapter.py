@@ -5,7 +5,7 @@ An adapter GGUF (llama.cpp's ``convert_lora_to_gguf.py``) says ``general.type`` 
 (torch order) the pair ``W.lora_a`` [rank, in] and ``W.lora_b`` [out, rank]. Applied, ``W x`` becomes
 ``W x + scale * B (A x)`` with llama.cpp's scale: ``alpha / rank`` (1 when alpha is 0 or absent).
 
-Torch-free (numpy only, through ``engine.gguf``): the importer checks an adapter at create with the same
+Torch-free (numpy only, through ``engine.contract.gguf``): the importer checks an adapter at create with the same
 rules the engine applies at load, so a create that succeeds never yields a model that will not load.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.gguf import GGUFFile, TensorInfo
+from engine.contract.gguf import GGUFFile, TensorInfo
 
 LORA_A, LORA_B = ".lora_a", ".lora_b"
 # Base weights that are not linear layers: an embedding is a table lookup and a depthwise conv is not a
