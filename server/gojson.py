@@ -9,7 +9,7 @@ import math
 import time
 from dataclasses import field
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -191,6 +191,15 @@ def _check_go(value: Any, go: str) -> bool:
     if go.startswith("[]"):
         return isinstance(value, list) and all(isinstance(v, dict) for v in value)
     raise AssertionError(go)
+
+
+T = TypeVar("T")
+
+
+async def read_struct(request: Request, cls: type[T], go_type: str) -> T:
+    """A route's request body as dataclass ``cls``, decoded as Go's decoder decodes it into ``go_type``
+    (``package.Struct``): ``read_json``'s errors for a missing or malformed body, ``decode_struct``'s for a field."""
+    return decode_struct(cls, await read_json(request, go_type), go_type.rpartition(".")[2])
 
 
 def decode_struct(cls: type, body: dict[str, Any], struct: str) -> Any:

@@ -21,7 +21,7 @@ from engine.contract.capabilities import embedding_normalizes, embedding_pooling
 from engine.contract.gguf import GGUFFile
 from modelfile.gotemplate import GoTemplate, TemplateError, parse_template
 from server.text.harmony import harmony_function_names, is_gpt_oss, uses_harmony
-from server.text.prompt import (
+from server.text.render import (
     InsertNotSupported,
     JinjaChatTemplate,
     Message,

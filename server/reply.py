@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from server.text.harmony import HarmonyParser, HarmonyPiece
-from server.text.prompt import Think, Tool, ToolCall
+from server.text.render import Think, Tool, ToolCall
 from server.text.thinking import ThinkingParser
 from server.text.tool_calls import ParsedCall, ToolCallParser
 

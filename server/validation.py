@@ -10,7 +10,7 @@ from typing import Any
 from blobs import InvalidNameError, ModelNotFoundError
 from blobs.model import StoredModel, load_stored_model
 from engine.contract.json_grammar import SchemaError, compile_format
-from server.text.prompt import Think, Tool
+from server.text.render import Think, Tool
 
 from .context import ServerContext
 from .gojson import ApiError

@@ -32,10 +32,10 @@ from blobs.model import StoredModel
 from engine.contract.options import Options
 from engine.contract.protocol import GenerateRequest as EngineRequest
 from engine.contract.protocol import GenerateResult, TokenChunk
-from server.text.prompt import ToolCall
+from server.text.render import ToolCall
 
 from ..context import ctx_of
-from ..gojson import INTERNAL_ERROR, ApiError, decode_struct, json_response, read_json
+from ..gojson import INTERNAL_ERROR, ApiError, json_response, read_struct
 from ..options import merged_options
 from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import Message, ModelPrompting, Think, Tool, chat_messages
@@ -149,7 +149,7 @@ async def _open(request: Request, req: MessagesRequest, p: Prepared, endpoint: s
 
 
 async def _decode(request: Request) -> MessagesRequest:
-    return decode_struct(MessagesRequest, await read_json(request, "anthropic.MessagesRequest"), "MessagesRequest")
+    return await read_struct(request, MessagesRequest, "anthropic.MessagesRequest")
 
 
 # --- content blocks ---------------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from blobs.model import StoredModel
 from engine.contract.protocol import EmbedRequest, EmbedResult, EngineCrashedError, EngineError
 
 from ..context import ServerContext, ctx_of
-from ..gojson import ApiError, decode_struct, jfield, json_response, read_json
+from ..gojson import ApiError, jfield, json_response, read_struct
 from ..options import merged_options
 from ..scheduler import Lease, QueueFullError
 from ..validation import parse_keep_alive, stored_model
@@ -167,7 +167,7 @@ def _final(vectors: list[np.ndarray], dimensions: int) -> list[np.ndarray]:
 async def embed(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: EmbedBody = decode_struct(EmbedBody, await read_json(request, "api.EmbedRequest"), "EmbedRequest")
+    req: EmbedBody = await read_struct(request, EmbedBody, "api.EmbedRequest")
     inputs = _inputs(req.input)
     model = await anyio.to_thread.run_sync(_stored, ctx, req.model)
     keep_alive = parse_keep_alive(ctx, req.keep_alive)
@@ -185,8 +185,7 @@ async def embed(request: Request) -> Response:
 @router.post("/api/embeddings")
 async def embeddings(request: Request) -> Response:
     ctx = ctx_of(request)
-    req: EmbeddingBody = decode_struct(EmbeddingBody, await read_json(request, "api.EmbeddingRequest"),
-                                       "EmbeddingRequest")
+    req: EmbeddingBody = await read_struct(request, EmbeddingBody, "api.EmbeddingRequest")
     if not req.model:
         raise ApiError(400, "model is required")
     model = await anyio.to_thread.run_sync(_stored, ctx, req.model)
@@ -209,8 +208,7 @@ async def embeddings(request: Request) -> Response:
 async def openai_embeddings(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: OpenAIEmbedBody = decode_struct(OpenAIEmbedBody, await read_json(request, "openai.EmbedRequest"),
-                                         "EmbedRequest")
+    req: OpenAIEmbedBody = await read_struct(request, OpenAIEmbedBody, "openai.EmbedRequest")
     fmt = req.encoding_format
     if fmt and fmt.lower() not in ("float", "base64"):
         raise ApiError(400, f"Invalid value for 'encoding_format' = {fmt}. Supported values: ['float', 'base64'].")

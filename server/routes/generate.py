@@ -18,7 +18,7 @@ from engine.contract.protocol import GenerateRequest as EngineRequest
 from engine.contract.protocol import TokenChunk
 
 from ..context import ctx_of
-from ..gojson import ApiError, decode_struct, json_response, read_json, rfc3339
+from ..gojson import ApiError, decode_struct, json_response, read_struct, rfc3339
 from ..ndjson import stream_or_collect
 from ..options import merged_options
 from ..pipeline import (
@@ -48,8 +48,7 @@ router = APIRouter()
 async def generate(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: GenerateBody = decode_struct(GenerateBody, await read_json(request, "api.GenerateRequest"),
-                                      "GenerateRequest")
+    req: GenerateBody = await read_struct(request, GenerateBody, "api.GenerateRequest")
     if not req.model:
         raise ApiError(400, "model is required")
     check_logprobs(req.top_logprobs)
@@ -194,7 +193,7 @@ def chat_message(piece: ReplyPiece) -> dict[str, Any]:
 async def chat(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: ChatBody = decode_struct(ChatBody, await read_json(request, "api.ChatRequest"), "ChatRequest")
+    req: ChatBody = await read_struct(request, ChatBody, "api.ChatRequest")
     if not req.model:
         raise ApiError(400, "model is required")
     check_logprobs(req.top_logprobs)

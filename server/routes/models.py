@@ -46,10 +46,10 @@ from ..context import ServerContext, ctx_of
 from ..limits import BodyTooLarge, blob_chunks, content_length_over
 from ..gojson import (
     ApiError,
-    decode_struct,
     go_json_kind,
     json_response,
     read_json,
+    read_struct,
     rfc3339,
 )
 from ..hf_pull import fetch_into_store
@@ -244,7 +244,7 @@ def _show(ctx: ServerContext, req: ShowBody, name: str) -> dict[str, Any]:
 @router.post("/api/show")
 async def show(request: Request) -> Response:
     ctx = ctx_of(request)
-    req: ShowBody = decode_struct(ShowBody, await read_json(request, "api.ShowRequest"), "ShowRequest")
+    req: ShowBody = await read_struct(request, ShowBody, "api.ShowRequest")
     name = req.model or req.name
     if not name:
         raise ApiError(400, "model is required")
@@ -254,7 +254,7 @@ async def show(request: Request) -> Response:
 @router.post("/api/copy")
 async def copy(request: Request) -> Response:
     ctx = ctx_of(request)
-    req: CopyBody = decode_struct(CopyBody, await read_json(request, "api.CopyRequest"), "CopyRequest")
+    req: CopyBody = await read_struct(request, CopyBody, "api.CopyRequest")
     try:
         ModelName.parse(req.source)
     except InvalidNameError:
@@ -274,7 +274,7 @@ async def copy(request: Request) -> Response:
 @router.delete("/api/delete")
 async def delete(request: Request) -> Response:
     ctx = ctx_of(request)
-    req: DeleteBody = decode_struct(DeleteBody, await read_json(request, "api.DeleteRequest"), "DeleteRequest")
+    req: DeleteBody = await read_struct(request, DeleteBody, "api.DeleteRequest")
     name = req.model or req.name
     if not name:
         raise ApiError(400, "model is required")

@@ -27,7 +27,7 @@ from engine.contract.protocol import GenerateRequest as EngineRequest
 from engine.contract.protocol import GenerateResult, TokenChunk
 
 from ..context import ctx_of
-from ..gojson import ApiError, decode_struct, jfield, json_response, read_json
+from ..gojson import ApiError, jfield, json_response, read_struct
 from ..options import merged_options
 from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
@@ -235,8 +235,7 @@ def _completion_id(prefix: str) -> str:
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: ChatCompletionRequest = decode_struct(ChatCompletionRequest, await read_json(request, "openai.ChatCompletionRequest"),
-                                               "ChatCompletionRequest")
+    req: ChatCompletionRequest = await read_struct(request, ChatCompletionRequest, "openai.ChatCompletionRequest")
     if not req.model:
         raise ApiError(400, "model is required", "model")
     if not req.messages:
@@ -384,8 +383,7 @@ def _openai_logprobs(chunk: TokenChunk) -> list[dict[str, Any]]:
 async def completions(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: CompletionRequest = decode_struct(CompletionRequest, await read_json(request, "openai.CompletionRequest"),
-                                           "CompletionRequest")
+    req: CompletionRequest = await read_struct(request, CompletionRequest, "openai.CompletionRequest")
     if not req.model:
         raise ApiError(400, "model is required", "model")
     if not isinstance(req.prompt, str):

@@ -29,7 +29,7 @@ from sse_starlette.sse import EventSourceResponse
 from engine.contract.protocol import TokenChunk
 
 from ..context import ctx_of
-from ..gojson import INTERNAL_ERROR, ApiError, decode_struct, jfield, json_response, read_json
+from ..gojson import INTERNAL_ERROR, ApiError, jfield, json_response, read_struct
 from ..options import merged_options
 from ..pipeline import Generation, chat_engine_request
 from ..prompting import Message, chat_messages
@@ -219,8 +219,7 @@ def _response_object(req: ResponsesRequest, tools: list[dict[str, Any]], options
 async def create_response(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     ctx = ctx_of(request)
-    req: ResponsesRequest = decode_struct(ResponsesRequest, await read_json(request, "openai.ResponsesRequest"),
-                                          "ResponsesRequest")
+    req: ResponsesRequest = await read_struct(request, ResponsesRequest, "openai.ResponsesRequest")
     if not req.model:
         raise ApiError(400, "model is required", "model")
     if req.previous_response_id:

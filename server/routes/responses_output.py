@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from engine.contract.protocol import GenerateResult
-from server.text.prompt import ToolCall
+from server.text.render import ToolCall
 
 from ..gojson import ApiError
 from ..pipeline import speculation_fields

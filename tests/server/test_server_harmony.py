@@ -12,7 +12,7 @@ import pytest
 
 import importer.create
 from blobs.model import load_stored_model
-from server.text.prompt import Message, Tool
+from server.text.render import Message, Tool
 from importer import CreateRequest, create_model
 from server.prompting import ModelPrompting
 from server.reply import ReplyPiece, ReplySplitter

@@ -16,7 +16,7 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from server.text.prompt import FALLBACK_TEMPLATES
+from server.text.render import FALLBACK_TEMPLATES
 from importer import CreateRequest, create_model
 from server.routes.openai import _message_from_openai
 from tests.server.text.test_templates_qwen3 import TEMPLATE as QWEN3_JINJA

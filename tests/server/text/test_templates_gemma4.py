@@ -1,7 +1,7 @@
 """A Gemma 4 style chat template (``<|turn>role ... <turn|>``, a system turn carrying ``<|think|>``, assistant turns
 as ``model`` with their thought channel stripped, tool calls in Gemma's ``call:name{...}`` syntax with
 ``<|"|>``-quoted strings, an empty thought channel after the generation prompt when thinking is off) renders
-through server.text.prompt exactly as transformers' chat template renderer does for the same messages.
+through server.text.render exactly as transformers' chat template renderer does for the same messages.
 
 The template (tests/hf_tiny_gemma4.CHAT_TEMPLATE) is written for the tests in the constructs Gemma 4's own
 template uses (macros that recurse, namespaces, ``dictsort``, ``split``, ``trim``, ``is mapping``/``is sequence`` tests, ``default``), not copied."""
@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from transformers.utils.chat_template_utils import render_jinja_template  # noqa: E402
 
 from modelfile.gotemplate import GoTemplate  # noqa: E402
-from server.text.prompt import (  # noqa: E402
+from server.text.render import (  # noqa: E402
     FALLBACK_TEMPLATES,
     JinjaChatTemplate,
     Message,
@@ -44,7 +44,7 @@ CHATS = {
 
 def _hf(messages: list[Message], **kwargs) -> str:
     """transformers' rendering of the same messages (as the dicts an HF user passes)."""
-    from server.text.prompt import _hf_message
+    from server.text.render import _hf_message
 
     out = render_jinja_template([[_hf_message(m) for m in messages]], chat_template=GEMMA4_STYLE, bos_token="<bos>",
                                 eos_token="<eos>", **kwargs)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.text.prompt import JinjaChatTemplate, Message, Tool, ToolCall
+from server.text.render import JinjaChatTemplate, Message, Tool, ToolCall
 
 pytest.importorskip("transformers")
 

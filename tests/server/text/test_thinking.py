@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from modelfile.gotemplate import parse_template
-from server.text.prompt import FALLBACK_TEMPLATES
+from server.text.render import FALLBACK_TEMPLATES
 from server.text.thinking import ThinkingParser, infer_thinking_tags, jinja_thinking_tags
 
 

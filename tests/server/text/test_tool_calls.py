@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from modelfile.gotemplate import parse_template
-from server.text.prompt import FALLBACK_TEMPLATES
+from server.text.render import FALLBACK_TEMPLATES
 from server.text.tool_calls import (
     FUNCTIONGEMMA,
     GEMMA4,
@@ -150,7 +150,7 @@ def test_format_learned_from_jinja_templates() -> None:
 def test_a_shipped_template_that_teaches_doubled_braces_is_corrected() -> None:
     """Qwen2.5-Coder's GGUF template shows its tool-call example as {{"name": ...}} inside a Jinja string (so
     verbatim): the model copies it. The prompt tandem renders shows single braces, as Ollama's template does."""
-    from server.text.prompt import JinjaChatTemplate, Message, Tool
+    from server.text.render import JinjaChatTemplate, Message, Tool
     from server.text.template_errata import corrected_chat_template
 
     shipped = ('{%- if tools %}{{- "<|im_start|>system\\n<tools>" }}{%- for t in tools %}{{ t | tojson }}{%- endfor %}'

@@ -1,4 +1,4 @@
-"""server.text.prompt: Ollama's prompt building with real library templates, HF Jinja templates and fallbacks.
+"""server.text.render: Ollama's prompt building with real library templates, HF Jinja templates and fallbacks.
 
 The TEMPLATEs below are Ollama library templates reproduced from memory; the expected prompts were
 worked out by hand from Go's trim rules and Ollama's template.Execute.
@@ -11,7 +11,7 @@ import datetime
 import pytest
 
 from modelfile.gotemplate import GoTemplate, TemplateError
-from server.text.prompt import (
+from server.text.render import (
     DEFAULT_TEMPLATE,
     FALLBACK_TEMPLATES,
     InsertNotSupported,
