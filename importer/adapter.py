@@ -25,12 +25,15 @@ from blobs import MEDIA_TYPE_ADAPTER, BlobStore, Layer
 from engine.contract.adapter import LORA_A, LORA_B, AdapterError, read_lora
 from engine.contract.gguf import GGUFError, GGUFFile
 
-from .hf_to_gguf import _MODEL_ARCH, TensorPlan, _prepare, _text_name
+from .architectures import BY_ARCH, SKIPPED_PREFIXES
+from .hf.plan import TensorPlan, prepare, text_name
 from .request import CreateError, Progress, ProgressEvent
 from .uploads import sort_weights
-from .safetensors_import import HFSource, TensorReader, folder_paths, read_header
+from .hf.safetensors import HFSource, TensorReader, folder_paths, read_header
 
 ROLE = "ADAPTER"
+# GGUF architecture -> gguf's tensor-name map, for the architectures whose names the generic planner maps
+_NAME_MAPS = {spec.arch: spec.name_map for spec in BY_ARCH.values() if spec.name_map is not None}
 CONFIG_FILE = "adapter_config.json"
 # base_model.model.<module>.lora_A.weight; older PEFT also keeps the adapter's name (lora_A.default.weight).
 _PEFT_RE = re.compile(r"^(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight$")
@@ -103,10 +106,10 @@ def convert_peft(files: Mapping[str, Path], base: Path, out: Path) -> None:
     with GGUFFile(base) as b:
         meta = dict(b.metadata)
     arch = meta.get("general.architecture")
-    if arch not in _MODEL_ARCH:
-        raise _fail(f"PEFT adapters convert for {', '.join(sorted(_MODEL_ARCH))} models, not {arch}; convert this "
+    if arch not in _NAME_MAPS:
+        raise _fail(f"PEFT adapters convert for {', '.join(sorted(_NAME_MAPS))} models, not {arch}; convert this "
                     "one with llama.cpp's convert_lora_to_gguf.py and give the GGUF")
-    tmap = gguf.TensorNameMap(_MODEL_ARCH[arch], int(meta[f"{arch}.block_count"]))
+    tmap = gguf.TensorNameMap(_NAME_MAPS[arch], int(meta[f"{arch}.block_count"]))
     tensors = {}
     for fname in sorted(f for f in files if f.endswith(".safetensors")):
         tensors.update(read_header(files[fname], fname, ROLE))
@@ -120,7 +123,7 @@ def convert_peft(files: Mapping[str, Path], base: Path, out: Path) -> None:
     w.add_float32(gguf.Keys.Adapter.LORA_ALPHA, alpha)
     with TensorReader(source) as reader:
         for plan in plans:
-            w.add_tensor(plan.name, _prepare(reader.get(plan.source), plan))
+            w.add_tensor(plan.name, prepare(reader.get(plan.source), plan))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -134,16 +137,16 @@ def _plan(name: str, shape: tuple[int, ...], tmap: Any, arch: str, meta: Mapping
         what = "an embedding LoRA" if "lora_embedding" in name else \
             "a full weight (modules_to_save)" if "modules_to_save" in name else "not a LoRA tensor"
         raise _fail(f"tensor {name!r} is {what}; only lora_A/lora_B of linear layers are supported")
-    text = _text_name(m.group(1) + ".weight")
+    text = text_name(m.group(1) + ".weight", SKIPPED_PREFIXES)
     gname = tmap.get_name(text, try_suffixes=(".weight",)) if text else None
     if gname is None:
         raise _fail(f"tensor {name!r} adapts {m.group(1)}, which has no counterpart in tandem's {arch} model")
     permute = 0
-    if arch == "llama" and m.group(2) == "B":  # the base's q/k rows are permuted for RoPE: so are B's rows
+    if BY_ARCH[arch].permute_qk and m.group(2) == "B":  # the base's q/k rows are permuted for RoPE: so are B's
         if gname.endswith("attn_q.weight"):
-            permute = int(meta["llama.attention.head_count"])
+            permute = int(meta[f"{arch}.attention.head_count"])
         elif gname.endswith("attn_k.weight"):
-            permute = int(meta.get("llama.attention.head_count_kv") or meta["llama.attention.head_count"])
+            permute = int(meta.get(f"{arch}.attention.head_count_kv") or meta[f"{arch}.attention.head_count"])
         if shape[0] % (2 * max(permute, 1)):
             permute = 0  # rows that are no whole heads: left as they are, for the fit check to name
     suffix = LORA_A if m.group(2) == "A" else LORA_B

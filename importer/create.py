@@ -46,8 +46,8 @@ from engine.contract.gguf import read_metadata
 from engine.contract.options import OPTION_ALIASES, Options
 from modelfile.gotemplate import TemplateError, parse_template
 
-from . import bert_import
 from .adapter import adapter_layer
+from .architectures import folder_converter
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
@@ -55,7 +55,7 @@ from .uploads import sort_weights
 from .pair_precheck import precheck_folder_pair
 from .quantize import parse_quant_type, quantize_gguf
 from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
-from .safetensors_import import folder_paths
+from .hf.safetensors import folder_paths
 
 _SEMVER_RE = re.compile(r"^v?(\d+)(\.\d+)?(\.\d+)?(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$")
 log = logging.getLogger(__name__)
@@ -184,8 +184,9 @@ def _converted_gguf(store: BlobStore, files: dict[str, str], role: str, progress
         tmp = Path(tmp_dir) / "model.gguf"
         progress(ProgressEvent(status, total=0, completed=0))
         report = lambda done, total: progress(ProgressEvent(status, total=total, completed=done))  # noqa: E731
-        if bert_import.is_bert_folder(paths):
-            bert_import.convert_folder(paths, tmp, role, progress=report)
+        converter = folder_converter(paths)  # an architecture with a conversion of its own (bert)
+        if converter is not None:
+            converter(paths, tmp, role, progress=report)
         else:
             convert_folder(paths, tmp, role, tokenizer_donor=donor, progress=report)
         if check is not None:

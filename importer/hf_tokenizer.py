@@ -46,7 +46,7 @@ _SPM_SPACE = "\u2581"
 class Vocab:
     """A tokenizer in GGUF terms (tokenizer.ggml.*)."""
 
-    model: str  # "gpt2" | "llama" | "gemma4" (a SentencePiece-style BPE that keeps its merges)
+    model: str  # "gpt2" | "llama" | an architecture's own (gemma4: a SentencePiece-style BPE that keeps its merges)
     pre: str
     tokens: list[str]
     types: list[int]
@@ -65,24 +65,25 @@ def has_tokenizer(files: Mapping[str, Path]) -> bool:
     return TOKENIZER_JSON in files or TOKENIZER_MODEL in files
 
 
-def read_vocab(files: Mapping[str, Path], vocab_size: int, role: str, *, gemma4: bool = False) -> Vocab:
+def read_vocab(files: Mapping[str, Path], vocab_size: int, role: str, *, bpe_model: str | None = None) -> Vocab:
     """The vocabulary of an uploaded folder, padded to the model's ``vocab_size`` embedding rows.
 
-    ``gemma4``: a byte-fallback BPE is written as llama.cpp writes Gemma 4's, tokenizer model ``gemma4`` with
-    its merges (Gemma 4's tokenizer does not merge in score order, so scores alone cannot reproduce it)."""
+    ``bpe_model``: the architecture's own tokenizer model (``ArchitectureSpec.tokenizer_model``): a byte-fallback
+    BPE is written as llama.cpp writes it, tokenizer model and pre-tokenizer ``bpe_model`` with its merges (Gemma
+    4's tokenizer, model ``gemma4``, does not merge in score order, so scores alone cannot reproduce it)."""
     if TOKENIZER_JSON in files:
         try:
             tj = json.loads(files[TOKENIZER_JSON].read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise _fail(role, f"{TOKENIZER_JSON} is not valid JSON ({e})") from None
         vocab = _from_tokenizer_json(tj, vocab_size, role)
-        if gemma4:
+        if bpe_model is not None:
             if vocab.model != "llama":
-                raise _fail(role, f"{TOKENIZER_JSON}: a gemma4 tokenizer is a byte-fallback BPE, this one is not")
-            return replace(vocab, model="gemma4", pre="gemma4", add_bos_default=True)
+                raise _fail(role, f"{TOKENIZER_JSON}: a {bpe_model} tokenizer is a byte-fallback BPE, this one is not")
+            return replace(vocab, model=bpe_model, pre=bpe_model, add_bos_default=True)
         return vocab
-    if gemma4:
-        raise _fail(role, f"a gemma4 model needs its {TOKENIZER_JSON} (the merges are not in tokenizer.model)")
+    if bpe_model is not None:
+        raise _fail(role, f"a {bpe_model} model needs its {TOKENIZER_JSON} (the merges are not in tokenizer.model)")
     if TOKENIZER_MODEL in files:
         from .spm_model import read_spm_model
 
@@ -240,7 +241,8 @@ def write_vocab(writer: gguf.GGUFWriter, vocab: Vocab, files: Mapping[str, Path]
         writer.add_token_scores(vocab.scores)
     if vocab.add_space_prefix is not None:
         writer.add_add_space_prefix(vocab.add_space_prefix)
-    special = _special_vocab(files, load_merges=vocab.model in ("gpt2", "gemma4"), n_vocab=len(vocab.tokens))
+    # merges for every BPE but the scored SentencePiece-style one (tokenizer model "llama")
+    special = _special_vocab(files, load_merges=vocab.model != "llama", n_vocab=len(vocab.tokens))
     _fill_special_ids(special, files, vocab)
     # A fast tokenizer adds a BOS only through its post-processor: when neither it nor
     # tokenizer_config.json says so, write the answer rather than leave llama.cpp's default to differ.

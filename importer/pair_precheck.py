@@ -16,7 +16,7 @@ from engine.contract.capabilities import DRAFTER_ARCHITECTURES, drafter_problem
 
 from .hf_config import read_params
 from .request import CreateError
-from .safetensors_import import folder_paths
+from .hf.safetensors import folder_paths
 
 
 def _config(files: Mapping[str, str], blob_path: Callable[[str], Path]) -> dict[str, Any] | None:
@@ -39,9 +39,9 @@ def precheck_folder_pair(files: Mapping[str, str], draft_files: Mapping[str, str
     if target_cfg is None or draft_cfg is None:
         return
     draft = read_params(draft_cfg, "DRAFT")
-    if draft.arch not in DRAFTER_ARCHITECTURES or draft.gemma4 is None:
+    if draft.arch not in DRAFTER_ARCHITECTURES:
         return
     target = read_params(target_cfg, "FROM")
-    problem = drafter_problem(draft.arch, draft.gemma4.embd_out, target.arch, target.n_embd)
+    problem = drafter_problem(draft.arch, draft.n_embd_out, target.arch, target.n_embd)
     if problem is not None:
         raise CreateError(problem)

@@ -12,15 +12,9 @@ from typing import Any, Callable
 
 from engine.contract.options import ParamError, coerce_options
 
+from .hf.errors import CreateError  # defined below importer/architectures/, which raises it too; importable here
+
 _DIGEST_RE = re.compile(r"^sha256[:-][0-9a-fA-F]{64}$")
-
-
-class CreateError(Exception):
-    """A create that cannot proceed. ``status`` is the HTTP status the API answers with."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import gguf
 import numpy as np
 import torch
 
-from importer.gemma4_tensors import gguf_name
+from importer.architectures.gemma4 import gguf_name
 
 WINDOW = 8
 N_EMBD, N_HEAD, N_FF = 64, 4, 96

@@ -20,7 +20,7 @@ from engine.contract.gguf import GGUFFile  # noqa: E402
 from engine.models.loader import load_model  # noqa: E402
 from importer import CreateError, CreateRequest, create_model  # noqa: E402
 from importer.hf_to_gguf import convert_folder  # noqa: E402
-from importer.safetensors_import import folder_paths  # noqa: E402
+from importer.hf.safetensors import folder_paths  # noqa: E402
 from tests import hf_tiny, hf_tiny_qwen35 as q35  # noqa: E402
 from tests.hf_folders import make_tokenizer, random_ids, save_tokenizer  # noqa: E402
 from tests.model_checks import TOL, relative_error  # noqa: E402

@@ -37,7 +37,7 @@ from importer import (  # noqa: E402
     request_from_modelfile,
 )
 from importer.hf_to_gguf import convert_folder  # noqa: E402
-from importer.safetensors_import import read_header  # noqa: E402
+from importer.hf.safetensors import read_header  # noqa: E402
 from modelfile import parse  # noqa: E402
 from tests import hf_folders  # noqa: E402
 from tests.hf_folders import (  # noqa: E402

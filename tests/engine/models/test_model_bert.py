@@ -12,8 +12,8 @@ from engine.contract.gguf import GGUFFile
 from engine.models.loader import load_encoder
 from engine.contract.protocol import ContextLengthError, EmbedRequest
 from engine.text.tokenizer import Tokenizer
-from importer.bert_import import convert_folder
-from importer.safetensors_import import folder_paths
+from importer.architectures.bert import convert_folder
+from importer.hf.safetensors import folder_paths
 from tests.hf_tiny_bert import folder_files, make_bert_folder, reference
 
 TEXTS = ["Héllo wörld, café crème!", "東京は日本の首都です。", "unbelievably supercalifragilistic!!",

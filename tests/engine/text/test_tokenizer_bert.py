@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.text.tokenizer import Tokenizer
-from importer.bert_import import read_vocab
+from importer.architectures.bert import read_vocab
 from tests.hf_tiny_bert import make_bert_folder
 
 TEXTS = [

@@ -27,14 +27,14 @@ from typing import Any, Callable, Mapping
 import gguf
 import numpy as np
 
-from .hf_to_gguf import _FILE_TYPE, _GGML, _NP, TensorPlan, _out_type, _prepare
-from .request import CreateError
-from .safetensors_import import FLOAT_DTYPES, HFSource, TensorReader
+from ..hf.errors import CreateError
+from ..hf.plan import FILE_TYPE, GGML, NP, TensorPlan, out_type, prepare
+from ..hf.safetensors import FLOAT_DTYPES, HFSource, TensorReader, open_source
+from .spec import ArchitectureSpec
 
 ProgressFn = Callable[[int, int], None]
 
 ARCH = "bert"
-_HF_ARCHITECTURES = ("BertModel",)
 _POOLING = {"pooling_mode_mean_tokens": 1, "pooling_mode_cls_token": 2, "pooling_mode_lasttoken": 3}
 _UNSUPPORTED_POOLING = ("pooling_mode_max_tokens", "pooling_mode_mean_sqrt_len_tokens",
                         "pooling_mode_weightedmean_tokens")
@@ -47,14 +47,6 @@ _BLOCK = {"attention.self.query": "attn_q", "attention.self.key": "attn_k", "att
 _LAYER_RE = re.compile(r"^encoder\.layer\.(\d+)\.(.+)\.(weight|bias|gamma|beta)$")
 _TOP_RE = re.compile(r"^(embeddings\.\w+)\.(weight|bias|gamma|beta)$")
 _SUFFIX = {"weight": "weight", "bias": "bias", "gamma": "weight", "beta": "bias"}  # old LayerNorm spelling
-
-
-def is_bert(config: Mapping[str, Any]) -> bool:
-    """Whether config.json describes a BERT encoder this module converts."""
-    names = config.get("architectures") or []
-    if isinstance(names, str):
-        names = [names]
-    return any(n in _HF_ARCHITECTURES for n in names) or (not names and config.get("model_type") == "bert")
 
 
 @dataclass(frozen=True)
@@ -182,7 +174,7 @@ def plan_tensors(source: HFSource, p: BertParams) -> list[TensorPlan]:
         if tuple(entry.shape) != shapes[gname]:
             raise _fail(role, f"tensor {src} has shape {list(entry.shape)}, but config.json implies "
                               f"{list(shapes[gname])}")
-        plans.append(TensorPlan(src, gname, tuple(entry.shape), _out_type(entry.dtype, entry.shape, gname)))
+        plans.append(TensorPlan(src, gname, tuple(entry.shape), out_type(entry.dtype, entry.shape, gname)))
     missing = sorted(set(shapes) - {t.name for t in plans})
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
@@ -290,7 +282,7 @@ def convert(source: HFSource, out: Path, progress: ProgressFn | None = None) -> 
             counts[t.out_type] = counts.get(t.out_type, 0) + math.prod(t.shape)
     w = gguf.GGUFWriter(str(out), ARCH)
     try:
-        w.add_file_type(int(_FILE_TYPE[max(counts, key=counts.__getitem__)]))
+        w.add_file_type(int(FILE_TYPE[max(counts, key=counts.__getitem__)]))
         w.add_context_length(p.context_length)
         w.add_embedding_length(p.n_embd)
         w.add_block_count(p.n_layer)
@@ -317,14 +309,14 @@ def convert(source: HFSource, out: Path, progress: ProgressFn | None = None) -> 
         w.add_bool("tokenizer.ggml.do_lower_case", vocab.lowercase)
         w.add_bool("tokenizer.ggml.strip_accents", vocab.strip_accents)
         for t in plans:
-            w.add_tensor_info(t.name, t.shape, np.dtype(_NP[t.out_type]), t.nbytes, raw_dtype=_GGML[t.out_type])
+            w.add_tensor_info(t.name, t.shape, np.dtype(NP[t.out_type]), t.nbytes, raw_dtype=GGML[t.out_type])
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         total, done = sum(t.nbytes for t in plans), 0
         with TensorReader(source) as reader:
             for t in plans:
-                w.write_tensor_data(_prepare(reader.get(t.source), t))
+                w.write_tensor_data(prepare(reader.get(t.source), t))
                 done += t.nbytes
                 if progress:
                     progress(done, total)
@@ -332,23 +324,14 @@ def convert(source: HFSource, out: Path, progress: ProgressFn | None = None) -> 
         w.close()
 
 
-def is_bert_folder(files: Mapping[str, Path]) -> bool:
-    """Whether an uploaded folder's config.json is a BERT encoder's (a missing or bad config.json is not:
-    the decoder conversion reports it)."""
-    if "config.json" not in files:
-        return False
-    try:
-        config = json.loads(files["config.json"].read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(config, dict) and is_bert(config)
-
-
 def convert_folder(files: Mapping[str, Path], out: Path, role: str, progress: ProgressFn | None = None) -> None:
     """Validate an uploaded BERT folder (file name -> path; nested names such as ``1_Pooling/config.json``
     keep their folder) and convert it into the GGUF ``out``."""
-    from .safetensors_import import open_source
-
     if role != "FROM":
         raise _fail(role, "an embedding model cannot draft; name it in FROM")
     convert(open_source(files, role), out, progress)
+
+
+BERT = ArchitectureSpec(arch=ARCH, hf_classes=("BertModel",), model_types={"bert": "BertModel"},
+                        convert_folder=convert_folder)
+SPECS = (BERT,)

@@ -18,7 +18,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any, Mapping, TypeVar
 
-from .request import CreateError
+from .errors import CreateError
 
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
