@@ -215,7 +215,7 @@ def test_bf16_checkpoint_keeps_bf16_weights(tmp_path):
 
 def test_qwen35_pre_tokenizer_is_recognised(tmp_path):
     """Qwen3.5's tokenizer.json splits words with combining marks (``[\\p{L}\\p{M}]+``): stored as pre ``qwen35``."""
-    from engine.text.tokenizer import _QWEN35
+    from engine.contract.pretokenizers import _QWEN35
 
     folder = make(tmp_path / "hf")
     tj_path = folder.path / "tokenizer.json"
