@@ -1,5 +1,7 @@
 """Request bodies of Ollama's native API, field for field as api/types.go declares them (JSON name,
-Go type for the decoder's messages, default)."""
+Go type for the decoder's messages, default). The other surfaces' bodies sit with their routes (`routes/openai.py`,
+`routes/responses.py`, `routes/anthropic_request.py`, `/v1/embeddings` in `routes/embed.py`), and /api/create's with
+the importer that builds from it (`importer/request.py`)."""
 
 from __future__ import annotations
 
@@ -84,3 +86,25 @@ class CopyBody:
 class DeleteBody:
     model: str = jfield("string", "")
     name: str = jfield("string", "")
+
+
+@dataclass
+class EmbedBody:
+    """POST /api/embed (api.EmbedRequest)."""
+
+    model: str = jfield("string", "")
+    input: Any = jfield("any")  # a string or a list of strings
+    keep_alive: Any = jfield("any")
+    truncate: bool = jfield("*bool", True)
+    dimensions: int = jfield("int", 0)
+    options: dict[str, Any] | None = jfield("map[string]interface {}")
+
+
+@dataclass
+class EmbeddingBody:
+    """POST /api/embeddings (api.EmbeddingRequest, deprecated)."""
+
+    model: str = jfield("string", "")
+    prompt: str = jfield("string", "")
+    keep_alive: Any = jfield("any")
+    options: dict[str, Any] | None = jfield("map[string]interface {}")

@@ -29,32 +29,11 @@ from ..context import ServerContext, ctx_of
 from ..gojson import ApiError, jfield, json_response, read_struct
 from ..options import merged_options
 from ..scheduler import Lease, QueueFullError
+from ..types import EmbedBody, EmbeddingBody
 from ..validation import parse_keep_alive, stored_model
 
 log = logging.getLogger("tandem.server")
 router = APIRouter()
-
-
-@dataclass
-class EmbedBody:
-    """POST /api/embed (api.EmbedRequest)."""
-
-    model: str = jfield("string", "")
-    input: Any = jfield("any")  # a string or a list of strings
-    keep_alive: Any = jfield("any")
-    truncate: bool = jfield("*bool", True)
-    dimensions: int = jfield("int", 0)
-    options: dict[str, Any] | None = jfield("map[string]interface {}")
-
-
-@dataclass
-class EmbeddingBody:
-    """POST /api/embeddings (api.EmbeddingRequest, deprecated)."""
-
-    model: str = jfield("string", "")
-    prompt: str = jfield("string", "")
-    keep_alive: Any = jfield("any")
-    options: dict[str, Any] | None = jfield("map[string]interface {}")
 
 
 @dataclass
