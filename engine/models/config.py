@@ -1,8 +1,7 @@
 """``ModelConfig``: what the shared transformer needs to know about one model, read from GGUF metadata.
 
-Torch-free, so that the registry in ``engine.models`` (and through it ``engine.contract.capabilities``, which the
-importer validates with) can be imported without loading torch. The fields every architecture shares are
-read here (``base_config``); each architecture's module overrides the ones it deviates in.
+Torch-free (GGUF metadata only). The fields every architecture shares are read here (``base_config``); each
+architecture's module overrides the ones it deviates in.
 
 Which weights a file holds (biases, q/k norms, a separate output head) also shapes the config; only
 ``engine.models.loader`` knows the tensor names, so it hands those facts in as a ``WeightLayout``.
@@ -14,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 from engine.contract.gguf import GGUFFile
+from engine.contract.hyperparams import Hyperparameters
 
 
 class UnsupportedModelError(ValueError):
@@ -62,19 +62,11 @@ class RecurrentConfig:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
+class ModelConfig(Hyperparameters):
+    """One model as the engine runs it: the hyper-parameters its GGUF states (``Hyperparameters``, shared with the
+    importer, which writes them), then how its layers differ from the plain llama block."""
+
     v_head_dim: int
-    vocab_size: int
-    context_length: int
-    rms_eps: float
-    rope_base: float
     rope_dim: int
     rope_style: str = "neox"  # 'neox' (rotate halves) | 'normal' (rotate adjacent pairs; llama GGUF layout)
     rope_base_local: float | None = None  # RoPE base of sliding-window layers (gemma3), None = rope_base

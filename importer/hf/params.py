@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
+from engine.contract.hyperparams import Hyperparameters
+
 from .errors import fail
 
 
@@ -26,21 +28,11 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class ModelParams:
-    """What the converter needs from config.json, already checked for what the engine can run."""
+class ModelParams(Hyperparameters):
+    """What the converter needs from config.json, already checked for what the engine can run: the hyper-parameters
+    every decoder GGUF states (``Hyperparameters``, shared with the engine's ``ModelConfig``), then the rest."""
 
     hf_arch: str
-    arch: str
-    n_layer: int
-    n_embd: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    vocab_size: int
-    context_length: int
-    rms_eps: float
-    rope_base: float
     rope_scaling: RopeScaling | None
     tied_output: bool
     n_nextn: int  # num_nextn_predict_layers (mtp_num_hidden_layers): MTP heads as layers n_layer.. (may be absent)
