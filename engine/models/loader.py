@@ -24,7 +24,7 @@ from engine.contract.adapter import AdapterError
 from engine.contract.capabilities import drafter_target_width
 from engine.contract.gguf import GGUFError, GGUFFile
 from engine.models import bert, gemma4_assistant, get_arch
-from engine.models.assistant import AssistantWeights, Gemma4Assistant
+from engine.models.gemma4_assistant_model import AssistantWeights, Gemma4Assistant
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout
 from engine.models.deltanet import DeltaNetWeights, HybridBlock, HybridBlockWeights
 from engine.models.encoder import DenseWeights, Encoder, EncoderLayerWeights, EncoderWeights, NormWeights

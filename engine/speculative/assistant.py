@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 from torch import Tensor
 
 from engine.cache.kv import KVCache
-from engine.models.assistant import Gemma4Assistant
+from engine.models.gemma4_assistant_model import Gemma4Assistant
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
 
 

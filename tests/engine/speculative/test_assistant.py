@@ -1,4 +1,4 @@
-"""The Gemma 4 assistant drafter (engine.models.assistant + engine.speculative.assistant) on tiny models built by
+"""The Gemma 4 assistant drafter (engine.models.gemma4_assistant_model + engine.speculative.assistant) on tiny models built by
 transformers: its drafted logits equal a hand-rolled transformers drafting loop at every step, and through
 the decode loop it is lossless (greedy output identical with and without it; strict sampling keeps the
 target's distribution, by the chi-square harness of test_speculation)."""
