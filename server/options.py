@@ -14,6 +14,7 @@ from typing import Any
 
 from blobs.model import StoredModel
 from engine.contract.capabilities import draft_layer_kind
+from engine.contract.drafter_provenance import read_provenance
 from engine.contract.gguf import GGUFFile, format_parameter_count
 from engine.contract.options import (
     SPECULATION_DEFAULTS,
@@ -57,13 +58,14 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
         merged = Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(400, str(e)) from None
-    kind = "model"
+    kind, trained = "model", {}
     if model.draft_path is not None:
         with GGUFFile(model.draft_path) as f:
             kind = draft_layer_kind(f.architecture, f.tensors)
+            trained = read_provenance(f.metadata)
     plan = plan_speculation(merged, has_draft_layer=model.draft_path is not None, has_mtp_head=has_mtp_head,
                             draft_layer=kind)
-    return {
+    out = {
         "draft": draft_details(model),
         "defaults": dict(SPECULATION_DEFAULTS),
         "parameters": {k: v for k, v in model.params.items() if k in SPECULATION_OPTIONS or k == "n_max"},
@@ -71,6 +73,9 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
         # where the model's speculation parameters came from (`tandem bench --apply`), per parameter
         "tuning": dict(model.tuning),
     }
+    if trained:  # an MTP head `tandem train-drafter` fitted: its data, tokens, steps and validation acceptance
+        out["trained_drafter"] = trained
+    return out
 
 
 def engine_info(model: StoredModel, options: dict[str, Any] | None, settings: Settings) -> dict[str, Any]:

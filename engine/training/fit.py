@@ -93,6 +93,12 @@ def target_pass(target: Model, ids: Sequence[int]) -> tuple[torch.Tensor, torch.
     return out.prenorm_hidden.float(), out.logits.float()
 
 
+def hidden_scale(target: Model, ids: Sequence[int]) -> float:
+    """The RMS of the target's pre-norm hidden states over ``ids`` (what ``initial_weights`` restores)."""
+    hidden, _ = target_pass(target, ids)
+    return float(hidden.pow(2).mean().sqrt())
+
+
 def pair_loss(head: TrainableNextN, hidden: torch.Tensor, logits: torch.Tensor, ids: Sequence[int]) -> torch.Tensor:
     """Cross-entropy of the head's distribution for t_{j+2} against the target's, over the window's pairs."""
     next_tokens = torch.tensor(list(ids[1:]), dtype=torch.long)
@@ -141,7 +147,8 @@ def fit_head(target: Model, tokens: Sequence[int], cfg: FitConfig, checkpoint: s
     """Train a NextN head for ``target`` on ``tokens``; resume from ``checkpoint`` when it holds a run of the same
     configuration, and write it there as the run goes (and when ``should_stop`` says so)."""
     train_w, valid_w = split_tokens(tokens, cfg)
-    head = TrainableNextN(target, initial_weights(target, torch.Generator().manual_seed(cfg.seed)))
+    head = TrainableNextN(target, initial_weights(target, torch.Generator().manual_seed(cfg.seed),
+                                                  hidden_scale(target, train_w[0])))
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
     step, seen, curve = 0, 0, []
     ckpt = Path(checkpoint) if checkpoint is not None else None

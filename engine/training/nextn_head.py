@@ -112,10 +112,12 @@ class TrainableNextN(nn.Module):
         return named
 
 
-def initial_weights(target: Model, generator: torch.Generator) -> dict[str, Tensor]:
+def initial_weights(target: Model, generator: torch.Generator, hidden_scale: float = 1.0) -> dict[str, Tensor]:
     """A starting point: the block is a copy of the target's last block (the closest thing to what the head must
-    compute), the norms are ones, and eh_proj passes the normed hidden state through while the token embedding
-    enters with small random weights."""
+    compute), and eh_proj passes the hidden state through while the token embedding enters with small random
+    weights. ``hidden_scale``: the typical RMS of the target's pre-norm states, which ``hnorm`` gives back, so that
+    the copied block first sees a residual stream of the size it was trained on (with ``hnorm`` at one it saw a
+    stream tens of times too small, and the head began far worse than uniform)."""
     cfg, f = target.config, target.gguf
     last = f"blk.{cfg.n_layer - 1}."
     names = ["attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"]
@@ -130,7 +132,7 @@ def initial_weights(target: Model, generator: torch.Generator) -> dict[str, Tens
     eh[:, D:] = torch.eye(D)
     init["nextn.eh_proj"] = eh
     init["nextn.enorm"] = torch.ones(D)
-    init["nextn.hnorm"] = torch.ones(D)
+    init["nextn.hnorm"] = torch.full((D,), float(hidden_scale))
     return init
 
 

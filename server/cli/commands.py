@@ -31,6 +31,7 @@ from modelfile import ParseError, parse
 
 from .client import APIError, Client, ServerBlobSink
 from .bench.command import add_arguments as bench_arguments
+from .train_drafter import add_arguments as train_drafter_arguments
 from ..show import model_info, modelfile_text, parameters_text
 
 
@@ -211,16 +212,17 @@ def _section(title: str, rows: list[tuple[str, str]]) -> None:
 
 def _local_show(store: BlobStore, name: str) -> dict:
     """What /api/show answers, from the local store (the fields `tandem show` prints)."""
-    from ..options import draft_details, engine_info
+    from ..options import engine_info, speculation_info
     from ..prompting import ModelPrompting
     from ..settings import Settings
 
     model = load_stored_model(store, name)
     settings = Settings.from_env()
+    prompting = ModelPrompting(model)
     return {"modelfile": modelfile_text(model), "parameters": parameters_text(model.params),
-            "template": ModelPrompting(model).template_text, "system": model.system or "",
+            "template": prompting.template_text, "system": model.system or "",
             "license": "\n".join(model.licenses), "details": model.details(), "model_info": model_info(model),
-            "speculation": {"draft": draft_details(model), "tuning": dict(model.tuning)},
+            "speculation": speculation_info(model, None, prompting.facts.has_mtp_head),
             "engine": engine_info(model, None, settings)}
 
 
@@ -267,8 +269,12 @@ def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
     _section("Model", rows)
     draft = (info.get("speculation") or {}).get("draft")
     if draft:
-        _section("Draft", [("architecture", draft.get("family", "")), ("parameters", draft.get("parameter_size", "")),
-                           ("quantization", draft.get("quantization_level", ""))])
+        rows = [("architecture", draft.get("family", "")), ("parameters", draft.get("parameter_size", "")),
+                ("quantization", draft.get("quantization_level", ""))]
+        trained = (info.get("speculation") or {}).get("trained_drafter") or {}
+        rows += [(f"trained {key.replace('_', ' ')}", str(trained[key]))
+                 for key in ("data", "tokens", "steps", "validation_acceptance") if key in trained]
+        _section("Draft", rows)
     if info.get("parameters"):
         _section("Parameters", _parameter_rows(info["parameters"], (info.get("speculation") or {}).get("tuning") or {}))
     if info.get("system"):
@@ -724,6 +730,18 @@ def cmd_pull(args: argparse.Namespace, store: BlobStore) -> None:
             raise CLIError(str(e)) from None
 
 
+def cmd_train_drafter(args: argparse.Namespace, store: BlobStore) -> None:
+    from .train_drafter import TrainDrafterError, modelfile_for, train
+
+    try:
+        head = train(args, store)
+    except TrainDrafterError as e:
+        raise CLIError(str(e)) from None
+    modelfile = head.with_suffix(".Modelfile")
+    modelfile.write_text(modelfile_for(args.model, head), encoding="utf-8")
+    cmd_create(argparse.Namespace(model=args.as_name, file=str(modelfile), quantize=None, draft_quantize=None), store)
+
+
 def cmd_bench(args: argparse.Namespace, store: BlobStore) -> None:
     from .bench.command import BenchError, run_bench
 
@@ -761,6 +779,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="Benchmark speculation settings (speed, or --quality) against a running server")
     bench_arguments(b)
     b.set_defaults(func=cmd_bench)
+
+    td = sub.add_parser("train-drafter", help="Fit an MTP head to a stored model on this machine and create NAME, "
+                                              "the model with the head as its DRAFT")
+    train_drafter_arguments(td)
+    td.set_defaults(func=cmd_train_drafter)
 
     pl = sub.add_parser("pull", help="Pull a model from Hugging Face (hf.co/<org>/<repo>[:<quant>]): the GGUF of that quant, or a safetensors repo")
     pl.add_argument("model")
