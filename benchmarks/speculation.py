@@ -50,9 +50,17 @@ class Config:
     needs_draft: bool = True
     temps: tuple[str, ...] = ()  # empty: every temperature
 
+    @property
+    def drafter(self) -> str:
+        return self.options.get("drafter", "auto")
+
 
 def _fixed(n: int, **kw) -> dict:
     return {"drafter": "model", "draft_num_predict": n, "draft_schedule": "fixed", "draft_copy": False, **kw}
+
+
+def _mtp(n: int, **kw) -> dict:
+    return {"drafter": "mtp", "draft_num_predict": n, "draft_schedule": "fixed", "draft_copy": False, **kw}
 
 
 CONFIGS: list[Config] = [
@@ -72,6 +80,10 @@ CONFIGS: list[Config] = [
     Config("ngram-adaptive", dict(drafter="ngram", draft_num_predict=8, draft_schedule="adaptive"),
            needs_draft=False),
     Config("match-n4", _fixed(4, draft_acceptance="match"), temps=("0.6",)),
+    # an MTP head (a DRAFT that is one, e.g. what `tandem train-drafter` fits): strict, relaxed, adaptive
+    *[Config(f"mtp-n{n}", _mtp(n)) for n in (1, 2, 3, 4)],
+    *[Config(f"mtp-relaxed{N}-n{n}", _mtp(n, relaxed_top_n=N)) for n in (2, 3, 4) for N in (2, 5, 20)],
+    Config("mtp-adaptive", dict(drafter="mtp", draft_num_predict=8, draft_schedule="adaptive", draft_copy=False)),
 ]
 
 
@@ -269,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
     prompts = {k: render_prompt(engine, known[k], args.raw) for k in names}
     temps = [t for t in args.temps.split(",") if t]
     wanted = set(c for c in args.configs.split(",") if c)
+    # a config for a drafter the loaded pair lacks (the mtp ones beside a draft model, the model ones beside a head)
+    # runs only when named
     configs = [c for c in CONFIGS if (not wanted or c.name in wanted or c.name == "plain")
-               and (args.draft or not c.needs_draft)]
+               and (args.draft or not c.needs_draft)
+               and (c.name in wanted or c.drafter not in ("model", "mtp") or c.drafter in engine.drafters)]
 
     plain = next(c for c in CONFIGS if c.name == "plain")
     cells: dict[tuple[str, str, str], Cell] = {}

@@ -9,6 +9,7 @@ saved, and the same command resumes it. Exit status: 0 done, 2 refused before an
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from engine.training.data import NoTrainingText, default_sources, files_under, g
 from engine.training.fit import FitConfig, FitProgress, TooLittleData, fit_head
 from engine.training.head_gguf import write_head_gguf
 from engine.training.nextn_head import UntrainableTarget, check_trainable
+from engine.training.self_text import self_written_tokens
 
 
 def _clock(seconds: float) -> str:
@@ -40,6 +42,15 @@ def _report(p: FitProgress) -> None:
     print(line, flush=True)
 
 
+def _interleave(a: list[int], b: list[int], window: int) -> list[int]:
+    """Windows of ``a`` and ``b`` alternating (the longer one's rest at the end)."""
+    out: list[int] = []
+    for i in range(0, max(len(a), len(b)), window):
+        out.extend(a[i:i + window])
+        out.extend(b[i:i + window])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m engine.training")
     ap.add_argument("target", help="the target model's GGUF")
@@ -47,9 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", help="resumable state (default: OUT.ckpt)")
     ap.add_argument("--tokens", type=int, default=100_000, help="training tokens (default 100000)")
     ap.add_argument("--window", type=int, default=256, help="tokens per training sequence (default 256)")
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=FitConfig.lr)
     ap.add_argument("--data", nargs="*", default=[], help="text files or folders (default: the standard library's "
                                                           "sources and the installed packages' descriptions)")
+    ap.add_argument("--prompts", help="a JSON list of rendered chat prompts the target answers; its answers become "
+                                      "--self-share of the training text")
+    ap.add_argument("--self-share", type=float, default=0.5, help="share of the tokens the target writes itself, "
+                                                                  "with --prompts (default 0.5)")
+    ap.add_argument("--max-new", type=int, default=192, help="tokens per self-written answer (default 192)")
     ap.add_argument("--name", default="mtp-head", help="general.name of the head")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: every core)")
     args = ap.parse_args(argv)
@@ -66,12 +82,31 @@ def main(argv: list[str] | None = None) -> int:
         cfg = FitConfig(tokens=args.tokens, window=args.window, lr=args.lr,
                         validation_tokens=max(args.window, min(8192, args.tokens // 10)))
         files = files_under(args.data) if args.data else default_sources()
-        tokens = gather_tokens(files, lambda text: tokenizer.encode(text, add_bos=False, parse_special=False),
-                               cfg.tokens + cfg.validation_tokens)
+        prompts = json.loads(Path(args.prompts).read_text(encoding="utf-8")) if args.prompts else []
+        total = cfg.tokens + cfg.validation_tokens
+        own = int(total * min(max(args.self_share, 0.0), 1.0)) if prompts else 0
+        read = gather_tokens(files, lambda text: tokenizer.encode(text, add_bos=False, parse_special=False),
+                             total - own) if own < total else []
     except (UntrainableTarget, NoTrainingText, OSError, ValueError) as e:
         print(f"train-drafter: {e}", file=sys.stderr)
         return 2
     source = ", ".join(args.data) if args.data else "standard library sources and package descriptions"
+    written: list[int] = []
+    if own:
+        print(f"the target writes {own} tokens of answers to {len(prompts)} requests", flush=True)
+        t0 = time.monotonic()
+
+        def wrote(done: int, budget: int) -> None:
+            elapsed = time.monotonic() - t0
+            print(f"written {done}/{budget} tokens  elapsed {_clock(elapsed)}  "
+                  f"eta {_clock(elapsed / max(done, 1) * (budget - done))}", flush=True)
+
+        stop_ids = frozenset(tokenizer.eot_ids | ({tokenizer.eos_id} if tokenizer.eos_id is not None else set()))
+        written = self_written_tokens(target, [tokenizer.encode(p, parse_special=True) for p in prompts], own,
+                                      args.max_new, stop_ids, wrote)
+        source += f" and {len(written)} tokens of the target's own answers"
+    # interleaved in windows, so that training and the held-out fifth both see read and written text
+    tokens = _interleave(read, written, cfg.window)
     print(f"training an MTP head for {Path(args.target).name} on {len(tokens)} tokens of {source}; "
           f"{cfg.steps} steps of {cfg.window} tokens", flush=True)
     checkpoint = Path(args.checkpoint) if args.checkpoint else Path(args.out + ".ckpt")

@@ -32,7 +32,7 @@ from engine.training.nextn_head import TrainableNextN, initial_weights
 class FitConfig:
     tokens: int = 100_000  # training pairs to see in all (passes over the data repeat it as needed)
     window: int = 256  # tokens per training sequence (bounds the memory of a step)
-    lr: float = 1e-3
+    lr: float = 3e-3  # 20k tokens on SmolLM2: validation acceptance 0.156 against 0.138 at 1e-3
     warmup_steps: int = 20
     validation_tokens: int = 1024  # held out from the end of the data
     validate_every: int = 50  # steps between validation points of the curve
@@ -108,14 +108,28 @@ def pair_loss(head: TrainableNextN, hidden: torch.Tensor, logits: torch.Tensor, 
     return -(p * log_q).sum(-1).mean()
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """Validation windows with the target's part computed once: its pre-norm states and its greedy tokens."""
+
+    windows: list[tuple[list[int], torch.Tensor, torch.Tensor]]  # (ids, hidden [T, D], target argmax [T])
+
+    @classmethod
+    def of(cls, target: Model, windows: Sequence[Sequence[int]]) -> "HeldOut":
+        held = []
+        for ids in windows:
+            hidden, logits = target_pass(target, ids)
+            held.append((list(ids), hidden, logits.argmax(-1)))
+        return cls(held)
+
+
 @torch.no_grad()
-def acceptance(head: TrainableNextN, target: Model, windows: Sequence[Sequence[int]]) -> float:
-    """Share of the pairs whose greedy draft is the target's greedy next-next token."""
+def acceptance(head: TrainableNextN, held: HeldOut) -> float:
+    """Share of the held-out pairs whose greedy draft is the target's greedy next-next token."""
     hits = total = 0
-    for ids in windows:
-        hidden, logits = target_pass(target, ids)
-        g = head(hidden[:-1], torch.tensor(list(ids[1:]), dtype=torch.long))
-        hits += int((head.logits(g).argmax(-1) == logits[1:].argmax(-1)).sum())
+    for ids, hidden, greedy in held.windows:
+        g = head(hidden[:-1], torch.tensor(ids[1:], dtype=torch.long))
+        hits += int((head.logits(g).argmax(-1) == greedy[1:]).sum())
         total += len(ids) - 1
     return hits / max(total, 1)
 
@@ -147,6 +161,7 @@ def fit_head(target: Model, tokens: Sequence[int], cfg: FitConfig, checkpoint: s
     """Train a NextN head for ``target`` on ``tokens``; resume from ``checkpoint`` when it holds a run of the same
     configuration, and write it there as the run goes (and when ``should_stop`` says so)."""
     train_w, valid_w = split_tokens(tokens, cfg)
+    held = HeldOut.of(target, valid_w)  # the target's side of validation, once: a validation then costs the head only
     head = TrainableNextN(target, initial_weights(target, torch.Generator().manual_seed(cfg.seed),
                                                   hidden_scale(target, train_w[0])))
     opt = torch.optim.AdamW(head.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -184,7 +199,7 @@ def fit_head(target: Model, tokens: Sequence[int], cfg: FitConfig, checkpoint: s
         seen += len(ids) - 1
         val = None
         if step % cfg.validate_every == 0 or step == cfg.steps:
-            val = acceptance(head, target, valid_w)
+            val = acceptance(head, held)
             curve.append((seen, val))
         if time.monotonic() - last_save >= cfg.checkpoint_every_s:
             save()
@@ -194,5 +209,5 @@ def fit_head(target: Model, tokens: Sequence[int], cfg: FitConfig, checkpoint: s
             per_step = elapsed / (step - first_step)
             progress(FitProgress(step, cfg.steps, seen, loss_value, elapsed, per_step * (cfg.steps - step), val))
     save()
-    final = curve[-1][1] if curve and curve[-1][0] == seen else acceptance(head, target, valid_w)
+    final = curve[-1][1] if curve and curve[-1][0] == seen else acceptance(head, held)
     return FitResult(head, step, seen, final, curve, stopped)

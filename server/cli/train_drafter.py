@@ -12,6 +12,7 @@ its checkpoint live under ``TANDEM_TRAIN_DIR`` (default ``~/.cache/tandem/train-
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -21,6 +22,8 @@ from pathlib import Path
 
 from blobs import BlobStore
 from blobs.model import load_stored_model
+
+from .drafter_prompts import drafter_prompts
 
 TRAINER_MODULE = "engine.training"
 STOPPED = 130  # the trainer's exit status for a run stopped with its checkpoint saved
@@ -41,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", nargs="+", help="text files or folders to train on (default: this machine's Python "
                                               "standard library sources and installed packages' descriptions)")
     p.add_argument("--window", type=int, default=256, help="tokens per training sequence (default 256)")
+    p.add_argument("--self-share", type=float, default=0.5,
+                   help="share of the training tokens the target writes itself, answering requests of every kind "
+                        "(default 0.5; 0: only the --data text)")
 
 
 def train(args: argparse.Namespace, store: BlobStore) -> Path:
@@ -61,6 +67,10 @@ def train(args: argparse.Namespace, store: BlobStore) -> Path:
                "--tokens", str(args.tokens), "--window", str(args.window), "--name", f"{args.as_name} MTP head"]
     if args.data:
         command += ["--data", *[str(Path(d).resolve()) for d in args.data]]
+    if args.self_share > 0:
+        prompts = work / f"{stem}.prompts.json"
+        prompts.write_text(json.dumps(rendered_prompts(stored, args.tokens)), encoding="utf-8")
+        command += ["--prompts", str(prompts), "--self-share", str(args.self_share)]
     # Ctrl-C reaches the trainer too (same process group); it stops at a step's end and saves its checkpoint, so
     # this process waits for it instead of dying first.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -73,6 +83,17 @@ def train(args: argparse.Namespace, store: BlobStore) -> Path:
     if status != 0:
         raise TrainDrafterError(f"training failed (exit status {status})")
     return head
+
+
+def rendered_prompts(stored, n_tokens: int) -> list[str]:
+    """The training requests, each rendered with the model's own chat template (enough for ``n_tokens`` of answers
+    at a few dozen tokens each)."""
+    from ..prompting import ModelPrompting
+    from ..text.render import Message
+
+    prompting = ModelPrompting(stored)
+    return [prompting.chat_prompt([Message(role="user", content=text)])
+            for text in drafter_prompts(max(16, n_tokens // 40))]
 
 
 def modelfile_for(target: str, head: Path) -> str:

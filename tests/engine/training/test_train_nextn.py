@@ -16,7 +16,7 @@ import torch
 from engine.contract.drafter_provenance import read_provenance
 from engine.contract.gguf import GGUFFile
 from engine.models.loader import find_nextn_block, load_model, load_nextn_head
-from engine.training.fit import FitConfig, acceptance, fit_head, split_tokens, target_pass
+from engine.training.fit import FitConfig, HeldOut, acceptance, fit_head, split_tokens, target_pass
 from engine.training.head_gguf import write_head_gguf
 from engine.training.nextn_head import TrainableNextN, UntrainableTarget, check_trainable, initial_weights
 from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts
@@ -63,8 +63,8 @@ def test_training_teaches_the_head_the_targets_next_next_token(target):
     cfg = FitConfig(tokens=8000, window=64, lr=3e-3, validate_every=40, validation_tokens=1024)
     tokens = random_text(8000, vocab)
     _, valid = split_tokens(tokens, cfg)
-    before = acceptance(TrainableNextN(target, initial_weights(target, torch.Generator().manual_seed(0))), target,
-                        valid)
+    before = acceptance(TrainableNextN(target, initial_weights(target, torch.Generator().manual_seed(0))),
+                        HeldOut.of(target, valid))
     result = fit_head(target, tokens, cfg)
     assert result.steps == cfg.steps and result.curve[-1][0] == result.tokens_seen
     # chance is 1 / vocab (0.35 %); the untrained head is near it
