@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
+import torch
 from torch import Tensor
 
 from engine.models.nextn import NextNHead
@@ -20,6 +22,11 @@ class MtpDrafter(Drafter):
     drafts chain on the head's own output: pair (g, d_i) at the next position predicts d_{i+1}.
     Those speculative pairs are dropped at commit (a truncation) and replaced by pairs built from
     the target's real hidden states, which arrive in ``commit(..., target)``.
+
+    The real pairs are run through the head when the next proposal needs them, not at commit: a controller settled
+    on plain decoding then pays nothing per step (it paid a head forward every step, 13-25 % of a SmolLM2 step), and
+    the pairs of the plain steps since the last round go through the head in one forward, timed apart as catch-up
+    (``Proposal.catchup_seconds``), as a draft model's missed tokens are.
     """
 
     kind = "mtp"
@@ -32,48 +39,87 @@ class MtpDrafter(Drafter):
         self.vocab_size = head.config.vocab_size
         self._t0: int | None = None  # token 0 (pairs record t_{j+1}; h_j also depends on t_0)
         self._last: Tensor | None = None
+        # the target's states for pairs cache.length .. cache.length + n - 1, not yet through the head
+        self._pending: list[Tensor] = []
 
     # -- state ---------------------------------------------------------------------------------
     def prefix_limit(self, tokens: Sequence[int]) -> int:
         """Pairs still valid for ``tokens``: pair j needs t_0..t_{j+1} unchanged."""
         if not tokens or self._t0 != tokens[0]:
             return 0
-        return self.cache.common_prefix(list(tokens[1:]))
+        n = self.cache.common_prefix(list(tokens[1:]))
+        if n < self.cache.length or not self._pending:
+            return n
+        # pending pairs count as held: the next proposal runs them through the head
+        pending = self.tokens[n + 1:n + 1 + self._pending_rows()]
+        while n - self.cache.length < len(pending) and n + 1 < len(tokens) and \
+                tokens[n + 1] == pending[n - self.cache.length]:
+            n += 1
+        return n
 
     def begin(self, tokens: Sequence[int]) -> None:
+        self._include_pending()  # pairs of the last request's tokens, which begin replaces
         super().begin(tokens)
         self.cache.truncate(self.prefix_limit(self.tokens))
         self._t0 = self.tokens[0] if self.tokens else None
         self._last = None  # the prefill's commit brings fresh hidden states
+
+    def _pending_rows(self) -> int:
+        return sum(t.shape[0] for t in self._pending)
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         super().commit(tokens_committed, n_total, target)
         if target is None or target.hidden is None:
             raise RuntimeError("the MTP drafter needs the target's hidden states at every commit")
         start = target.start
-        if start > self.cache.length:
-            raise RuntimeError(f"MTP head holds {self.cache.length} positions but the target resumed at {start}")
-        self.cache.truncate(start)  # drop this round's speculative pairs
+        held = self.cache.length + self._pending_rows()
+        if start > held:
+            raise RuntimeError(f"MTP head holds {held} positions but the target resumed at {start}")
+        if start < self.cache.length:  # this round's speculative pairs (or older ones) go
+            self.cache.truncate(start)
+            self._pending = []
+        elif start < held:  # pending pairs from ``start`` on are superseded by this commit's states
+            keep = start - self.cache.length
+            rows = torch.cat(self._pending)[:keep] if self._pending else None
+            self._pending = [rows] if rows is not None and rows.shape[0] else []
         end = len(self.tokens) - 1  # pairs start..end-1: every position whose successor is committed
         if end > start:
-            g = self.head.forward(self.head.from_target(target.hidden[: end - start]), self.tokens[start + 1:end + 1],
-                                  self.cache)
-            self._last = g[-1]
+            # a copy: the target's forward may hand out rows of a buffer its next forward writes
+            self._pending.append(target.hidden[: end - start].clone())
+            self._last = None  # the newest pair's g comes with the pending pairs
         if self._t0 is None and self.tokens:
             self._t0 = self.tokens[0]
+
+    def _include_pending(self) -> None:
+        """Run the pending pairs through the head (one forward), leaving ``_last`` the newest pair's g."""
+        if not self._pending:
+            return
+        hidden = torch.cat(self._pending) if len(self._pending) > 1 else self._pending[0]
+        self._pending = []
+        start = self.cache.length
+        g = self.head.forward(self.head.from_target(hidden), self.tokens[start + 1:start + 1 + hidden.shape[0]],
+                              self.cache)
+        self._last = g[-1]
 
     def reset(self) -> None:
         super().reset()
         self.cache.reset()
-        self._t0, self._last = None, None
+        self._t0, self._last, self._pending = None, None, []
 
     def fork(self, target_cache) -> "MtpDrafter":
         return MtpDrafter(self.head, self.cache.capacity)
 
     # -- compute -------------------------------------------------------------------------------
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
-        k = min(k, self.cache.capacity - self.cache.length + 1)
-        if k <= 0 or self._last is None:
+        k = min(k, self.cache.capacity - self.cache.length - self._pending_rows() + 1)
+        if k <= 0:
+            return EMPTY
+        catchup, caught_up = 0.0, self._pending_rows()
+        if caught_up:
+            t0 = time.perf_counter()
+            self._include_pending()
+            catchup = time.perf_counter() - t0
+        if self._last is None:
             return EMPTY
         g = self._last
 
@@ -83,7 +129,8 @@ class MtpDrafter(Drafter):
             g = self.head.forward(g.reshape(1, -1), [token], self.cache)[-1]
             return self.head.logits(g)
 
-        return sample_chain(k, ctx, self.tokens, self.vocab_size, self.head.logits(self._last), advance)
+        return sample_chain(k, ctx, self.tokens, self.vocab_size, self.head.logits(self._last), advance, catchup,
+                            caught_up)
 
     def memory_bytes(self) -> int:
         return self.head.weight_bytes() + self.cache.nbytes()
