@@ -12,6 +12,7 @@ from blobs.model import load_stored_model
 from engine.contract.drafter_provenance import read_provenance
 from engine.contract.gguf import GGUFFile
 from server.cli import main
+from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts
 from tests.server_thread import free_port
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -54,6 +55,13 @@ def test_train_drafter_stores_the_target_with_its_trained_head(env: Path, capsys
     assert main(["show", "tiny-mtp"]) == 0
     shown = capsys.readouterr().out
     assert "trained tokens" in shown and "trained validation acceptance" in shown
+    # the stored pair survives a copy, and the copy's head drafts for its target through the engine, losslessly
+    assert main(["cp", "tiny-mtp", "tiny-mtp-copy"]) == 0
+    copy = load_stored_model(BlobStore(env / "models"), "tiny-mtp-copy")
+    assert copy.draft_path == new.draft_path
+    plain = generate(load_engine(copy.model_path), **GREEDY, drafter="none")
+    drafted = generate(load_engine(copy.model_path, copy.draft_path), **GREEDY, **spec_opts("mtp", 2))
+    assert drafted.tokens == plain.tokens and drafted.spec.draft_n > 0
 
 
 def test_a_model_it_cannot_train_for_is_refused_before_training(env: Path, capsys: pytest.CaptureFixture) -> None:
