@@ -54,7 +54,7 @@ from engine.contract.protocol import (
     TokenChunk,
 )
 
-from .options import vllm_launch
+from .effective_options import vllm_launch
 from .settings import Settings, VllmSettings
 
 log = logging.getLogger("tandem.scheduler")

@@ -212,7 +212,7 @@ def _section(title: str, rows: list[tuple[str, str]]) -> None:
 
 def _local_show(store: BlobStore, name: str) -> dict:
     """What /api/show answers, from the local store (the fields `tandem show` prints)."""
-    from ..options import engine_info, speculation_info
+    from ..effective_options import engine_info, speculation_info
     from ..prompting import ModelPrompting
     from ..settings import Settings
 

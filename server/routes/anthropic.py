@@ -36,7 +36,7 @@ from server.text.render import ToolCall
 
 from ..context import ctx_of
 from ..gojson import INTERNAL_ERROR, ApiError, json_response, read_struct
-from ..options import merged_options
+from ..effective_options import merged_options
 from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import Message, ModelPrompting, Think, Tool, chat_messages
 from ..reply import ReplyPiece, ReplySplitter

@@ -27,7 +27,7 @@ from engine.contract.protocol import EmbedRequest, EmbedResult, EngineCrashedErr
 
 from ..context import ServerContext, ctx_of
 from ..gojson import ApiError, jfield, json_response, read_struct
-from ..options import merged_options
+from ..effective_options import merged_options
 from ..scheduler import Lease, QueueFullError
 from ..types import EmbedBody, EmbeddingBody
 from ..validation import parse_keep_alive, stored_model

@@ -20,7 +20,7 @@ from engine.contract.protocol import TokenChunk
 from ..context import ctx_of
 from ..gojson import ApiError, decode_struct, json_response, read_struct, rfc3339
 from ..ndjson import stream_or_collect
-from ..options import merged_options
+from ..effective_options import merged_options
 from ..pipeline import (
     Generation,
     chat_engine_request,

@@ -54,7 +54,7 @@ from ..gojson import (
 )
 from ..hf_pull import fetch_into_store
 from ..ndjson import as_api_error, merge_last, stream_or_collect, thread_progress
-from ..options import engine_info, speculation_info
+from ..effective_options import engine_info, speculation_info
 from ..show import model_info, modelfile_text, parameters_text, tensor_list
 from ..types import CopyBody, DeleteBody, ShowBody
 from ..validation import stored_model

@@ -28,7 +28,7 @@ from engine.contract.protocol import GenerateResult, TokenChunk
 
 from ..context import ctx_of
 from ..gojson import ApiError, jfield, json_response, read_struct
-from ..options import merged_options
+from ..effective_options import merged_options
 from ..pipeline import Generation, chat_engine_request, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
 from ..reply import ReplyPiece, ReplySplitter

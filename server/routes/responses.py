@@ -30,7 +30,7 @@ from engine.contract.protocol import TokenChunk
 
 from ..context import ctx_of
 from ..gojson import INTERNAL_ERROR, ApiError, jfield, json_response, read_struct
-from ..options import merged_options
+from ..effective_options import merged_options
 from ..pipeline import Generation, chat_engine_request
 from ..prompting import Message, chat_messages
 from ..reply import ReplyPiece, ReplySplitter

@@ -253,7 +253,7 @@ def test_engine_and_show_agree_on_an_mtp_head(paths, tmp_path):
     from engine.contract.capabilities import has_mtp_head
     from engine.contract.gguf import GGUFFile
     from importer import CreateRequest, create_model
-    from server.options import merged_options, speculation_info
+    from server.effective_options import merged_options, speculation_info
 
     store = BlobStore(tmp_path / "models")
     digest, _ = store.add_file(paths["mtp"])
