@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint", help="resumable state (default: OUT.ckpt)")
     ap.add_argument("--tokens", type=int, default=100_000, help="training tokens (default 100000)")
     ap.add_argument("--window", type=int, default=256, help="tokens per training sequence (default 256)")
-    ap.add_argument("--lr", type=float, default=FitConfig.lr)
+    ap.add_argument("--lr", type=float, default=0.0, help="peak learning rate (default: by the model's width)")
     ap.add_argument("--data", nargs="*", default=[], help="text files or folders (default: the standard library's "
                                                           "sources and the installed packages' descriptions)")
     ap.add_argument("--prompts", help="a JSON list of rendered chat prompts the target answers; its answers become "
