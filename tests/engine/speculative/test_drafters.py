@@ -270,6 +270,39 @@ def test_mtp_cache_equals_pairs_built_from_true_hidden_states(models):
     assert mtp.propose(3, ctx()).tokens == fresh.propose(3, ctx()).tokens
 
 
+@pytest.mark.parametrize("plain_steps, caught_up", [(0, 0), (2, 0), (9, 11)])
+def test_mtp_catch_up_is_only_what_plain_steps_left(models, monkeypatch, plain_steps, caught_up):
+    """The pairs of the last commit are what every round pays, so they are drafting, not catch-up: a round right
+    after a round reports none; a few older pairs ride in the round's forward; a long run of them is forwarded first
+    and reported (pairs, seconds) for the controller to price."""
+    engine = load_engine(models["mtp"])
+    toks = engine.tokenize("def fib(n): return n if n < 2 else fib(n - 1) + fib(n - 2) and then some more words")
+    toks = (toks * 4)[:40]
+    hidden = engine.target.forward(toks, engine.target.new_cache(64), logits_for="none",
+                                   return_hidden=True).prenorm_hidden
+    head = load_nextn_head(engine.target, engine.gguf, find_nextn_block(engine.gguf.tensors),
+                           engine.facts.weight_format)
+    d = MtpDrafter(head, 64)
+    d.begin(toks[:1])
+    d.commit(toks[1:10], 10, TargetOutput(0, hidden[0:9]))  # the prompt: pairs 0..8
+    d.propose(3, ctx())
+    d.commit(toks[10:13], 13, TargetOutput(9, hidden[9:12]))  # a round kept 2 drafts + the bonus
+    for n in range(13, 13 + plain_steps):
+        d.commit([toks[n]], n + 1, TargetOutput(n - 1, hidden[n - 1:n]))
+    widths = []
+    forward = head.forward
+    monkeypatch.setattr(head, "forward", lambda h, t, c: widths.append(len(t)) or forward(h, t, c))
+    late = d.propose(3, ctx())
+    pending = 3 + plain_steps
+    assert late.catchup_tokens == caught_up and (late.catchup_seconds > 0) == (caught_up > 0)
+    assert widths == ([caught_up, pending - caught_up] if caught_up else [pending]) + [1, 1]
+    fresh = MtpDrafter(head, 64)
+    fresh.begin(toks[:1])
+    n = 13 + plain_steps
+    fresh.commit(toks[1:n], n, TargetOutput(0, hidden[:n - 1]))
+    assert fresh.propose(3, ctx()).tokens == late.tokens
+
+
 def test_mtp_prefix_limit_forces_the_target_to_re_evaluate(models):
     engine = load_engine(models["mtp"])
     a = generate(engine, **GREEDY, **spec_opts("mtp", 3))
