@@ -29,22 +29,28 @@ log = logging.getLogger("tandem.engine")
 class FusedStack:
     """The native stack over a model's blocks; ``forward`` replaces the Python loop over them."""
 
-    def __init__(self, native):
+    def __init__(self, native, first_layer: int = 0):
         self._native = native
+        self.first_layer = first_layer  # the model layer (and cache layer) of the stack's first block
+
+    def _layers(self, t: torch.Tensor) -> torch.Tensor:
+        """A cache's K or V from the stack's first layer on (a view: the native code indexes from 0)."""
+        return t[self.first_layer:] if self.first_layer else t
 
     def forward(self, x: torch.Tensor, cache: KVCache, start: int,
                 rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """x [n, D] after every block, causal over the cache; writes the blocks' keys and values at
         ``start ..`` (room checked by the caller, committed by it)."""
         cos, sin = rope
-        return self._native.forward(x, cache.k, cache.v, start, cos, sin)
+        return self._native.forward(x, self._layers(cache.k), self._layers(cache.v), start, cos, sin)
 
     def forward_batch(self, x: torch.Tensor, caches: Sequence[KVCache], starts: Sequence[int],
                       lengths: Sequence[int], rope: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         """Several sequences' rows ``x`` [N, D] (segment s: ``lengths[s]`` rows at ``starts[s]`` of
         ``caches[s]``), each causal over its own cache; ``rope``: every row's (cos, sin)."""
         cos, sin = rope
-        return self._native.forward_batch(x, [c.k for c in caches], [c.v for c in caches], list(starts),
+        return self._native.forward_batch(x, [self._layers(c.k) for c in caches], [self._layers(c.v) for c in caches],
+                                          list(starts),
                                           list(lengths), cos, sin)
 
 
@@ -93,11 +99,13 @@ def _block_reason(i: int, block: Block) -> str | None:
     return None
 
 
-def build_fused_stack(cfg: ModelConfig, blocks: Sequence[Block], native_class) -> FusedStack | None:
-    """A ``FusedStack`` over ``blocks`` when every one of them is the shape it runs, else None."""
+def build_fused_stack(cfg: ModelConfig, blocks: Sequence[Block], native_class, first_layer: int = 0) -> FusedStack | None:
+    """A ``FusedStack`` over ``blocks`` (the model's layers from ``first_layer`` on) when every one of them is the
+    shape it runs, else None."""
     if native_class is None:
         return None
-    reason = _config_reason(cfg) or next((r for i, b in enumerate(blocks) if (r := _block_reason(i, b))), None)
+    reason = _config_reason(cfg) or next((r for i, b in enumerate(blocks) if (r := _block_reason(first_layer + i, b))),
+                                         None)
     if reason is not None:
         log.debug("blocks run in Python: %s", reason)
         return None
@@ -113,4 +121,4 @@ def build_fused_stack(cfg: ModelConfig, blocks: Sequence[Block], native_class) -
             for p in _parts(lin):
                 native.add_part(i, which, p.codes, p.scales, p.zeros, p.supers, p.bias, p.bits, p.group, p.offset,
                                 p.out_features)
-    return FusedStack(native)
+    return FusedStack(native, first_layer)

@@ -50,6 +50,9 @@ class ForwardOutput:
     logits: torch.Tensor | None
     hidden: torch.Tensor
     prenorm_hidden: torch.Tensor
+    # the residual stream at the input of each of ``Model.capture_layers`` (layer n_layer: after the last one),
+    # concatenated [n, len(capture_layers) * D]: what an EAGLE-3 head reads; None when none are captured
+    captured: torch.Tensor | None = None
 
 
 class Model(nn.Module):
@@ -88,6 +91,11 @@ class Model(nn.Module):
         self.block_ops = _block_ops_for(device, dtype)
         # The blocks as one native call (engine.models.fused_stack), built on first use: False = not yet.
         self._fused_stack: FusedStack | None | bool = False
+        # Layers at whose input ``forward`` records the residual stream (``ForwardOutput.captured``): set once at
+        # load by a drafter that reads them (an EAGLE-3 head); the native stack then runs as one call per stretch
+        # of layers between them.
+        self.capture_layers: tuple[int, ...] = ()
+        self._fused_stretches: list[tuple[int, FusedStack]] | None | bool = False
         # Set by engine.models.loader: the file the weights came from, kept open while the model lives
         # (the embedding reads its rows from the mapping), and its path.
         self.gguf: GGUFFile | None = None
@@ -97,11 +105,61 @@ class Model(nn.Module):
         """Switch the fused block ops and the native block stack on (when this device and dtype can use
         them) or off: off, every block runs its PyTorch ops from Python."""
         self.block_ops = _block_ops_for(self.device, self.dtype) if enabled else None
-        self._fused_stack = False if enabled else None
+        self._fused_stack = self._fused_stretches = False if enabled else None
 
     def use_fused_stack(self, enabled: bool) -> None:
         """Switch the native block stack alone on or off (the fused block ops stay as they are)."""
-        self._fused_stack = False if enabled and self.block_ops is not None else None
+        self._fused_stack = self._fused_stretches = False if enabled and self.block_ops is not None else None
+
+    def capture_at(self, layers: Sequence[int]) -> None:
+        """Record the residual stream at the input of ``layers`` (0 .. n_layer; n_layer is the last layer's
+        output) in every forward that returns hidden states."""
+        bad = [i for i in layers if not 0 <= i <= self.config.n_layer]
+        if bad:
+            raise ValueError(f"layer {bad[0]} is not one of the model's {self.config.n_layer} (0 .. n_layer)")
+        self.capture_layers = tuple(int(i) for i in layers)
+        if self._fused_stretches is not None:
+            self._fused_stretches = False
+
+    def _stretches(self) -> list[tuple[int, FusedStack]] | None:
+        """The native stack as one call per stretch of layers between captured ones: (first layer, stack)."""
+        if self._fused_stretches is False:
+            self._fused_stretches = None
+            if self.fused_stack() is not None:
+                from engine.ops.kernels import decoder_stack_class
+
+                cuts = sorted({0, self.config.n_layer, *self.capture_layers})
+                stacks = [(a, build_fused_stack(self.config, list(self.layers)[a:b], decoder_stack_class(),
+                                                first_layer=a)) for a, b in zip(cuts, cuts[1:]) if b > a]
+                if all(stack is not None for _, stack in stacks):
+                    self._fused_stretches = stacks
+        return self._fused_stretches
+
+    def _through_blocks(self, x: torch.Tensor, fused: Callable[[FusedStack, torch.Tensor], torch.Tensor] | None,
+                        layer: Callable[[nn.Module, torch.Tensor], torch.Tensor],
+                        capture: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x through every block (natively when ``fused`` is given and the blocks allow), and the captured
+        residual stream when ``capture``."""
+        wanted = self.capture_layers if capture else ()
+        if not wanted:
+            stack = self.fused_stack() if fused is not None else None
+            if stack is not None:
+                return fused(stack, x), None
+            for block in self.layers:
+                x = layer(block, x)
+            return x, None
+        seen: dict[int, torch.Tensor] = {}
+        stretches = self._stretches() if fused is not None else None
+        if stretches is not None:
+            for first, stack in stretches:
+                seen[first] = x
+                x = fused(stack, x)
+        else:
+            for i, block in enumerate(self.layers):
+                seen[i] = x
+                x = layer(block, x)
+        seen[self.config.n_layer] = x
+        return x, torch.cat([seen[i] for i in wanted], dim=-1)
 
     def fused_stack(self) -> FusedStack | None:
         """The native stack over this model's blocks, if they are a shape it runs and it is switched on."""
@@ -176,12 +234,10 @@ class Model(nn.Module):
         x = self._embed(ids)
         if self.per_layer_input is not None:
             step.per_layer = self.per_layer_input(ids, x)
-        fused = self.fused_stack() if type(cache) is KVCache and step.per_layer is None else None
-        if fused is not None:  # the same blocks, one native call
-            x = fused.forward(x, cache, start, rope["global"])
-        else:
-            for layer in self.layers:
-                x = layer(x, cache, step, self._ropes[layer.attn.kind])
+        native = type(cache) is KVCache and step.per_layer is None  # the same blocks, one native call
+        x, captured = self._through_blocks(
+            x, (lambda stack, h: stack.forward(h, cache, start, rope["global"])) if native else None,
+            lambda layer, h: layer(h, cache, step, self._ropes[layer.attn.kind]), return_hidden)
         cache.commit(token_list)
 
         hidden = self.norm(x, self.block_ops)
@@ -189,7 +245,7 @@ class Model(nn.Module):
         if logits_for != "none":
             logits = self._logits(hidden[-1:] if logits_for == "last" else hidden)
         if return_hidden:
-            return ForwardOutput(logits, hidden, x)
+            return ForwardOutput(logits, hidden, x, captured)
         return logits
 
     def _step(self, start: int, n: int, logits_for: str) -> ForwardStep:
@@ -214,6 +270,16 @@ class Model(nn.Module):
             c = self.config.final_softcap
             logits = torch.tanh(logits / c) * c
         return logits
+
+    @staticmethod
+    def _native_batch(calls: Sequence["BatchCall"], segments: Sequence[Segment]
+                      ) -> Callable[[FusedStack, torch.Tensor], torch.Tensor]:
+        """The native stack's call over every segment of a batch (one call per stack)."""
+        caches, starts = [c.cache for c in calls], [seg.step.start for seg in segments]
+        lengths = [seg.step.n for seg in segments]
+        cos_sin = (torch.cat([seg.step.rope["global"][0] for seg in segments]),
+                   torch.cat([seg.step.rope["global"][1] for seg in segments]))
+        return lambda stack, h: stack.forward_batch(h, caches, starts, lengths, cos_sin)
 
     @property
     def batches(self) -> bool:
@@ -241,18 +307,12 @@ class Model(nn.Module):
             row += n
         ids_t = torch.tensor(ids, dtype=torch.long, device=self.device)
         x = self._embed(ids_t)
-        fused = self.fused_stack() if self.per_layer_input is None and \
-            all(type(c.cache) is KVCache for c in calls) else None
-        if fused is not None:  # the same blocks, one native call over every segment
-            cos = torch.cat([seg.step.rope["global"][0] for seg in segments])
-            sin = torch.cat([seg.step.rope["global"][1] for seg in segments])
-            x = fused.forward_batch(x, [c.cache for c in calls], [seg.step.start for seg in segments],
-                                    [seg.step.n for seg in segments], (cos, sin))
-        else:
-            batch = BatchStep(segments, self.block_ops,
-                              self.per_layer_input(ids_t, x) if self.per_layer_input is not None else None)
-            for layer in self.layers:
-                x = layer(x, None, batch, self._ropes[layer.attn.kind])
+        native = self.per_layer_input is None and all(type(c.cache) is KVCache for c in calls)
+        batch = BatchStep(segments, self.block_ops,
+                          self.per_layer_input(ids_t, x) if self.per_layer_input is not None else None)
+        fused = self._native_batch(calls, segments) if native else None
+        x, captured = self._through_blocks(x, fused, lambda layer, h: layer(h, None, batch, self._ropes[layer.attn.kind]),
+                                           any(c.return_hidden for c in calls))
         for c in calls:
             c.cache.commit([int(t) for t in c.tokens])
         hidden = self.norm(x, self.block_ops)
@@ -265,7 +325,8 @@ class Model(nn.Module):
         for c, seg, rows in zip(calls, segments, wanted):
             lg = logits[at:at + len(rows)] if rows else None
             at += len(rows)
-            out.append(ForwardOutput(lg, hidden[seg.rows], x[seg.rows]) if c.return_hidden else lg)
+            out.append(ForwardOutput(lg, hidden[seg.rows], x[seg.rows],
+                                     captured[seg.rows] if captured is not None else None) if c.return_hidden else lg)
         return out
 
 

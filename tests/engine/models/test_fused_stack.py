@@ -125,3 +125,48 @@ def test_a_cache_it_does_not_know_runs_the_python_blocks(model):
     other = OtherCache(c.n_layer, c.n_head_kv, c.head_dim, 64)
     plain = model.new_cache(64)
     assert torch.equal(model.forward([3, 4, 5], other), model.forward([3, 4, 5], plain))
+
+
+def test_captured_layers_are_the_residual_stream_the_python_blocks_see(model):
+    """An EAGLE-3 head reads the residual stream at the input of chosen layers: the stack then runs one native call
+    per stretch between them, and what it records (and everything else) is the Python blocks' bits, alone and batched."""
+    L = model.config.n_layer
+    layers = (1, L - 1, L)  # L: the last layer's output
+    seen = {}
+
+    def hook(i):
+        return lambda module, args: seen.__setitem__(i, args[0].clone())
+
+    handles = [block.register_forward_pre_hook(hook(i)) for i, block in enumerate(model.layers)]
+    model.use_fused_stack(False)
+    try:
+        ref = model.forward(list(range(5, 30)), model.new_cache(64), logits_for="all", return_hidden=True)
+    finally:
+        for h in handles:
+            h.remove()
+    expected = torch.cat([seen[i] if i < L else ref.prenorm_hidden for i in layers], dim=-1)
+    try:
+        for python_blocks in (True, False):
+            model.use_fused_stack(not python_blocks)
+            model.capture_at(layers)
+            out = model.forward(list(range(5, 30)), model.new_cache(64), logits_for="all", return_hidden=True)
+            assert out.captured.shape == (25, 3 * model.config.n_embd)
+            assert torch.equal(out.captured, expected) and torch.equal(out.logits, ref.logits)
+            if not python_blocks:
+                assert [first for first, _ in model._stretches()] == sorted({0, *(i for i in layers if i < L)})
+            # batched: each sequence's rows get what they get alone
+            calls = [_Call(list(range(5, 30)), model.new_cache(64)), _Call([3, 4, 5], model.new_cache(64))]
+            batched = model.forward_batch(calls)
+            assert torch.allclose(batched[0].captured, expected, atol=1e-5)
+            alone = model.forward([3, 4, 5], model.new_cache(64), logits_for="all", return_hidden=True)
+            assert torch.allclose(batched[1].captured, alone.captured, atol=1e-5)
+    finally:
+        model.capture_at(())
+        model.use_fused_stack(True)
+    plain = model.forward(list(range(5, 30)), model.new_cache(64), logits_for="all", return_hidden=True)
+    assert plain.captured is None
+
+
+class _Call:
+    def __init__(self, tokens, cache):
+        self.tokens, self.cache, self.logits_for, self.return_hidden = tokens, cache, "all", True
