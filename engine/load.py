@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.cache.kv import KVCache
-from engine.contract.capabilities import DRAFTER_ARCHITECTURES, ENCODER_ARCHITECTURES, is_mtp_head_only
+from engine.contract.capabilities import DRAFTER_ARCHITECTURES, EAGLE3, ENCODER_ARCHITECTURES, is_mtp_head_only
 from engine.contract.gguf import GGUFFile
 from engine.models.config import UnsupportedModelError
+from engine.models.eagle3 import load_eagle3
 from engine.models.encoder import Encoder
 from engine.models.loader import (
     default_format,
@@ -145,6 +146,20 @@ def _assistant_drafter(target: Model, cache: KVCache, df, spec: LoadSpec,
     return AssistantDrafter(assistant, cache, target.norm, target.config.vocab_size), fmt
 
 
+def _eagle3_drafter(target: Model, df, spec: LoadSpec, device: torch.device, capacity: int) -> tuple[MtpDrafter, str]:
+    """An MtpDrafter over a DRAFT file holding an EAGLE-3 head; the target then records the layers it reads."""
+    fmt = spec.draft_weight_format
+    if fmt == "auto":
+        fmt = default_format(df, device, role="drafter")
+    try:
+        head = load_eagle3(target, df, fmt)
+    except (UnsupportedModelError, KeyError) as e:
+        df.close()
+        raise EngineError(f"draft model {spec.draft_path}: EAGLE-3 head: {e}", 400) from None
+    target.capture_at(head.target_layers)
+    return MtpDrafter(head, capacity), fmt
+
+
 def _unapplied_lora(f: GGUFFile) -> list[str]:
     """Adapted weights of the target file that its model loaded no linear from: a LoRA silently dropped
     otherwise. A NextN head's block is left out: it loads later, and only when no DRAFT takes its place."""
@@ -192,9 +207,12 @@ def load_parts(spec: LoadSpec) -> LoadedParts:
             df.close()
             raise
         if df.metadata.get("general.architecture") in DRAFTER_ARCHITECTURES:
-            # A drafter architecture (the Gemma 4 assistant) drafts from the target's hidden states
-            # and KV cache; like an MTP head, it takes the place of any head the target carries.
-            drafters["mtp"], draft_fmt = _assistant_drafter(target, cache, df, spec, device)
+            # A drafter architecture (the Gemma 4 assistant, an EAGLE-3 head) drafts from the target's hidden
+            # states; like an MTP head, it takes the place of any head the target carries.
+            if df.metadata["general.architecture"] == EAGLE3:
+                drafters["mtp"], draft_fmt = _eagle3_drafter(target, df, spec, device, num_ctx)
+            else:
+                drafters["mtp"], draft_fmt = _assistant_drafter(target, cache, df, spec, device)
             owned.append(df)
             draft_arch, draft_kind = df.metadata["general.architecture"], "mtp"
         elif is_mtp_head_only(df.tensors):

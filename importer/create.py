@@ -184,9 +184,9 @@ def _converted_gguf(store: BlobStore, files: dict[str, str], role: str, progress
         tmp = Path(tmp_dir) / "model.gguf"
         progress(ProgressEvent(status, total=0, completed=0))
         report = lambda done, total: progress(ProgressEvent(status, total=total, completed=done))  # noqa: E731
-        converter = folder_converter(paths)  # an architecture with a conversion of its own (bert)
+        converter = folder_converter(paths)  # an architecture with a conversion of its own (bert, eagle3)
         if converter is not None:
-            converter(paths, tmp, role, progress=report)
+            converter(paths, tmp, role, progress=report, tokenizer_donor=donor)
         else:
             convert_folder(paths, tmp, role, tokenizer_donor=donor, progress=report)
         if check is not None:

@@ -39,7 +39,8 @@ from .hf.plan import (BLOCK_RE, EXPERT_RE, GGML, NP, ConversionPlan, TensorPlan,
                       plan_tensor, prepare, read, refuse_missing, text_name)
 from .hf.safetensors import HFSource, TensorReader, open_source
 from .hf_config import read_params
-from .hf_tokenizer import copy_vocab, has_tokenizer, read_vocab, write_vocab
+from .hf.vocab_copy import copy_vocab
+from .hf_tokenizer import has_tokenizer, read_vocab, write_vocab
 
 __all__ = ["ConversionPlan", "TensorPlan", "convert_folder", "plan_conversion", "write_gguf"]
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from engine.contract.capabilities import (
     DRAFTER_ARCHITECTURES,
+    DRAFTER_INDEX_TENSOR_TYPES,
     SUPPORTED_ARCHITECTURES,
     SUPPORTED_TENSOR_TYPES,
     drafter_problem,
@@ -90,7 +91,8 @@ def check_runnable(summary: GGUFSummary, role: str) -> None:
     if summary.is_mtp_head and role == "model":
         raise CreateError("the model is only an MTP (NextN) head, which drafts for a target: name it in DRAFT, "
                           "with its target in FROM")
-    unknown = sorted(summary.tensor_types - SUPPORTED_TENSOR_TYPES)
+    kept = DRAFTER_INDEX_TENSOR_TYPES if summary.architecture in DRAFTER_ARCHITECTURES else frozenset()
+    unknown = sorted(summary.tensor_types - SUPPORTED_TENSOR_TYPES - kept)
     if unknown:
         raise CreateError(f"unsupported tensor type(s) in {role}: {', '.join(unknown)}")
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from engine.contract.capabilities import DRAFTER_ARCHITECTURES, drafter_problem
 
+from .architectures import whole_folder_spec
 from .hf_config import read_params
 from .request import CreateError
 from .hf.safetensors import folder_paths
@@ -37,6 +38,12 @@ def precheck_folder_pair(files: Mapping[str, str], draft_files: Mapping[str, str
     """Raise CreateError when two uploaded folders cannot pair as target and drafter-only DRAFT."""
     target_cfg, draft_cfg = _config(files, blob_path), _config(draft_files, blob_path)
     if target_cfg is None or draft_cfg is None:
+        return
+    whole = whole_folder_spec(draft_cfg)
+    if whole is not None:  # a drafter converted whole (an EAGLE-3 head) says itself what it needs of its target
+        problem = whole.pair_problem(draft_cfg, read_params(target_cfg, "FROM")) if whole.pair_problem else None
+        if problem is not None:
+            raise CreateError(problem)
         return
     draft = read_params(draft_cfg, "DRAFT")
     if draft.arch not in DRAFTER_ARCHITECTURES:

@@ -215,5 +215,71 @@ def head_folder(target: Folder, directory: Path, *, hidden: int | None = None, w
     return directory
 
 
+# ------------------------------------------------------------------------------------------------
+# EAGLE-3 heads (LlamaForCausalLMEagle3, the layout SpecForge and EAGLE's trainer write)
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class Eagle3Folder:
+    path: Path
+    config: dict
+    tensors: dict  # the saved weights, float32
+
+
+def eagle3_folder(target: Folder, directory: Path, *, draft_vocab: int | None = None, layers: list[int] | None = None,
+                  seed: int = 7, own_embeddings: bool = False, norm_before_residual: bool = False,
+                  target_width: int | None = None, prefix: str = "midlayer.") -> Eagle3Folder:
+    """A random EAGLE-3 head for ``target``: config.json and model.safetensors (no tokenizer: it drafts in the
+    target's). ``draft_vocab``: a pruned draft vocabulary (every third token of the target's, with d2t/t2d)."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tc = target.config
+    D, V, F = tc["hidden_size"], tc["vocab_size"], tc["intermediate_size"]
+    H, Hkv = tc["num_attention_heads"], tc["num_key_value_heads"]
+    hd = tc.get("head_dim") or D // H
+    Dt = target_width or D
+    n_aux = len(layers) if layers else 3
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape, scale=0.1):
+        return scale * torch.randn(shape, generator=g, dtype=torch.float32)
+
+    def norm(n):
+        return 1.0 + 0.1 * torch.randn(n, generator=g, dtype=torch.float32)
+
+    dv = draft_vocab or V
+    p = prefix
+    t = {
+        p + "input_layernorm.weight": norm(D), p + "hidden_norm.weight": norm(D),
+        p + "post_attention_layernorm.weight": norm(D),
+        p + "self_attn.q_proj.weight": w(H * hd, 2 * D, scale=0.3), p + "self_attn.k_proj.weight": w(Hkv * hd, 2 * D, scale=0.3),
+        p + "self_attn.v_proj.weight": w(Hkv * hd, 2 * D), p + "self_attn.o_proj.weight": w(D, H * hd),
+        p + "mlp.gate_proj.weight": w(F, D), p + "mlp.up_proj.weight": w(F, D), p + "mlp.down_proj.weight": w(D, F),
+        "fc.weight": w(D, n_aux * Dt, scale=0.15), "norm.weight": norm(D), "lm_head.weight": w(dv, D, scale=0.5),
+    }
+    if draft_vocab:
+        kept = torch.arange(0, V, 3)[:dv]
+        t["d2t"] = (kept - torch.arange(dv)).to(torch.int64)
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[kept] = True
+        t["t2d"] = t2d
+    if own_embeddings:
+        t["embed_tokens.weight"] = w(V, D, scale=0.5)
+    save_file(t, str(directory / "model.safetensors"))
+    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": D,
+              "intermediate_size": F, "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": hd,
+              "num_hidden_layers": 1, "rms_norm_eps": tc.get("rms_norm_eps", 1e-6), "hidden_act": "silu",
+              "max_position_embeddings": tc.get("max_position_embeddings", 256), "vocab_size": V,
+              "draft_vocab_size": dv, "rope_theta": (tc.get("rope_parameters") or {}).get("rope_theta", 10000.0),
+              "tie_word_embeddings": False, "norm_before_residual": norm_before_residual}
+    if target_width:
+        config["target_hidden_size"] = target_width
+    if layers is not None:
+        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True}
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return Eagle3Folder(directory, config, {k: v.clone() for k, v in t.items()})
+
+
 def random_ids(vocab_size: int, n: int, seed: int = 1) -> list[int]:
     return np.random.default_rng(seed).integers(0, vocab_size, n).tolist()

@@ -16,9 +16,12 @@ DECODER_ARCHITECTURES: frozenset[str] = frozenset(
 ENCODER_ARCHITECTURES: frozenset[str] = frozenset({"bert"})
 
 # Architectures that only draft for a target (a DRAFT layer, never a FROM), with the targets each drafts for:
-# the Gemma 4 assistant.
+# the Gemma 4 assistant, and EAGLE-3 heads (trained for llama-family targets; they read three of the target's
+# layers, which the engine records for the dense decoders below).
 GEMMA4_ASSISTANT = "gemma4-assistant"
-DRAFTER_TARGETS: Mapping[str, frozenset[str]] = {GEMMA4_ASSISTANT: frozenset({"gemma4"})}
+EAGLE3 = "eagle3"
+DRAFTER_TARGETS: Mapping[str, frozenset[str]] = {GEMMA4_ASSISTANT: frozenset({"gemma4"}),
+                                                 EAGLE3: frozenset({"llama", "qwen2", "qwen3"})}
 DRAFTER_ARCHITECTURES: frozenset[str] = frozenset(DRAFTER_TARGETS)
 
 # Everything a FROM may name (decoders and encoders).
@@ -84,6 +87,9 @@ SUPPORTED_TENSOR_TYPES: frozenset[str] = frozenset(
     {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
      "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "MXFP4"}
 )
+
+# Integer tensors a drafter-only architecture keeps as they are (an EAGLE-3 head's d2t vocabulary map).
+DRAFTER_INDEX_TENSOR_TYPES: frozenset[str] = frozenset({"I32"})
 
 
 def has_mtp_head(tensor_names) -> bool:

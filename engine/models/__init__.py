@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from engine.models import bert, gemma3, gemma4, gemma4_assistant, llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
+from engine.models import bert, eagle3, gemma3, gemma4, gemma4_assistant, llama, qwen2, qwen3, qwen3moe, qwen35, qwen35moe
 from engine.contract.capabilities import DECODER_ARCHITECTURES, DRAFTER_ARCHITECTURES, ENCODER_ARCHITECTURES
 from engine.models.config import UnsupportedArchitectureError
 
@@ -21,8 +21,8 @@ ARCHITECTURES: dict[str, ModuleType] = {"llama": llama, "qwen2": qwen2, "gemma3"
                                         "qwen35": qwen35, "qwen35moe": qwen35moe}
 
 # Architectures that only draft for a target (a DRAFT layer, never a FROM): each module also exposes
-# ``TARGET_ARCHITECTURES`` and ``target_width(metadata)``.
-DRAFTERS: dict[str, ModuleType] = {gemma4_assistant.ARCH: gemma4_assistant}
+# ``TARGET_ARCHITECTURES``.
+DRAFTERS: dict[str, ModuleType] = {gemma4_assistant.ARCH: gemma4_assistant, eagle3.ARCH: eagle3}
 
 # Encoders: architectures that embed text rather than generate it (``/api/embed``). Each module exposes
 # ``read_config(f: GGUFFile) -> EncoderConfig``; ``engine.models.encoder`` is their model.

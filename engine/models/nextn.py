@@ -45,6 +45,8 @@ class NextNWeights:
 class NextNHead:
     """The head over ``target``: ``forward`` appends pairs to a cache of its own, ``logits`` reads g."""
 
+    reads = "prenorm"  # the target's state it reads (``TargetOutput.states``): the last layer's output
+
     def __init__(self, target: Model, w: NextNWeights):
         cfg = target.config
         device, dtype = target.device, target.dtype

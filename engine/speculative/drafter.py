@@ -67,10 +67,16 @@ class DraftContext:
 
 @dataclass(frozen=True)
 class TargetOutput:
-    """Hidden states of a target forward: ``hidden[i]`` is the pre-norm state at position start + i."""
+    """Hidden states of a target forward: ``hidden[i]`` is the pre-norm state at position start + i; ``captured[i]``
+    the residual stream at the layers the target records (``Model.capture_at``: an EAGLE-3 head's), if any."""
 
     start: int
     hidden: Tensor | None
+    captured: Tensor | None = None
+
+    def states(self, reads: str) -> Tensor | None:
+        """What a head reads: ``prenorm`` (the last layer's output) or ``captured``."""
+        return self.captured if reads == "captured" else self.hidden
 
 
 class Drafter:

@@ -226,7 +226,7 @@ class DecodeLoop:
         self.drafter.begin(log)
         need_hidden = self.drafter.needs_hidden
         tail = log[n:]
-        hidden = []
+        hidden, captured = [], []
         logits = None
         step = self.s.prefill_chunk
         for i in range(0, len(tail), step):
@@ -235,6 +235,8 @@ class DecodeLoop:
                                       return_hidden=need_hidden)
             if need_hidden:
                 hidden.append(out.prenorm_hidden)
+                if out.captured is not None:
+                    captured.append(out.captured)
                 out = out.logits
             if last:
                 logits = out
@@ -242,7 +244,8 @@ class DecodeLoop:
         if self.constraint is not None:
             dist = self.constraint.mask(dist)
         res = self._accept(dist, None, [])
-        target_out = TargetOutput(n, torch.cat(hidden)) if need_hidden else None
+        target_out = TargetOutput(n, torch.cat(hidden), torch.cat(captured) if captured else None) \
+            if need_hidden else None
         committed = self._commit(res, dist, [], len(log) - 1, target_out)
         self.stats.target_forwards += 1
         self.times.drafting = drafting_before
@@ -280,7 +283,7 @@ class DecodeLoop:
         out = self.target.forward([self.log[-1]] + drafts, self.cache, logits_for="all",
                                   return_hidden=self.drafter.needs_hidden)
         if self.drafter.needs_hidden:
-            logits, target_out = out.logits, TargetOutput(P, out.prenorm_hidden)
+            logits, target_out = out.logits, TargetOutput(P, out.prenorm_hidden, out.captured)
         else:
             logits, target_out = out, None
         t2 = self.clock()

@@ -8,12 +8,14 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from engine.models.eagle3 import Eagle3Head
 from engine.models.nextn import NextNHead
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
 
 
 class MtpDrafter(Drafter):
-    """Drafts with a NextN multi-token-prediction head (``engine.models.nextn.NextNHead``): entry j of
+    """Drafts with a NextN multi-token-prediction head (``engine.models.nextn.NextNHead``, or an EAGLE-3 head,
+    ``engine.models.eagle3.Eagle3Head``, which pairs the same way over other states of the target): entry j of
     its KV cache is the "pair" (h_j, t_{j+1}) of the target's hidden state at position j and
     the token that followed; the head's output g_j for it predicts t_{j+2}.
 
@@ -34,7 +36,7 @@ class MtpDrafter(Drafter):
     kind = "mtp"
     needs_hidden = True
 
-    def __init__(self, head: NextNHead, capacity: int, fuse_rows: int = 4):
+    def __init__(self, head: NextNHead | Eagle3Head, capacity: int, fuse_rows: int = 4):
         super().__init__()
         self.fuse_rows = fuse_rows
         self.head = head
@@ -73,7 +75,8 @@ class MtpDrafter(Drafter):
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         super().commit(tokens_committed, n_total, target)
-        if target is None or target.hidden is None:
+        states = target.states(self.head.reads) if target is not None else None
+        if states is None:
             raise RuntimeError("the MTP drafter needs the target's hidden states at every commit")
         start = target.start
         held = self.cache.length + self._pending_rows()
@@ -89,7 +92,7 @@ class MtpDrafter(Drafter):
         end = len(self.tokens) - 1  # pairs start..end-1: every position whose successor is committed
         if end > start:
             # a copy: the target's forward may hand out rows of a buffer its next forward writes
-            self._pending.append(target.hidden[: end - start].clone())
+            self._pending.append(states[: end - start].clone())
             self._last = None  # the newest pair's g comes with the pending pairs
         self._last_rows = max(end - start, 0)
         if self._t0 is None and self.tokens:

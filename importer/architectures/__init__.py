@@ -16,11 +16,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
-from . import bert, gemma3, gemma4, llama, qwen2, qwen3, qwen35
+from . import bert, eagle3, gemma3, gemma4, llama, qwen2, qwen3, qwen35
 from .spec import ArchitectureSpec
 
 # In this order the Hugging Face classes are listed where an architecture is refused.
-MODULES: tuple[ModuleType, ...] = (llama, qwen2, gemma3, qwen3, gemma4, qwen35, bert)
+MODULES: tuple[ModuleType, ...] = (llama, qwen2, gemma3, qwen3, gemma4, qwen35, bert, eagle3)
 
 SPECS: tuple[ArchitectureSpec, ...] = tuple(spec for module in MODULES for spec in module.SPECS)
 BY_ARCH: Mapping[str, ArchitectureSpec] = {spec.arch: spec for spec in SPECS}
@@ -57,7 +57,7 @@ def spec_for(arch: str) -> ArchitectureSpec:
 
 
 def folder_converter(files: Mapping[str, Path]) -> Callable[..., None] | None:
-    """The whole-folder converter of an architecture that converts itself (bert) when the uploaded folder's
+    """The whole-folder converter of an architecture that converts itself (bert, eagle3) when the uploaded folder's
     config.json names it; None for any other folder (a missing or bad config.json included: the decoder
     conversion reports it)."""
     if "config.json" not in files:
@@ -68,4 +68,10 @@ def folder_converter(files: Mapping[str, Path]) -> Callable[..., None] | None:
         return None
     if not isinstance(config, dict):
         return None
-    return next((s.convert_folder for s in SPECS if s.convert_folder is not None and s.accepts(config)), None)
+    spec = whole_folder_spec(config)
+    return spec.convert_folder if spec is not None else None
+
+
+def whole_folder_spec(config: Mapping[str, Any]) -> ArchitectureSpec | None:
+    """The spec of an architecture that converts itself (bert, eagle3) whose class ``config`` names, or None."""
+    return next((s for s in SPECS if s.convert_folder is not None and s.accepts(config)), None)

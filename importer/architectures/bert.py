@@ -324,9 +324,10 @@ def convert(source: HFSource, out: Path, progress: ProgressFn | None = None) -> 
         w.close()
 
 
-def convert_folder(files: Mapping[str, Path], out: Path, role: str, progress: ProgressFn | None = None) -> None:
+def convert_folder(files: Mapping[str, Path], out: Path, role: str, progress: ProgressFn | None = None,
+                   tokenizer_donor: Mapping[str, Any] | None = None) -> None:
     """Validate an uploaded BERT folder (file name -> path; nested names such as ``1_Pooling/config.json``
-    keep their folder) and convert it into the GGUF ``out``."""
+    keep their folder) and convert it into the GGUF ``out`` (an encoder has its own tokenizer: no donor)."""
     if role != "FROM":
         raise _fail(role, "an embedding model cannot draft; name it in FROM")
     convert(open_source(files, role), out, progress)

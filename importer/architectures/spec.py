@@ -83,8 +83,11 @@ class ArchitectureSpec:
     tokenizer_model: str | None = None
 
     # --- a whole conversion of its own (an encoder with its own files, vocabulary and metadata) ---
-    # (files, out, role, progress) -> None
+    # (files, out, role, progress, tokenizer_donor) -> None
     convert_folder: Callable[..., None] | None = None
+    # A drafter converted whole: (its config.json, the target's params) -> why they cannot pair, or None; checked
+    # from the two config.json files before anything is converted (importer/pair_precheck.py).
+    pair_problem: Callable[[Mapping[str, Any], ModelParams], str | None] | None = None
 
     def accepts(self, config: Mapping[str, Any]) -> bool:
         """Whether config.json names one of this spec's classes (or, naming none, one of its model types)."""
