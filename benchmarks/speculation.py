@@ -1,8 +1,12 @@
 """Speculative decoding benchmark: every drafter/rule/depth configuration in ONE interleaved run.
 
-    python -m benchmarks.speculation --model target.gguf --draft draft.gguf [--tokens 128 --runs 3 --warmup 1]
-        [--prompts code,prose,repetitive] [--temps 0,0.6] [--configs plain,strict-n4,...]
-        [--paired] [--json out.json] [--markdown out.md]
+    python -m benchmarks.speculation --model target.gguf --draft draft.gguf [--head head.gguf]
+        [--tokens 128 --runs 3 --warmup 1] [--prompts code,prose,repetitive] [--temps 0,0.6]
+        [--configs plain,strict-n4,...] [--paired] [--json out.json] [--markdown out.md]
+
+``--head``: an MTP head (what ``tandem train-drafter`` fits, or an EAGLE-3 head) for the same target, loaded as a
+second engine beside the draft model's: the mtp-* configurations run on it, every other one on the draft model's,
+so the head, the draft model and plain decoding share one interleaved run.
 
 Configurations (issue 4): plain; strict with n_max 1, 2, 4, 8; n_max 16 with p_min 0.8; relaxed top-N
 for N in 1, 2, 5, 20 at n_max 2 and 4; adaptive; n-gram (fixed and adaptive); and llama.cpp's
@@ -100,6 +104,8 @@ class Sample:
     strict_accept_sum: float = 0.0
     match_accept_sum: float = 0.0
     adjacent_ratio: float | None = None  # tok/s over the plain run just before it (--paired)
+    accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_position: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -122,8 +128,17 @@ class Cell:
         paired = {"evaluated": evaluated,
                   "strict": round(sum(s.strict_accept_sum for s in self.samples) / evaluated, 4),
                   "match": round(sum(s.match_accept_sum for s in self.samples) / evaluated, 4)} if evaluated else None
+        by_position = []
+        for i in range(max((len(s.drafted_per_position) for s in self.samples), default=0)):
+            d = sum(s.drafted_per_position[i] for s in self.samples if i < len(s.drafted_per_position))
+            a = sum(s.accepted_per_position[i] for s in self.samples if i < len(s.accepted_per_position))
+            by_position.append(round(a / d, 3) if d else None)
         return {
             "prompt": self.prompt, "temperature": self.temp, "config": self.config, "runs": len(self.samples),
+            "acceptance_by_position": by_position,
+            # what drafting costs per drafted token (proposals and catch-up), against a target step's cost
+            "draft_ms_per_drafted": round(self.median(lambda s: s.ms_per_token.get("drafting", 0.0) * s.eval_count
+                                                      / s.draft_n if s.draft_n else float("nan")), 3),
             "tok_s": round(self.median(lambda s: s.tok_s), 3),
             "acceptance_rate": round(accepted / drafted, 4) if drafted else None,
             "mean_accepted_length": round(tokens / forwards, 3) if forwards else None,
@@ -159,7 +174,8 @@ def run_once(engine: ModelRuntime, prompt: str, options: dict) -> Sample:
                   draft_n=st.draft_n, draft_n_accepted=st.draft_n_accepted, forwards=st.target_forwards,
                   depth_sum=st.depth_sum, ms_per_token={k: v * 1e3 / n for k, v in ms.items()},
                   evaluated=st.evaluated, strict_accept_sum=st.strict_accept_sum,
-                  match_accept_sum=st.match_accept_sum)
+                  match_accept_sum=st.match_accept_sum, accepted_per_position=list(st.accepted_per_position),
+                  drafted_per_position=list(st.drafted_per_position))
 
 
 @torch.no_grad()
@@ -199,8 +215,9 @@ def explain(row: dict, plain: dict | None) -> str:
 def markdown(rows: list[dict], widths: dict, draft_widths: dict | None) -> str:
     paired = any(r.get("paired_ratio") is not None for r in rows)
     out = ["| prompt | temp | config | tok/s | × plain | " + ("× plain (paired) | " if paired else "") +
-           "accept | mean acc. len | depth | draft ms/tok | verify ms/tok | overhead ms/tok | dominant extra cost |",
-           "|---|---|---|---:|---:|" + ("---:|" if paired else "") + "---:|---:|---:|---:|---:|---:|---|"]
+           "accept | by position | mean acc. len | depth | ms/draft | draft ms/tok | verify ms/tok | overhead ms/tok | "
+           "dominant extra cost |",
+           "|---|---|---|---:|---:|" + ("---:|" if paired else "") + "---:|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         m = r["ms_per_token"]
         acc = "–" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.2f}"
@@ -208,8 +225,11 @@ def markdown(rows: list[dict], widths: dict, draft_widths: dict | None) -> str:
         pcell = ("– | " if pr is None else f"{pr:.2f} | ") if paired else ""
         out.append(
             f"| {r['prompt']} | {r['temperature']} | {r['config']} | {r['tok_s']:.2f} | "
-            f"{r.get('ratio', float('nan')):.2f} | {pcell}{acc} | {r['mean_accepted_length']:.2f} | "
-            f"{r['mean_depth']:.2f} | {m['drafting']:.2f} | {m['verify']:.2f} | "
+            f"{r.get('ratio', float('nan')):.2f} | {pcell}{acc} | "
+            f"{'/'.join('–' if a is None else f'{a:.2f}' for a in r.get('acceptance_by_position') or []) or '–'} | "
+            f"{r['mean_accepted_length']:.2f} | "
+            f"{r['mean_depth']:.2f} | {r.get('draft_ms_per_drafted', float('nan')):.2f} | "
+            f"{m['drafting']:.2f} | {m['verify']:.2f} | "
             f"{m['accept'] + m['other']:.2f} | {r.get('explain', '')} |")
     out.append("")
     out.append("Target forward cost by width (ms): " + ", ".join(f"{w}: {v}" for w, v in widths.items()))
@@ -242,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft")
+    ap.add_argument("--head", help="an MTP head GGUF for the same target: the mtp-* configurations run on it")
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
@@ -273,6 +294,13 @@ def main(argv: list[str] | None = None) -> int:
                                   device=args.device, weight_format=args.weight_format,
                                   draft_weight_format=args.draft_weight_format, draft_vocab=args.draft_vocab))
     load_s = time.perf_counter() - t0
+    head_engine = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.head, num_ctx=args.num_ctx,
+                                             device=args.device, weight_format=args.weight_format,
+                                             draft_weight_format=args.draft_weight_format)) if args.head else None
+
+    def engine_for(cfg: Config) -> ModelRuntime:
+        return head_engine if head_engine is not None and cfg.drafter == "mtp" else engine
+
     known = {**PROMPTS, **TEXT_KINDS}
     names = list(TEXT_KINDS) if args.prompts == "kinds" else [k for k in args.prompts.split(",") if k]
     unknown = [k for k in names if k not in known]
@@ -284,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     # a config for a drafter the loaded pair lacks (the mtp ones beside a draft model, the model ones beside a head)
     # runs only when named
     configs = [c for c in CONFIGS if (not wanted or c.name in wanted or c.name == "plain")
-               and (args.draft or not c.needs_draft)
-               and (c.name in wanted or c.drafter not in ("model", "mtp") or c.drafter in engine.drafters)]
+               and (args.draft or args.head or not c.needs_draft)
+               and (c.name in wanted or c.drafter not in ("model", "mtp") or c.drafter in engine_for(c).drafters)]
 
     plain = next(c for c in CONFIGS if c.name == "plain")
     cells: dict[tuple[str, str, str], Cell] = {}
@@ -300,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                                 num_ctx=engine.cache.capacity)
                     before = run_once(engine, prompt, dict(base, **plain.options)) \
                         if args.paired and cfg.name != "plain" else None
-                    sample = run_once(engine, prompt, dict(base, **cfg.options))
+                    sample = run_once(engine_for(cfg), prompt, dict(base, **cfg.options))
                     if before is not None and before.tok_s > 0:
                         sample.adjacent_ratio = sample.tok_s / before.tok_s
                     if rep >= args.warmup:
@@ -319,11 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     widths = width_costs(engine.target, ids)
     draft_widths = width_costs(engine.drafters["model"].model, ids, (1, 2, 4)) if "model" in engine.drafters else None
     report = {
-        "model": args.model, "draft": args.draft, "tokens": args.tokens, "runs": args.runs,
+        "model": args.model, "draft": args.draft, "head": args.head, "tokens": args.tokens, "runs": args.runs,
         "warmup": args.warmup, "device": engine.facts.device, "weight_format": engine.facts.weight_format,
         "draft_weight_format": engine.facts.draft_weight_format, "draft_vocab": args.draft_vocab, "threads": torch.get_num_threads(),
         "load_seconds": round(load_s, 2), "target_width_ms": widths, "draft_width_ms": draft_widths,
         "adaptive_state": {k: c.snapshot() for k, c in engine.controllers.items()},
+        "head_adaptive_state": {k: c.snapshot() for k, c in head_engine.controllers.items()} if head_engine else None,
         "match_vs_strict": match_vs_strict(rows), "results": rows,
     }
     table = markdown(rows, widths, draft_widths)

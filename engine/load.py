@@ -132,30 +132,30 @@ def _mtp_head_drafter(target, df, spec: LoadSpec, device: torch.device, capacity
         raise EngineError(f"draft model {spec.draft_path}: MTP head: {e}", 400) from None
 
 
-def _assistant_drafter(target: Model, cache: KVCache, df, spec: LoadSpec,
-                       device: torch.device) -> tuple[AssistantDrafter, str]:
-    """An AssistantDrafter over a DRAFT file holding a Gemma 4 assistant; it must fit the target."""
+def _load_drafter_arch(df, spec: LoadSpec, device: torch.device, what: str, load):
+    """``load(fmt)`` of a drafter-only architecture in the DRAFT file ``df`` (``what`` names it in a refusal, which
+    closes the file) and the weight format it was loaded in."""
     fmt = spec.draft_weight_format
     if fmt == "auto":
         fmt = default_format(df, device, role="drafter")
     try:
-        assistant = load_assistant(target, df, fmt)
+        return load(fmt), fmt
     except (UnsupportedModelError, KeyError) as e:
         df.close()
-        raise EngineError(f"draft model {spec.draft_path}: Gemma 4 assistant: {e}", 400) from None
+        raise EngineError(f"draft model {spec.draft_path}: {what}: {e}", 400) from None
+
+
+def _assistant_drafter(target: Model, cache: KVCache, df, spec: LoadSpec,
+                       device: torch.device) -> tuple[AssistantDrafter, str]:
+    """An AssistantDrafter over a DRAFT file holding a Gemma 4 assistant; it must fit the target."""
+    assistant, fmt = _load_drafter_arch(df, spec, device, "Gemma 4 assistant",
+                                        lambda fmt: load_assistant(target, df, fmt))
     return AssistantDrafter(assistant, cache, target.norm, target.config.vocab_size), fmt
 
 
 def _eagle3_drafter(target: Model, df, spec: LoadSpec, device: torch.device, capacity: int) -> tuple[MtpDrafter, str]:
     """An MtpDrafter over a DRAFT file holding an EAGLE-3 head; the target then records the layers it reads."""
-    fmt = spec.draft_weight_format
-    if fmt == "auto":
-        fmt = default_format(df, device, role="drafter")
-    try:
-        head = load_eagle3(target, df, fmt)
-    except (UnsupportedModelError, KeyError) as e:
-        df.close()
-        raise EngineError(f"draft model {spec.draft_path}: EAGLE-3 head: {e}", 400) from None
+    head, fmt = _load_drafter_arch(df, spec, device, "EAGLE-3 head", lambda fmt: load_eagle3(target, df, fmt))
     target.capture_at(head.target_layers)
     return MtpDrafter(head, capacity), fmt
 

@@ -28,7 +28,7 @@ from engine.cache.kv import KVCache
 from engine.contract.capabilities import DRAFTER_TARGETS, EAGLE3, drafter_target_width
 from engine.contract.gguf import GGUFFile
 from engine.models.config import ModelConfig, UnsupportedModelError, WeightLayout, base_config
-from engine.models.layers import Attention, FeedForward, ForwardStep, RMSNorm, RotaryEmbedding
+from engine.models.layers import Attention, FeedForward, RMSNorm, RotaryEmbedding, head_step
 from engine.models.transformer import Model
 from engine.ops.dequant import load_tensor
 from engine.ops.linear import Embedding, Linear, load_linear
@@ -135,13 +135,7 @@ class Eagle3Head(nn.Module):
             n, pos = len(toks), cache.length
             normed = self.hidden_norm(h, ops)
             x = torch.cat([self.attn_norm(self._embed(toks), ops), normed], dim=-1)
-            cos_sin = self.rope.get(pos, n, self.device, self.dtype)
-            mask = None
-            if n > 1:
-                q = torch.arange(pos, pos + n, device=self.device)[:, None]
-                mask = torch.arange(0, pos + n, device=self.device)[None, :] <= q
-            step = ForwardStep(pos, n, {"global": cos_sin, "local": cos_sin}, {"global": mask, "local": mask},
-                               {"global": 0, "local": 0}, ops)
+            step = head_step(pos, n, self.rope, self.device, self.dtype, ops)
             cache.check_room(n)
             a = self.attn(x, cache, step, self.rope)
             cache.commit(toks)

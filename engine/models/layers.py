@@ -111,6 +111,19 @@ class ForwardStep:
     rollback: bool = True
 
 
+def head_step(pos: int, n: int, rope: "RotaryEmbedding", device: torch.device, dtype: torch.dtype,
+              ops=None) -> ForwardStep:
+    """The step of a one-layer draft head (NextN, EAGLE-3) appending ``n`` positions at ``pos`` to its own
+    cache: global attention, causal from position 0."""
+    cos_sin = rope.get(pos, n, device, dtype)
+    mask = None
+    if n > 1:
+        q = torch.arange(pos, pos + n, device=device)[:, None]
+        mask = torch.arange(0, pos + n, device=device)[None, :] <= q
+    return ForwardStep(pos, n, {"global": cos_sin, "local": cos_sin}, {"global": mask, "local": mask},
+                       {"global": 0, "local": 0}, ops)
+
+
 @dataclass
 class Segment:
     """One sequence's rows in a forward over several: ``rows`` of the batch, its own cache and step."""

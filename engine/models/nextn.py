@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.cache.kv import KVCache
-from engine.models.layers import ForwardStep, RMSNorm
+from engine.models.layers import RMSNorm, head_step
 from engine.models.transformer import Model, TokenEmbedding
 from engine.ops.linear import Linear
 from engine.ops.memory import model_bytes
@@ -95,13 +95,7 @@ class NextNHead:
             if self.embed_scale is not None:
                 e = e * torch.tensor(self.embed_scale, dtype=self.dtype)
             x = self.eh_proj(torch.cat([self.enorm(e), self.hnorm(h.to(self.dtype))], dim=-1))
-            cos_sin = self.rope.get(pos, n, self.device, self.dtype)
-            mask = None
-            if n > 1:
-                q = torch.arange(pos, pos + n, device=self.device)[:, None]
-                mask = torch.arange(0, pos + n, device=self.device)[None, :] <= q
-            step = ForwardStep(pos, n, {"global": cos_sin, "local": cos_sin}, {"global": mask, "local": mask},
-                               {"global": 0, "local": 0}, self.block_ops)
+            step = head_step(pos, n, self.rope, self.device, self.dtype, self.block_ops)
             cache.check_room(n)
             x = self.block(x, cache, step, self.rope)
             cache.commit(toks)

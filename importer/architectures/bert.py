@@ -18,7 +18,6 @@ Every tensor is checked against config.json before the output is opened; tensors
 from __future__ import annotations
 
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +27,7 @@ import gguf
 import numpy as np
 
 from ..hf.errors import CreateError
-from ..hf.plan import FILE_TYPE, GGML, NP, TensorPlan, out_type, prepare
+from ..hf.plan import GGML, NP, TensorPlan, file_type, out_type, prepare
 from ..hf.safetensors import FLOAT_DTYPES, HFSource, TensorReader, open_source
 from .spec import ArchitectureSpec
 
@@ -276,13 +275,9 @@ def convert(source: HFSource, out: Path, progress: ProgressFn | None = None) -> 
     p = read_params(source, role)
     plans = plan_tensors(source, p)
     vocab = read_vocab(source.files, p.vocab_size, role)
-    counts: dict[str, int] = {}
-    for t in plans:
-        if len(t.shape) >= 2:
-            counts[t.out_type] = counts.get(t.out_type, 0) + math.prod(t.shape)
     w = gguf.GGUFWriter(str(out), ARCH)
     try:
-        w.add_file_type(int(FILE_TYPE[max(counts, key=counts.__getitem__)]))
+        w.add_file_type(file_type(plans))
         w.add_context_length(p.context_length)
         w.add_embedding_length(p.n_embd)
         w.add_block_count(p.n_layer)

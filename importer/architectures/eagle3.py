@@ -13,7 +13,6 @@ What the head needs of its target is written down (``eagle3.embedding_length_out
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -24,7 +23,7 @@ from engine.contract.capabilities import EAGLE3, drafter_problem
 
 from ..hf.errors import CreateError, fail
 from ..hf.params import ModelParams, read_int, rope_entry, rope_scaling
-from ..hf.plan import FILE_TYPE, GGML, NP, TensorPlan, out_type, prepare, refuse_quantized_tensor
+from ..hf.plan import GGML, NP, TensorPlan, file_type, out_type, prepare, refuse_quantized_tensor
 from ..hf.safetensors import HFSource, TensorReader, open_source
 from ..hf.vocab_copy import copy_vocab
 from .llama import rope_factors
@@ -176,13 +175,9 @@ def convert_folder(files: Mapping[str, Path], out: Path, role: str, progress: Pr
 def _write(out: Path, plans: list[TensorPlan], reader: TensorReader, p, config: Mapping[str, Any],
            layers: list[int] | None, target_width: int, draft_vocab: int, d2t: np.ndarray | None,
            generated: dict[str, np.ndarray], donor: Mapping[str, Any], progress: ProgressFn | None) -> None:
-    counts: dict[str, int] = {}
-    for t in plans:
-        if len(t.shape) >= 2:
-            counts[t.out_type] = counts.get(t.out_type, 0) + math.prod(t.shape)
     w = gguf.GGUFWriter(str(out), EAGLE3)
     try:
-        w.add_file_type(int(FILE_TYPE[max(counts, key=counts.__getitem__)]))
+        w.add_file_type(file_type(plans))
         w.add_name(str(config.get("_name_or_path") or "eagle3 head"))
         w.add_context_length(p.context_length)
         w.add_embedding_length(p.n_embd)
