@@ -85,8 +85,11 @@ CONFIGS: list[Config] = [
            needs_draft=False),
     Config("match-n4", _fixed(4, draft_acceptance="match"), temps=("0.6",)),
     # an MTP head (a DRAFT that is one, e.g. what `tandem train-drafter` fits): strict, relaxed, adaptive
+    # what the model `tandem train-drafter` creates drafts with when a request sets nothing
+    Config("mtp-default", dict(drafter="mtp")),
     *[Config(f"mtp-n{n}", _mtp(n)) for n in (1, 2, 3, 4)],
-    *[Config(f"mtp-relaxed{N}-n{n}", _mtp(n, relaxed_top_n=N)) for n in (2, 3, 4) for N in (2, 5, 20)],
+    # at temperature 0 the relaxed rule is the strict one (greedy keeps one candidate): sampled temperatures only
+    *[Config(f"mtp-relaxed{N}-n{n}", _mtp(n, relaxed_top_n=N), temps=("0.6",)) for n in (2, 3, 4) for N in (2, 5, 20)],
     Config("mtp-adaptive", dict(drafter="mtp", draft_num_predict=8, draft_schedule="adaptive", draft_copy=False)),
 ]
 

@@ -205,8 +205,9 @@ def cmd_list(args: argparse.Namespace, store: BlobStore) -> None:
 
 def _section(title: str, rows: list[tuple[str, str]]) -> None:
     print(f"  {title}")
+    width = max([20] + [len(key) + 2 for key, _ in rows])  # a long key keeps a gap before its value
     for key, value in rows:
-        print(f"    {key:<20}{value}")
+        print(f"    {key:<{width}}{value}")
     print()
 
 
