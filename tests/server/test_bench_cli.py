@@ -411,3 +411,23 @@ def test_engine_bench_spec_uses_the_shared_prompts(pair: tuple[Path, Path], tmp_
     [mvs] = report["match_vs_strict"]
     assert mvs["temperature"] == "0.6" and mvs["paired_positions"] > 0
     assert mvs["paired_strict"] >= mvs["paired_match"]
+
+
+def test_a_paired_loss_is_a_loss_though_the_intervals_overlap() -> None:
+    """What the 1.5B with its trained MTP head measured (docs/bench/mtp-head-qwen15b-epyc-zen3-dec05.md): 164
+    HumanEval problems, strict 118 passed, relaxed5-n2 109, 13 lost and 4 gained on the same problems. The
+    intervals overlap, the paired test does not (p = 0.049): that is a loss, not "no measurable loss"."""
+    settings = [grid.Setting("strict-n2", {}, kind="strict", n_max=2), grid.Setting("relaxed5-n2", {}, kind="relaxed",
+                                                                                  n_max=2)]
+    strict_pass = [True] * 118 + [False] * 46
+    relaxed_pass = [True] * 105 + [False] * 13 + [True] * 4 + [False] * 42
+    rows = [{"setting": name, "temperature": 0.6, "task_id": f"HumanEval/{i}", "passed": p, "status": "ok"}
+            for name, passed in (("strict-n2", strict_pass), ("relaxed5-n2", relaxed_pass)) for i, p in enumerate(passed)]
+    strict_row, relaxed_row = quality.summarize_humaneval(rows, settings, [0.6])
+    assert stats.overlap((relaxed_row["ci_low"], relaxed_row["ci_high"]), (strict_row["ci_low"], strict_row["ci_high"]))
+    assert relaxed_row["vs_strict"]["mcnemar_p"] == pytest.approx(0.049, abs=1e-3)
+    assert relaxed_row["verdict"] == "measurable loss"
+    balanced = [{"setting": "relaxed5-n2", "temperature": 0.6, "task_id": f"HumanEval/{i}", "passed": p, "status": "ok"}
+                for i, p in enumerate([True] * 113 + [False] * 5 + [True] * 3 + [False] * 43)]
+    strict_rows = [r for r in rows if r["setting"] == "strict-n2"]
+    assert quality.summarize_humaneval(strict_rows + balanced, settings, [0.6])[1]["verdict"] == "no measurable loss"

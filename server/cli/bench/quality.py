@@ -14,7 +14,9 @@ Two measurements, every setting run on exactly the same inputs (paired):
    tests + check(entry_point)`` runs in the sandbox (server.cli.bench.sandbox); exit status 0 is a pass.
    pass@1 comes with a 95% Wilson score interval, and each setting is compared with strict on the
    same problems (both / only strict / only the setting / neither, exact McNemar p). A relaxed setting
-   shows "no measurable loss" only when its interval overlaps strict's.
+   shows "no measurable loss" only when its interval overlaps strict's and the paired test does not tell them
+   apart (McNemar p >= 0.05: on the same problems a loss shows long before two intervals part; 164 problems at
+   0.720 against 0.665 overlap, yet 13 lost against 4 gained is p = 0.049).
 2. **Target likelihood on prose**: each prose prompt is generated with ``logprobs: true,
    top_logprobs: 1``. The engine reports, under speculation too, the target model's log-probability
    of every emitted token given the emitted prefix (the row of the verification forward that decided
@@ -219,14 +221,19 @@ def summarize_humaneval(rows: list[dict[str, Any]], settings: list[Setting],
                 entry["vs_strict"] = {"both": both, "strict_only": only_ref, "setting_only": only_s,
                                       "neither": len(common) - both - only_ref - only_s,
                                       "mcnemar_p": mcnemar_exact(only_ref, only_s)}
-                if ref_ci is None or overlap((lo, hi), ref_ci):
-                    entry["verdict"] = "no measurable loss"
-                elif hi < ref_ci[0]:
-                    entry["verdict"] = "measurable loss"
-                else:
-                    entry["verdict"] = "measurably better"
+                entry["verdict"] = _verdict((lo, hi), ref_ci, only_ref, only_s)
             out.append(entry)
     return out
+
+
+def _verdict(ci: tuple[float, float], ref_ci: tuple[float, float] | None, ref_only: int, setting_only: int) -> str:
+    """A setting against strict: the paired test first (the same problems, the problems each alone passed), then
+    the intervals."""
+    if mcnemar_exact(ref_only, setting_only) < 0.05:
+        return "measurable loss" if ref_only > setting_only else "measurably better"
+    if ref_ci is None or overlap(ci, ref_ci):
+        return "no measurable loss"
+    return "measurable loss" if ci[1] < ref_ci[0] else "measurably better"
 
 
 def _count(items: list[str]) -> dict[str, int]:
