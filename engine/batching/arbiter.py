@@ -59,11 +59,17 @@ class ForwardArbiter:
     _pending: list[ForwardCall] = field(default_factory=list)
     _running: bool = False
     _exclusive: int = 0  # callers of run_exclusive waiting for the sequences to stand still
+    _in_exclusive: bool = False  # a run_exclusive function is running
     steps: int = 0  # target steps run so far
     rows: int = 0  # target rows forwarded so far (rows / steps: the mean batch width)
 
     def join(self) -> None:
+        """A sequence starts using its cache. Not while an exclusive section runs: that section may be reading the
+        cache (a slot's prompt shared with another), and a sequence that joined after it saw every active one
+        waiting would go on to write it (a new request cuts its slot's cache back to its prompt's prefix first)."""
         with self._cond:
+            while self._in_exclusive:
+                self._cond.wait()
             self._active += 1
 
     def leave(self) -> None:
@@ -103,14 +109,14 @@ class ForwardArbiter:
             try:
                 while self._running or len(self._pending) < self._active:
                     self._cond.wait()
-                self._running = True
+                self._running = self._in_exclusive = True
             finally:
                 self._exclusive -= 1
         try:
             return fn()
         finally:
             with self._cond:
-                self._running = False
+                self._running = self._in_exclusive = False
                 self._cond.notify_all()
 
     def _ready(self) -> bool:

@@ -109,10 +109,13 @@ class KVCache:
         if n > other.length or n > self.capacity or other.k.shape[:2] != self.k.shape[:2] or \
                 other.k.shape[3] != self.k.shape[3] or other.v.shape[3] != self.v.shape[3]:
             raise ValueError("cannot adopt a prefix from a cache of another shape or a shorter one")
+        tokens = list(other.tokens[:n])
+        if len(tokens) != n:  # ``other`` is being cut back meanwhile: its keys would not be the ones copied
+            raise ValueError(f"cannot adopt {n} positions from a cache whose token log holds {len(tokens)}")
         self.k[:, :, :n].copy_(other.k[:, :, :n])
         self.v[:, :, :n].copy_(other.v[:, :, :n])
         self.length = n
-        self.tokens = list(other.tokens[:n])
+        self.tokens = tokens
 
     def reuse_prefix(self, new_tokens: Sequence[int], *, leave_last: bool = True) -> int:
         """Keep the longest common prefix with ``new_tokens``, truncate the rest, return how many are kept.

@@ -5,6 +5,7 @@ sequences that join, leave, fail or are cancelled."""
 from __future__ import annotations
 
 import threading
+import traceback
 
 import pytest
 import torch
@@ -93,8 +94,8 @@ def concurrently(fn, n):
     def run(i):
         try:
             out[i] = fn(i)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        except BaseException:  # noqa: BLE001 - reported below, with where it was raised
+            errors.append(traceback.format_exc())
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
@@ -366,6 +367,30 @@ def test_an_exclusive_section_runs_while_every_sequence_waits():
     for th in threads + [waiter]:
         th.join(10)
     assert done.is_set() and seen.count("exclusive") == 1 and seen.count("step") == 6
+
+
+def test_a_sequence_joining_waits_for_the_exclusive_section_that_reads_its_cache():
+    """A request that joins while another's exclusive section runs (reading every slot's cache for a shared
+    prompt) must not start writing its own cache until it ends: joining first and cutting the cache back to the
+    new prompt left an adopted cache 16 positions long with no token log, and every later request touching it
+    failed (a CI run: four of six concurrent requests, IndexError in KVCache.common_prefix)."""
+    arbiter = ForwardArbiter(run_batch=lambda model, calls: [None for _ in calls])
+    inside, release, joined = threading.Event(), threading.Event(), threading.Event()
+
+    def section():
+        inside.set()
+        release.wait(10)
+
+    ex = threading.Thread(target=lambda: arbiter.run_exclusive(section))
+    ex.start()
+    assert inside.wait(10)
+    joiner = threading.Thread(target=lambda: (arbiter.join(), joined.set()))
+    joiner.start()
+    assert not joined.wait(0.3)  # held while the section runs
+    release.set()
+    assert joined.wait(10) and arbiter.active == 1
+    ex.join(10)
+    joiner.join(10)
 
 
 def test_sampled_output_keeps_the_target_distribution_in_a_batch(tmp_path):
