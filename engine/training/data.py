@@ -3,7 +3,10 @@
 The default mixes code and prose so that a head is not fitted to one kind of text: the standard library's Python
 sources, and the long descriptions of the installed packages (their ``METADATA``: READMEs in Markdown and reST,
 English prose with lists and examples). Files are taken in a seeded order and read until the token budget is met,
-so the same command reads the same text (a resumed run sees the windows it saw before).
+so the same command reads the same text (a resumed run sees the windows it saw before). Each file gives at most
+``PER_FILE_TOKENS``: read whole, a 100,000-token budget was six files (a mailbox module, a tar reader, difflib, ...),
+the held-out windows the tail of one of them. A package description's header fields (``Name:``, ``Classifier:`` ...)
+are left out: the description after them is the prose.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from typing import Callable, Iterable, Sequence
 
 TEXT_SUFFIXES = frozenset({".txt", ".md", ".rst", ".py", ".json", ".html", ".c", ".h", ".cpp", ".js", ".ts", ".go",
                            ".rs", ".java", ".sh", ".toml", ".yaml", ".yml", ".csv", ""})
-_MAX_FILE_BYTES = 1 << 20  # a larger file is read only this far: one file must not be the whole budget
+_MAX_FILE_BYTES = 1 << 20  # a larger file is read only this far
+#: Tokens taken from one file at most (its beginning): many files' worth of text, not a few files' length.
+PER_FILE_TOKENS = 3072
+_CHARS_PER_TOKEN_MAX = 8  # text encoded per file: enough characters for PER_FILE_TOKENS of any text
 
 
 class NoTrainingText(ValueError):
@@ -59,18 +65,24 @@ def read_texts(files: Iterable[Path]) -> Iterable[str]:
             continue
         if b"\0" in raw[:4096]:
             continue  # binary
-        text = raw.decode("utf-8", errors="ignore").strip()
+        text = raw.decode("utf-8", errors="ignore")
+        if f.name == "METADATA":  # the core metadata's header block, then a blank line, then the description
+            head, _, body = text.partition("\n\n")
+            text = body if head.startswith("Metadata-Version:") else text
+        text = text.strip()
         if text:
             yield text
 
 
-def gather_tokens(files: Sequence[Path], encode: Callable[[str], list[int]], n_tokens: int, seed: int = 0) -> list[int]:
-    """Token ids of the files' texts, in a seeded order, until ``n_tokens`` (all of them if fewer)."""
+def gather_tokens(files: Sequence[Path], encode: Callable[[str], list[int]], n_tokens: int, seed: int = 0,
+                  per_file: int = PER_FILE_TOKENS) -> list[int]:
+    """Token ids of the files' texts (at most ``per_file`` of each), in a seeded order, until ``n_tokens`` (all of
+    them if fewer)."""
     order = list(files)
     random.Random(seed).shuffle(order)
     tokens: list[int] = []
     for text in read_texts(order):
-        tokens.extend(encode(text))
+        tokens.extend(encode(text[:per_file * _CHARS_PER_TOKEN_MAX])[:per_file])
         if len(tokens) >= n_tokens:
             return tokens[:n_tokens]
     if not tokens:

@@ -140,3 +140,19 @@ def _read(f: GGUFFile, name: str) -> Tensor:
     if name not in f.tensors:
         raise UntrainableTarget(f"{f.path}: the target has no {name}")
     return load_tensor(f, name)
+
+
+def weights_from_head_gguf(path: str, n_layer: int) -> dict[str, Tensor]:
+    """A written head's weights (``head_gguf.write_head_gguf``: block ``n_layer``) under the names ``TrainableNextN``
+    takes: what ``initial_weights`` gives, trained."""
+    prefix = f"blk.{n_layer}."
+    init = {}
+    with GGUFFile(path) as f:
+        for name in f.tensors:
+            if not name.startswith(prefix):
+                continue
+            short = name[len(prefix):]
+            init[short[:-len(".weight")] if short.endswith(".weight") else short] = load_tensor(f, name)
+    if not init:
+        raise ValueError(f"{path}: no head block {n_layer} (a head for another target?)")
+    return init

@@ -18,7 +18,8 @@ from engine.contract.gguf import GGUFFile
 from engine.models.loader import find_nextn_block, load_model, load_nextn_head
 from engine.training.fit import FitConfig, HeldOut, acceptance, fit_head, split_tokens, target_pass
 from engine.training.head_gguf import write_head_gguf
-from engine.training.nextn_head import TrainableNextN, UntrainableTarget, check_trainable, initial_weights
+from engine.training.nextn_head import (TrainableNextN, UntrainableTarget, check_trainable, initial_weights,
+                                        weights_from_head_gguf)
 from tests.engine.speculative.test_speculation import GREEDY, generate, load_engine, spec_opts
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -56,6 +57,18 @@ def test_the_engine_runs_the_head_as_it_was_trained(target, target_path, tmp_pat
         with torch.no_grad():
             ours = head.logits(head(hidden[:-1], torch.tensor(ids[1:])))
     torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_written_head_reads_back_as_the_weights_it_was_written_from(target, target_path, tmp_path):
+    """What benchmarks.head_acceptance compares heads by: a stored head back in the trainable module, every weight."""
+    head = TrainableNextN(target, initial_weights(target, torch.Generator().manual_seed(2)))
+    path = write_head_gguf(tmp_path / "head.gguf", target_path, head.tensors(target.config.n_layer), {}, "tiny-head")
+    back = weights_from_head_gguf(str(path), target.config.n_layer)
+    assert set(back) == {k.replace("__", ".") for k in head.weights}
+    for key, p in head.weights.items():
+        torch.testing.assert_close(back[key.replace("__", ".")].float(), p.detach())
+    with pytest.raises(ValueError, match="no head block"):
+        weights_from_head_gguf(str(path), target.config.n_layer + 1)
 
 
 def test_training_teaches_the_head_the_targets_next_next_token(target):
