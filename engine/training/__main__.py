@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="where the head-only GGUF goes")
     ap.add_argument("--checkpoint", help="resumable state (default: OUT.ckpt)")
     ap.add_argument("--tokens", type=int, default=100_000, help="training tokens (default 100000)")
-    ap.add_argument("--window", type=int, default=256, help="tokens per training sequence (default 256)")
+    ap.add_argument("--window", type=int, default=FitConfig.window,
+                    help=f"tokens per training sequence (default {FitConfig.window})")
     ap.add_argument("--lr", type=float, default=0.0, help="peak learning rate (default: by the model's width)")
     ap.add_argument("--data", nargs="*", default=[], help="text files or folders (default: the standard library's "
                                                           "sources and the installed packages' descriptions)")
