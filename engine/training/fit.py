@@ -31,11 +31,12 @@ from engine.training.nextn_head import TrainableNextN, initial_weights
 @dataclass(frozen=True)
 class FitConfig:
     tokens: int = 100_000  # training pairs to see in all (passes over the data repeat it as needed)
-    # Tokens per training sequence (bounds the memory of a step). 128 rather than 256: twice the optimizer steps
-    # over the same tokens. SmolLM2-135M, 100k tokens (AMD EPYC Zen 3): validation acceptance 0.364 against 0.331,
-    # first-position acceptance on its own answers 0.245 against 0.230 (benchmarks.head_acceptance), for 1.6x
-    # the training time (docs/bench/train-drafter-smollm2-epyc-zen3-dec05.md).
-    window: int = 128
+    # Tokens per training sequence (bounds the memory of a step). Narrower windows are more optimizer steps over the
+    # same tokens. SmolLM2-135M, 100k tokens (AMD EPYC Zen 3), first-position acceptance on its own answers
+    # (benchmarks.head_acceptance, mean of six kinds) and the whole run's time: 256 0.230 in 8 min 27 s, 128 0.247
+    # in 8 min 4 s, 64 0.264 in 8 min 41 s, 32 0.279 in 10 min 53 s (a target pass over 32 tokens uses the cores
+    # less well). 64: the most that costs no time (docs/bench/train-drafter-smollm2-epyc-zen3-dec05.md).
+    window: int = 64
     lr: float = 0.0  # 0: by the target's width (width_lr)
     warmup_steps: int = 20
     validation_tokens: int = 1024  # held out from the end of the data

@@ -30,3 +30,15 @@ def test_a_package_description_is_read_without_its_header_fields(tmp_path):
     assert "A library that does things." in text and "Classifier" not in text and "Name: pkg" not in text
     kept = gather_tokens([tmp_path / "notes.txt"], lambda s: [s], 10)
     assert "Metadata-Version: kept" in kept[0]
+
+
+def test_the_command_line_trains_with_the_trainers_default_window():
+    """`tandem train-drafter` (which never imports torch) states the trainer's window default, not another."""
+    import argparse
+
+    from engine.training.fit import FitConfig
+    from server.cli.train_drafter import add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    assert p.parse_args(["m", "--as", "n"]).window == FitConfig.window
