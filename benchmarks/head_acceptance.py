@@ -3,8 +3,8 @@
     python -m benchmarks.head_acceptance TARGET.gguf HEAD.gguf [HEAD2.gguf ...] [--tokens 96] [--markdown out.md]
 
 The target answers each prompt greedily (ChatML-wrapped, as ``benchmarks.speculation`` sends them); each head then
-reads the target's hidden states over prompt and answer (teacher forcing) and drafts the token after next at every
-answer position. Reported per kind and head: the share of drafts equal to the target's greedy token, which is the
+reads the target's hidden states over prompt and answer together (teacher forcing, the whole context as when
+serving) and drafts the token after next at every answer position. Reported per kind and head: the share of drafts equal to the target's greedy token, which is the
 first draft position's acceptance at temperature 0 (what ``mtp-n1`` measures through the engine, there over one
 answer per kind, whose 96 drafts swing it by +-0.1 between heads of the same training). Six prompts a kind, none
 of them among the requests the trainer writes its own text from (``server/cli/drafter_prompts.py``).
@@ -22,7 +22,7 @@ from benchmarks.output import emit, host_line
 from engine.contract.gguf import GGUFFile
 from engine.models.loader import load_model
 from engine.text.tokenizer import Tokenizer
-from engine.training.fit import HeldOut, acceptance
+from engine.training.fit import target_pass
 from engine.training.nextn_head import TrainableNextN, weights_from_head_gguf
 from engine.training.self_text import answer_side_by_side
 from server.cli.bench.prompt_sets import TEXT_KINDS
@@ -59,6 +59,18 @@ KIND_PROMPTS: dict[str, list[str]] = {
 }
 
 
+@torch.no_grad()
+def answer_hits(head: TrainableNextN, ids: list[int], hidden: torch.Tensor, logits: torch.Tensor,
+                prompt_len: int) -> tuple[int, int]:
+    """(greedy drafts equal to the target's greedy token, drafts) over the answer: pair j (the state at j, token
+    j + 1) drafts token j + 2, an answer token's successor once token j + 1 is the answer's (j >= prompt_len - 1)."""
+    g = head(hidden[:-1], torch.tensor(ids[1:], dtype=torch.long))
+    drafts = head.logits(g).argmax(-1)  # pair j's draft for position j + 2
+    greedy = logits.argmax(-1)[1:]  # the target's choice for position j + 2, made at position j + 1
+    first = max(prompt_len - 1, 0)
+    return int((drafts[first:] == greedy[first:]).sum()), len(ids) - 1 - first
+
+
 def chatml(prompt: str) -> str:
     return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -82,11 +94,13 @@ def main(argv: list[str] | None = None) -> None:
     for kind, prompts in KIND_PROMPTS.items():
         encoded = [tok.encode(chatml(p), parse_special=True) for p in prompts]
         answers = answer_side_by_side(target, encoded, args.tokens, stop)
-        # the answer's positions only (from the prompt's last token: its pair predicts the answer's second token)
-        held = HeldOut.of(target, [a[len(p) - 1:] for p, a in zip(encoded, answers)])
-        pairs = sum(len(ids) - 1 for ids, _, _ in held.windows)
+        passes = [(ids, *target_pass(target, ids)) for ids in answers]
         for name, head in heads.items():
-            rows[name][kind] = (round(acceptance(head, held) * pairs), pairs)
+            hits = pairs = 0
+            for (ids, hidden, logits), prompt in zip(passes, encoded):
+                hits_at, n = answer_hits(head, ids, hidden, logits, len(prompt))
+                hits, pairs = hits + hits_at, pairs + n
+            rows[name][kind] = (hits, pairs)
     kinds = list(KIND_PROMPTS)
     lines = [f"`python -m benchmarks.head_acceptance {' '.join(sys.argv[1:] if argv is None else argv)}`",
              host_line(torch.get_num_threads()), "",

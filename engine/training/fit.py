@@ -33,10 +33,10 @@ class FitConfig:
     tokens: int = 100_000  # training pairs to see in all (passes over the data repeat it as needed)
     # Tokens per training sequence (bounds the memory of a step). Narrower windows are more optimizer steps over the
     # same tokens. SmolLM2-135M, 100k tokens (AMD EPYC Zen 3), first-position acceptance on its own answers
-    # (benchmarks.head_acceptance, mean of six kinds) and the whole run's time: 256 0.230 in 8 min 27 s, 128 0.247
-    # in 8 min 4 s, 64 0.264 in 8 min 41 s, 32 0.279 in 10 min 53 s (a target pass over 32 tokens uses the cores
-    # less well). 64: the most that costs no time (docs/bench/train-drafter-smollm2-epyc-zen3-dec05.md).
-    window: int = 64
+    # (benchmarks.head_acceptance, mean of six kinds) and the whole run's time: 256 0.228 in 8 min 27 s, 128 0.239
+    # in 8 min 4 s, 64 0.246 in 8 min 41 s, 32 0.266 in 10 min 53 s. Qwen2.5-Coder-1.5B, 2,560 tokens: validation
+    # 0.343 at 32 against 0.196 at 256, for 1.5x the time a token (docs/bench/train-drafter-smollm2-epyc-zen3-dec05.md).
+    window: int = 32
     lr: float = 0.0  # 0: by the target's width (width_lr)
     warmup_steps: int = 20
     validation_tokens: int = 1024  # held out from the end of the data

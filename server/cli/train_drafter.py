@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=100_000, help="training tokens (default 100000)")
     p.add_argument("--data", nargs="+", help="text files or folders to train on (default: this machine's Python "
                                               "standard library sources and installed packages' descriptions)")
-    p.add_argument("--window", type=int, default=64, help="tokens per training sequence (default 64)")
+    p.add_argument("--window", type=int, default=32, help="tokens per training sequence (default 32)")
     p.add_argument("--self-share", type=float, default=0.5,
                    help="share of the training tokens the target writes itself, answering requests of every kind "
                         "(default 0.5; 0: only the --data text)")
