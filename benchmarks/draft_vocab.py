@@ -61,7 +61,7 @@ def main() -> None:
     configs = {c.name: c for c in CONFIGS if c.name in args.configs.split(",")}
     engines = {v: ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.draft, num_ctx=2048,
                                              device="cpu", draft_vocab=v)) for v in sizes}
-    prompts = {k: render_prompt(engines[sizes[0]], PROMPTS[k], False) for k in args.prompts.split(",")}
+    prompts = {k: render_prompt(engines[sizes[0]].tokenizer, PROMPTS[k], False) for k in args.prompts.split(",")}
     cells: dict[tuple, list] = {}
     fwd: dict[int, list[float]] = {v: [] for v in sizes}
     for r in range(args.rounds + 1):  # round 0 warms up

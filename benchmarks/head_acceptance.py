@@ -2,11 +2,12 @@
 
     python -m benchmarks.head_acceptance TARGET.gguf HEAD.gguf [HEAD2.gguf ...] [--tokens 96] [--markdown out.md]
 
-The target answers each prompt greedily (ChatML-wrapped, as ``benchmarks.speculation`` sends them); each head then
-reads the target's hidden states over prompt and answer together (teacher forcing, the whole context as when
-serving) and drafts the token after next at every answer position. Reported per kind and head: the share of drafts equal to the target's greedy token, which is the
-first draft position's acceptance at temperature 0 (what ``mtp-n1`` measures through the engine, there over one
-answer per kind, whose 96 drafts swing it by +-0.1 between heads of the same training). Six prompts a kind, none
+The target answers each prompt greedily (ChatML-wrapped where the vocabulary has it, as ``benchmarks.speculation``
+sends them: ``render_prompt``); each head then reads the target's hidden states over prompt and answer together
+(teacher forcing, the whole context as when serving) and drafts the token after next at every answer position.
+Reported per kind and head: the share of drafts equal to the target's greedy token, which is the first draft
+position's acceptance at temperature 0 (what ``mtp-n1`` measures through the engine, there over one answer per kind,
+whose 96 drafts swing it by +-0.1 between heads of the same training). Six prompts a kind, none
 of them among the requests the trainer writes its own text from (``server/cli/drafter_prompts.py``).
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.output import emit, host_line
+from benchmarks.speculation import render_prompt
 from engine.contract.gguf import GGUFFile
 from engine.models.loader import load_model
 from engine.text.tokenizer import Tokenizer
@@ -71,10 +73,6 @@ def answer_hits(head: TrainableNextN, ids: list[int], hidden: torch.Tensor, logi
     return int((drafts[first:] == greedy[first:]).sum()), len(ids) - 1 - first
 
 
-def chatml(prompt: str) -> str:
-    return f"<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.head_acceptance")
     ap.add_argument("target")
@@ -92,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     heads = {Path(h).name: TrainableNextN(target, weights_from_head_gguf(h, target.config.n_layer)) for h in args.heads}
     rows: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in heads}
     for kind, prompts in KIND_PROMPTS.items():
-        encoded = [tok.encode(chatml(p), parse_special=True) for p in prompts]
+        encoded = [tok.encode(render_prompt(tok, p, raw=False), parse_special=True) for p in prompts]
         answers = answer_side_by_side(target, encoded, args.tokens, stop)
         passes = [(ids, *target_pass(target, ids)) for ids in answers]
         for name, head in heads.items():

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         for vocab in (int(v) for v in args.draft_vocab.split(",")):
             engine = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=str(draft), num_ctx=2048,
                                                 draft_vocab=vocab))
-            prompts = {k: render_prompt(engine, t, False) for k, t in TEXT_KINDS.items()} | RAW_PROMPTS
+            prompts = {k: render_prompt(engine.tokenizer, t, False) for k, t in TEXT_KINDS.items()} | RAW_PROMPTS
             for name in configs:
                 cells, drafted, accepted = [], 0, 0
                 for text in prompts.values():

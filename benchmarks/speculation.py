@@ -42,6 +42,7 @@ from benchmarks.output import host_line
 from engine.contract.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.contract.protocol import GenerateRequest, GenerateResult, LoadSpec
 from engine.runtime import ModelRuntime
+from engine.text.tokenizer import Tokenizer
 from server.cli.bench.prompt_sets import PROMPTS, TEMPERATURES, TEXT_KINDS
 
 # PROMPTS and TEMPERATURES are shared with `tandem bench` (server/cli/bench/).
@@ -154,9 +155,9 @@ class Cell:
         }
 
 
-def render_prompt(engine: ModelRuntime, text: str, raw: bool) -> str:
+def render_prompt(tokenizer: Tokenizer, text: str, raw: bool) -> str:
     """ChatML when the vocabulary has it (Qwen, SmolLM2), else the bare text."""
-    if raw or engine.tokenizer.token_id("<|im_start|>") is None:
+    if raw or tokenizer.token_id("<|im_start|>") is None:
         return text
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in names if k not in known]
     if unknown:
         ap.error(f"unknown prompt(s) {', '.join(unknown)}; known: {', '.join(known)}")
-    prompts = {k: render_prompt(engine, known[k], args.raw) for k in names}
+    prompts = {k: render_prompt(engine.tokenizer, known[k], args.raw) for k in names}
     temps = [t for t in args.temps.split(",") if t]
     wanted = set(c for c in args.configs.split(",") if c)
     # a config for a drafter the loaded pair lacks (the mtp ones beside a draft model, the model ones beside a head)

@@ -221,15 +221,16 @@ def summarize_humaneval(rows: list[dict[str, Any]], settings: list[Setting],
                 entry["vs_strict"] = {"both": both, "strict_only": only_ref, "setting_only": only_s,
                                       "neither": len(common) - both - only_ref - only_s,
                                       "mcnemar_p": mcnemar_exact(only_ref, only_s)}
-                entry["verdict"] = _verdict((lo, hi), ref_ci, only_ref, only_s)
+                entry["verdict"] = _verdict((lo, hi), ref_ci, only_ref, only_s, entry["vs_strict"]["mcnemar_p"])
             out.append(entry)
     return out
 
 
-def _verdict(ci: tuple[float, float], ref_ci: tuple[float, float] | None, ref_only: int, setting_only: int) -> str:
-    """A setting against strict: the paired test first (the same problems, the problems each alone passed), then
+def _verdict(ci: tuple[float, float], ref_ci: tuple[float, float] | None, ref_only: int, setting_only: int,
+             mcnemar_p: float) -> str:
+    """A setting against strict: the paired test first (``mcnemar_p`` over the problems each alone passed), then
     the intervals."""
-    if mcnemar_exact(ref_only, setting_only) < 0.05:
+    if mcnemar_p < 0.05:
         return "measurable loss" if ref_only > setting_only else "measurably better"
     if ref_ci is None or overlap(ci, ref_ci):
         return "no measurable loss"
