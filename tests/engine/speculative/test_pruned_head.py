@@ -58,6 +58,13 @@ def test_the_pruned_head_scores_exactly_the_kept_rows(tmp_path, fmt):
         assert torch.equal(again[:, ids], full[:, ids])
         torch.testing.assert_close(again[:, [4, 7]], full[:, [4, 7]], rtol=0, atol=0.05 * float(full.abs().max()))
         assert bool(torch.isneginf(again[:, 5]).all()) and model.output.extra_ids.tolist() == [4, 7]
+        # tokens kept or included already change nothing (the lookup that skips the tensor work); a new one among
+        # them, or beside ids out of range, is still included
+        model.output.include([0, 3, 4, 7, vocab - 1])
+        assert model.output.extra_ids.tolist() == [4, 7]
+        model.output.include([0, 7, 5, -1, vocab])
+        assert model.output.extra_ids.tolist() == [4, 7, 5]
+        assert not bool(torch.isneginf(model.forward([5], model.new_cache(4))[:, 5]).any())
     finally:
         model.close()
 
