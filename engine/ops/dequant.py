@@ -781,6 +781,19 @@ def integer_codes(raw: torch.Tensor, ggml_type: int, shape: tuple[int, int]) -> 
     return IntegerCodes(codes, bits, group, scales, zeros, offset or 0, scale_codes, zero_codes, supers)
 
 
+def requantize_q4(w: torch.Tensor) -> IntegerCodes:
+    """4-bit codes per 32 values by Q4_0's rule (ggml's: d = the block's value of largest magnitude / -8, codes
+    round(x / d) + 8 clamped to 0..15, d rounded to f16 first), for a lossy copy read only as a screen
+    (engine.models.pruned_head): half the bytes of Q8_0, a code error of up to d / 2 a weight."""
+    n, k = w.shape
+    g = w.reshape(n, k // 32, 32)
+    signed_max = torch.gather(g, -1, g.abs().argmax(dim=-1, keepdim=True)).squeeze(-1)
+    d = (signed_max / -8.0).to(torch.float16).float()
+    inverse = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    q = (g * inverse[..., None] + 8.5).floor_().clamp_(0, 15).to(torch.uint8)
+    return IntegerCodes(q.reshape(n, k), 4, 32, d, None, 8)
+
+
 def requantize_q8(w: torch.Tensor) -> IntegerCodes:
     """Symmetric 8-bit codes per 32 values (Q8_0's rule) for weights that have no exact layout."""
     n, k = w.shape

@@ -346,6 +346,28 @@ def _source(f: GGUFFile, name: str, rows: tuple[int, int] | None = None) -> _Sou
     return _Source(name, raw, info.ggml_type, n, k)
 
 
+@dataclass(frozen=True)
+class _Screen:
+    """A source's rows as 4-bit codes by Q4_0's rule (``dq.requantize_q4``), built as they are packed: a lossy
+    copy at half Q8_0's bytes, for scores that only pick out the rows worth scoring exactly
+    (engine.models.pruned_head). Packed as a Q4_0 tensor would be."""
+
+    source: _Source
+    ggml_type: int = dq.Q4_0
+
+    @property
+    def name(self) -> str:
+        return f"{self.source.name} (4-bit screen)"
+
+    @property
+    def n(self) -> int:
+        return self.source.n
+
+    @property
+    def k(self) -> int:
+        return self.source.k
+
+
 def _windows(srcs: Sequence[_Source], r0: int, r1: int):
     """(source, local start, local end) pieces covering fused output rows [r0, r1)."""
     off = 0
@@ -443,7 +465,9 @@ def _int4_weight(srcs: Sequence[_Source]) -> tuple[torch.Tensor, torch.Tensor, i
     return packed, scale_zeros, n
 
 
-def _qdot_rows(s: _Source, a: int, b: int) -> dq.IntegerCodes:
+def _qdot_rows(s: _Source | _Screen, a: int, b: int) -> dq.IntegerCodes:
+    if isinstance(s, _Screen):
+        return dq.requantize_q4(s.source.dequant_rows(a, b))
     if s.ggml_type in dq.INTEGER_CODE_LAYOUTS:
         return dq.integer_codes(s.raw[a:b], s.ggml_type, (b - a, s.k))
     return dq.requantize_q8(s.dequant_rows(a, b))
@@ -667,6 +691,21 @@ def load_linear_rows(f: GGUFFile, name: str, fmt: str, ids: torch.Tensor) -> Lin
     sub = _Source(name, src.raw.index_select(0, ids), src.ggml_type, len(ids), src.k)
     digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
     return _build_cached(f, f"{name}[rows {digest}]", [sub], None, kernel_for(sub.ggml_type, fmt, sub.k))
+
+
+def load_screen_rows(f: GGUFFile, name: str, ids: torch.Tensor) -> QDotLinear | None:
+    """A 4-bit copy (Q4_0's rule) of the rows ``ids`` of one GGUF weight, for the qdot kernel, or None where
+    that kernel is not fast here or K is not whole groups of 32: scores that only pick out the rows worth
+    scoring exactly (a pruned head's rest), at half the bytes a read of 8-bit rows costs."""
+    if not qdot_fast():
+        return None
+    src = _source(f, name)
+    if src.k % 32:
+        return None
+    ids = ids.to(torch.long)
+    sub = _Screen(_Source(name, src.raw.index_select(0, ids), src.ggml_type, len(ids), src.k))
+    digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
+    return _build_cached(f, f"{name}[rows {digest}, 4-bit screen]", [sub], None, "qdot4g32")
 
 
 # ============================================================================================

@@ -19,7 +19,10 @@ import pytest
 import torch
 
 from engine.models.loader import load_model
-from engine.models.pruned_head import PrunedHead, prune_output_head
+from engine.models.pruned_head import SCREEN_SIGMAS, PrunedHead, prune_output_head
+from engine.ops import dequant as dq
+from engine.ops.kernels import qdot_fast
+from engine.ops.linear import QDotLinear, load_linear_rows
 from engine.contract.protocol import LoadSpec
 from engine.runtime import ModelRuntime
 from engine.text import token_frequency as tf
@@ -51,7 +54,10 @@ def test_the_pruned_head_scores_exactly_the_kept_rows(tmp_path, fmt):
         # the rows it does not score are kept apart: completing recorded scorings gives the full head's logits
         out = model.forward([5, 6, 7, 8], model.new_cache(16), logits_for="last", return_hidden=True)
         completed = model.output.complete(out.hidden[-1:], out.logits)
-        torch.testing.assert_close(completed, full[-1:], rtol=0, atol=1e-5 * float(full.abs().max()))
+        if model.output.rest_error is None:  # an exact rest (a 4-bit screen's: the next test)
+            torch.testing.assert_close(completed, full[-1:], rtol=0, atol=1e-5 * float(full.abs().max()))
+        else:
+            assert int(completed.argmax()) == int(full[-1:].argmax())
         # a request's own tokens are scored too once included (dequantized rows: float rounding apart)
         model.output.include([4, 7, 4])
         again = model.forward([5, 6, 7, 8], model.new_cache(16))
@@ -65,6 +71,48 @@ def test_the_pruned_head_scores_exactly_the_kept_rows(tmp_path, fmt):
         model.output.include([0, 7, 5, -1, vocab])
         assert model.output.extra_ids.tolist() == [4, 7, 5]
         assert not bool(torch.isneginf(model.forward([5], model.new_cache(4))[:, 5]).any())
+    finally:
+        model.close()
+
+
+def test_a_4_bit_rest_finds_each_positions_best_token_with_its_exact_score(tmp_path):
+    """On the qdot kernel the rows a pruned head does not score are kept as a 4-bit screen (half Q8_0's
+    bytes, read once a drafted round): ``complete`` gives every row that could be a position's best its exact
+    score, so the full head's best token and its score come out as with an exact rest."""
+    if not qdot_fast():
+        pytest.skip("the 4-bit screen needs the qdot kernel's vector path")
+    path = write_tiny_gguf(tmp_path / "m.gguf", TinySpec(arch="qwen2", dtype="Q8_0", tied_output=False, seed=5))
+    model = load_model(path, fmt="qdot")
+    try:
+        vocab = model.config.vocab_size
+        f = model.gguf
+        info = f.tensors["output.weight"]
+        weight = dq.dequantize(dq.raw_tensor(f, "output.weight"), info.ggml_type, tuple(info.shape))
+        ids = torch.tensor(sorted(set(range(0, vocab, 3))))
+        prune_output_head(model, ids)
+        head = model.output
+        assert isinstance(head.rest, QDotLinear) and head.rest.bits == 4 and head.rest_error is not None
+        exact_rest = load_linear_rows(f, "output.weight", "qdot", head.rest_ids)
+        assert head.rest.weight_nbytes() < 0.6 * exact_rest.weight_nbytes()
+        # inputs pointing at rest rows (each position's best is then mostly a row the pruned head does not
+        # score) and at kept rows, with noise that leaves close runners-up
+        gen = torch.Generator().manual_seed(0)
+        rest_rows = head.rest_ids[torch.randint(len(head.rest_ids), (48,), generator=gen)]
+        kept_rows = ids[torch.randint(len(ids), (16,), generator=gen)]
+        x = weight[torch.cat([rest_rows, kept_rows])] * 40.0
+        x = x + torch.randn(x.shape, generator=gen) * float(x.std()) * 0.5
+        pruned = head(x)
+        completed = head.complete(x, pruned)
+        reference = pruned.clone()  # what an exact rest gives: kept rows as scored, the others from their rows
+        reference[:, head.rest_ids] = x @ weight[head.rest_ids].t()
+        best = reference.argmax(dim=1)
+        assert torch.equal(completed.argmax(dim=1), best)
+        assert bool(torch.isin(best, head.rest_ids).float().mean() > 0.5)  # the rest's exact scores were needed
+        torch.testing.assert_close(completed.gather(1, best[:, None]), reference.gather(1, best[:, None]),
+                                   rtol=1e-5, atol=1e-4)
+        # every other score is the screen's, within its margin
+        margin = SCREEN_SIGMAS * x.norm(dim=1, keepdim=True) * head.rest_error
+        assert bool(((completed[:, head.rest_ids] - reference[:, head.rest_ids]).abs() <= margin).all())
     finally:
         model.close()
 
