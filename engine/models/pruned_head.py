@@ -34,7 +34,7 @@ from engine.ops.memory import place_on_huge_pages
 # Rows dequantized for requests' tokens, at most: past it they start over from the current request's.
 MAX_EXTRA_ROWS = 4096
 # Standard deviations of a 4-bit screened score's error within which a row is scored again exactly
-# (PrunedHead._rescore_near_best): measured errors on Qwen2.5-Coder-0.5B's head stayed within 6.
+# (PrunedHead._rescore_near_best): on Qwen2.5-Coder-0.5B's head the largest of 118M measured errors was 4.1.
 SCREEN_SIGMAS = 8.0
 
 
