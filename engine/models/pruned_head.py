@@ -69,22 +69,24 @@ class PrunedHead(Linear):
     def extra_ids(self) -> torch.Tensor:
         return self._extra[1]
 
-    def include(self, tokens: Iterable[int]) -> None:
-        """Score these tokens too from now on (those not kept yet get their dequantized rows)."""
+    def include(self, tokens: Iterable[int]) -> int:
+        """Score these tokens too from now on (those not kept yet get their dequantized rows). Returns how many of
+        them were not scored before (each time one occurs)."""
         tokens = list(tokens)
         known = self._extra[3]
         # The drafter includes what every step committed, mostly tokens kept already: looked up in bytes,
         # that costs microseconds, where the tensor work below cost 0.2 ms a step (0.6 % of a target step
         # of Qwen2.5-Coder-1.5B on an AVX2 host, paid by plain steps too)
-        if all(known[t] for t in tokens if 0 <= t < self.out_features):
-            return
+        unscored = sum(1 for t in tokens if 0 <= t < self.out_features and not known[t])
+        if not unscored:
+            return 0
         t = torch.as_tensor(tokens, dtype=torch.long)
         t = t[(t >= 0) & (t < self.out_features)]
         with self._lock:
             kept, extra_ids, extra_rows, _ = self._extra
             new = torch.unique(t[~kept[t]])
             if not len(new):
-                return
+                return unscored
             kept = kept.clone()
             if len(extra_ids) + len(new) > MAX_EXTRA_ROWS:
                 kept[extra_ids] = False
@@ -94,6 +96,7 @@ class PrunedHead(Linear):
             kept[new] = True
             self._extra = (kept, torch.cat([extra_ids, new]),
                            torch.cat([extra_rows, self._rows(new).to(self.compute_dtype)]), _as_bytes(kept))
+        return unscored
 
     def _matmul(self, x2: torch.Tensor) -> torch.Tensor:
         _, extra_ids, extra_rows, _ = self._extra

@@ -31,44 +31,13 @@ list's copy is right on its commas and spaces.)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
-from engine.speculative.drafter import DraftContext, Drafter, Proposal, TargetOutput
+from engine.speculative.drafter import DraftContext, Drafter, Proposal, TargetOutput, TokenAcceptance
 from engine.speculative.ngram import NgramDrafter
 
 #: How far ahead the copy's shadow proposal reaches (a certain copy drafts up to the cap, at most 8 deep).
 SHADOW_TOKENS = 8
-
-
-@dataclass
-class TokenAcceptance:
-    """A per-token acceptance estimate from drafts checked against committed tokens: decayed counts
-    behind a Beta mean (``prior`` worth ``weight`` tokens)."""
-
-    prior: float = 0.5
-    weight: float = 2.0
-    decay: float = 0.9  # per checked round: what the last ~10 rounds said
-    hits: float = 0.0
-    trials: float = 0.0
-    streak: int = 0  # checked tokens that agreed since the last that did not
-
-    def check(self, drafted: Sequence[int], committed: Sequence[int]) -> None:
-        """Drafts ``drafted`` against the round's ``committed`` run: the agreeing prefix counts as accepted,
-        the first disagreement as rejected, and nothing past it (or past the run) is known."""
-        checked = min(len(drafted), len(committed))
-        if checked == 0:
-            return
-        agree = 0
-        while agree < checked and drafted[agree] == committed[agree]:
-            agree += 1
-        self.streak = self.streak + agree if agree == checked else 0
-        self.hits = self.decay * self.hits + agree
-        self.trials = self.decay * self.trials + agree + (1 if agree < checked else 0)
-
-    @property
-    def estimate(self) -> float:
-        return (self.prior * self.weight + self.hits) / (self.weight + self.trials)
 
 
 class CopyFirstDrafter(Drafter):

@@ -89,6 +89,10 @@ class DepthController(Protocol):
 
     def observe_catchup(self, tokens: int, seconds: float) -> None: ...
 
+    def token_seconds(self) -> float | None:
+        """What a plain target step costs now, as far as the controller knows (None: it does not price)."""
+        ...
+
 
 @dataclass
 class FixedDepth:
@@ -109,6 +113,9 @@ class FixedDepth:
 
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         pass
+
+    def token_seconds(self) -> float | None:
+        return None  # a fixed depth prices nothing: a drafter does all its optional work
 
 
 #: The deepest draft ``AdaptiveDepth`` considers. ``choose`` runs before every token and scores each
@@ -389,6 +396,9 @@ class AdaptiveDepth:
         """Measured step time (drafting excluded) at ``width``, or an optimistic estimate."""
         return self.verify_times.estimate(width)
 
+    def token_seconds(self) -> float | None:
+        return self.verify_cost(1)
+
     def drafting_cost(self, n: int) -> float:
         """The drafter's time for a proposal of ``n`` tokens (0 until measured: optimistic)."""
         if n <= 0 or not self._drafting:
@@ -563,6 +573,9 @@ class PerSourceDepth:
 
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         self.controllers[self._current].observe_catchup(tokens, seconds)
+
+    def token_seconds(self) -> float | None:
+        return self.controllers[self._current].token_seconds() if self._current else None
 
 
 def _non_decreasing(points: list[tuple[int, float, int]]) -> dict[int, float]:

@@ -11,7 +11,7 @@ from torch import Tensor
 from engine.cache.kv import KVCache
 from engine.ops.memory import model_bytes
 from engine.speculative.drafter import EMPTY, DraftContext, Drafter, Proposal, TargetOutput, sample_chain
-from engine.speculative.full_head_check import correct_chain
+from engine.speculative.full_head_check import CheckPrice, correct_chain
 
 
 class DraftModelDrafter(Drafter):
@@ -38,20 +38,28 @@ class DraftModelDrafter(Drafter):
         # waits for, and under load the controller rarely drafts at all)
         self.lazy_prompt = False
         self._included = 0  # tokens[:_included] are scored by a pruned head (lazy_prompt: up to the last proposal)
+        self._prompt_end = 0  # tokens[:_prompt_end] are the request's prompt
+        # A pruned head's chain check, priced by the text (how often its tokens are ones the head did not score)
+        self.check_price = CheckPrice()
+        self.checks_skipped = 0  # chains left unchecked because the check would not have paid, since load
+        self._last_drafts: list[int] = []
 
-    def _include(self, tokens: Sequence[int]) -> None:
-        """A pruned head (``draft_vocab``) scores the request's own tokens too."""
+    def _include(self, tokens: Sequence[int]) -> int:
+        """A pruned head (``draft_vocab``) scores the request's own tokens too; how many it did not score before."""
         include = getattr(self.model.output, "include", None)
-        if include is not None:
-            include(tokens)
+        return (include(tokens) or 0) if include is not None else 0
 
     def _include_pending(self) -> None:
         """Include every token since the last inclusion: with ``lazy_prompt`` this waits for a proposal, like the
         prompt's forward (a quarter of a millisecond a token, which sequences decoding plainly side by side
-        would otherwise pay one after another at every step)."""
+        would otherwise pay one after another at every step). The generated ones among them tell the check's
+        price how often the text leaves the head's tokens."""
         start = min(self._included, len(self.tokens))
-        if start < len(self.tokens):
-            self._include(self.tokens[start:])
+        split = min(max(start, self._prompt_end), len(self.tokens))
+        if start < split:
+            self._include(self.tokens[start:split])
+        if split < len(self.tokens):
+            self.check_price.observe_committed(len(self.tokens) - split, self._include(self.tokens[split:]))
         self._included = len(self.tokens)
 
     def _sync(self) -> None:
@@ -61,6 +69,9 @@ class DraftModelDrafter(Drafter):
     def begin(self, tokens: Sequence[int]) -> None:
         super().begin(tokens)
         self._included = 0
+        self._prompt_end = len(self.tokens)
+        self.check_price.begin_request()
+        self._last_drafts = []
         if not self.lazy_prompt:
             self._include_pending()
         # A new request keeps what the cache can resume from: a recurrent cache (engine.cache.recurrent)
@@ -72,6 +83,8 @@ class DraftModelDrafter(Drafter):
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         super().commit(tokens_committed, n_total, target)
+        self.check_price.observe_round(self._last_drafts, tokens_committed)
+        self._last_drafts = []
         if not self.lazy_prompt:
             self._include_pending()
         self._sync()
@@ -124,12 +137,19 @@ class DraftModelDrafter(Drafter):
             return row
 
         prop = sample_chain(k, ctx, self.tokens, self.vocab_size, logits[-1:], advance, catchup, caught_up)
+        self._last_drafts = list(prop.tokens)
         if not check or not prop.tokens:
             return prop
         n = len(prop.tokens)  # one scoring per drafted position (a draft_p_min stop scored one more)
+        if not self.check_price.worth(n, ctx.token_seconds):
+            self.checks_skipped += 1
+            return prop
+        t0 = time.perf_counter()
         full = head.complete(torch.cat(inputs[:n]), torch.cat(pruned[:n]))
         prop, replaced = correct_chain(prop, full, self.tokens, ctx, self.vocab_size)
+        self.check_price.observe_check(time.perf_counter() - t0)
         self.corrected += replaced
+        self._last_drafts = list(prop.tokens)
         return prop
 
     def reset(self) -> None:

@@ -57,12 +57,45 @@ EMPTY = Proposal([], None, [])
 
 
 @dataclass
+class TokenAcceptance:
+    """A per-token acceptance estimate from drafts checked against committed tokens: decayed counts
+    behind a Beta mean (``prior`` worth ``weight`` tokens)."""
+
+    prior: float = 0.5
+    weight: float = 2.0
+    decay: float = 0.9  # per checked round: what the last ~10 rounds said
+    hits: float = 0.0
+    trials: float = 0.0
+    streak: int = 0  # checked tokens that agreed since the last that did not
+
+    def check(self, drafted: Sequence[int], committed: Sequence[int]) -> None:
+        """Drafts ``drafted`` against the round's ``committed`` run: the agreeing prefix counts as accepted,
+        the first disagreement as rejected, and nothing past it (or past the run) is known."""
+        checked = min(len(drafted), len(committed))
+        if checked == 0:
+            return
+        agree = 0
+        while agree < checked and drafted[agree] == committed[agree]:
+            agree += 1
+        self.streak = self.streak + agree if agree == checked else 0
+        self.hits = self.decay * self.hits + agree
+        self.trials = self.decay * self.trials + agree + (1 if agree < checked else 0)
+
+    @property
+    def estimate(self) -> float:
+        return (self.prior * self.weight + self.hits) / (self.weight + self.trials)
+
+
+@dataclass
 class DraftContext:
     """What a proposal may depend on besides the drafter's own state."""
 
     sampling: SamplingOptions
     generator: torch.Generator  # the drafter's own stream: its draws never shift the target's
     p_min: float = 0.0  # stop drafting when the top probability falls below this
+    # What a target step costs now (the depth controller's estimate; None with a fixed depth): what a token
+    # the round gains or loses is worth, for a drafter pricing optional work (a pruned head's chain check)
+    token_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,76 @@ The drafts that come out are the full-vocabulary drafter's, up to the kernels' n
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Sequence
+
 import torch
 from torch import Tensor
 
 from engine.sampling.sampler import process, sample_from_probs
-from engine.speculative.drafter import DraftContext, Proposal, confidence, fit_vocab, stack
+from engine.speculative.drafter import DraftContext, Proposal, TokenAcceptance, confidence, fit_vocab, stack
+
+
+@dataclass
+class CheckPrice:
+    """Whether a chain's check pays for itself on the text at hand.
+
+    The check costs a read of the rows the head does not score, a few milliseconds a round whatever it finds,
+    and it gains only where the target's token is one of those rows: the drafts a round would otherwise lose
+    there. How often that is shows for free in what is committed (tokens the head had not scored,
+    ``observe_committed``): measured on the Qwen2.5-Coder pair, the check corrected 10-52 % of the drafts on
+    prose, French and Chinese and 0-4 % on code, lists and edits (docs/bench/speculation-defaults.md). What a
+    correction gains is one token: at the first draft whose target token the head could not score, the
+    unchecked chain is rejected and the target emits that token itself, while the corrected chain ends with it
+    (drafted by the full head, accepted as often as the drafter's drafts are: ``a``) and the target adds the next.
+    Draft j is reached when the j - 1 before it are accepted, so a chain of ``k`` drafts is checked when
+    ``rate * (a + a^2 + ... + a^k) * token_seconds > cost``. A drafter that is nearly always right
+    (``always_above``: a model drafting for itself) is always checked, so that it keeps every draft the full
+    head would make."""
+
+    always_above: float = 0.95
+    # Unscored tokens among the committed ones: a decayed rate (``decay`` per token), reset by each request to
+    # ``prior`` worth ``prior_weight`` tokens (the text's own rate is soon known; carried over, a code request after
+    # a Chinese one would check its first hundred rounds for nothing)
+    prior: float = 0.1
+    prior_weight: float = 8.0
+    decay: float = 0.98
+    unscored: float = 0.0
+    seen: float = 0.0
+    # taken to be good until the drafter has drafted (the same prior as a copy's rival: engine.speculative.copy_first)
+    acceptance: TokenAcceptance = field(default_factory=lambda: TokenAcceptance(prior=1.0))
+    cost: float | None = None  # the last checks' time, seconds (the lowest of the last few)
+    _costs: list[float] = field(default_factory=list)
+
+    def begin_request(self) -> None:
+        self.unscored = self.seen = 0.0
+
+    @property
+    def rate(self) -> float:
+        return (self.prior * self.prior_weight + self.unscored) / (self.prior_weight + self.seen)
+
+    def observe_committed(self, tokens: int, unscored: int) -> None:
+        """``tokens`` committed, of which ``unscored`` were tokens the head did not score."""
+        for i in range(tokens):
+            self.unscored = self.decay * self.unscored + (1.0 if i < unscored else 0.0)
+            self.seen = self.decay * self.seen + 1.0
+
+    def observe_round(self, drafted: Sequence[int], committed: Sequence[int]) -> None:
+        self.acceptance.check(drafted, committed)
+
+    def observe_check(self, seconds: float) -> None:
+        self._costs = (self._costs + [seconds])[-8:]
+        self.cost = min(self._costs)  # noise only ever adds time
+
+    def worth(self, k: int, token_seconds: float | None) -> bool:
+        """Whether to check a chain of ``k`` drafts when a target step costs ``token_seconds``."""
+        if token_seconds is None or self.cost is None or k <= 0:
+            return True  # nothing to price with (a fixed depth), or the check not timed yet
+        a = self.acceptance.estimate
+        if a >= self.always_above:
+            return True
+        gained = sum(a ** j for j in range(1, k + 1))  # tokens a correction at each reachable draft gains
+        return self.rate * gained * token_seconds > self.cost
 
 
 def correct_chain(prop: Proposal, full_logits: Tensor, history: list[int], ctx: DraftContext,

@@ -267,6 +267,8 @@ class DecodeLoop:
         P = len(self.log) - 1
         k = self._depth()
         t0 = self.clock()
+        if k > 0:
+            self.draft_ctx.token_seconds = self.controller.token_seconds()
         prop = self.drafter.propose(k, self.draft_ctx) if k > 0 else EMPTY
         drafts = [int(t) for t in prop.tokens[:k]]
         q = prop.q[: len(drafts)] if (prop.q is not None and drafts) else None

@@ -19,7 +19,7 @@ from engine.runtime import ModelRuntime
 from engine.sampling.sampler import SamplingOptions
 from engine.speculative.copy_first import CopyFirstDrafter
 from engine.speculative.drafter import DraftContext, Drafter, Proposal
-from engine.speculative.full_head_check import correct_chain
+from engine.speculative.full_head_check import CheckPrice, correct_chain
 from engine.speculative.ngram import NgramDrafter
 from tests.engine.speculative.test_speculation import generate, write_model
 
@@ -65,6 +65,60 @@ def test_a_self_draft_accepts_every_draft_with_default_options(pruned_self_engin
 
 
 # -- the full head's correction of a pruned chain ------------------------------------------------------------
+
+
+def test_the_chain_check_is_priced_by_how_often_the_text_leaves_the_heads_tokens():
+    """A check costs its time whatever it finds and gains a token where the target's token is one the pruned head
+    could not score: it runs when that rate, the drafter's acceptance and a target step's time make it pay."""
+    price = CheckPrice()
+    assert price.worth(2, 0.03) and price.worth(2, None)  # not timed yet; a fixed depth prices nothing
+    price.observe_check(0.003)
+    price.observe_round([5, 6], [5, 7])  # the drafter's acceptance falls below the always-check threshold
+    price.observe_round([8], [9])
+    assert price.acceptance.estimate < price.always_above
+    price.observe_committed(200, 0)  # a text (code) whose every token the head scores
+    assert not price.worth(1, 0.03) and not price.worth(4, 0.03)
+    assert price.worth(4, 0.03 * 1000)  # a slow enough target step makes even a rare rescue pay
+    price.observe_committed(50, 30)  # a text (Chinese) that leaves the head's tokens at every other token
+    assert price.worth(1, 0.03)
+    price.begin_request()  # a new request starts from the prior, not the last text's rate
+    assert price.rate == price.prior
+    perfect = CheckPrice()
+    perfect.observe_check(0.003)
+    perfect.observe_committed(200, 0)
+    perfect.observe_round([5, 6], [5, 6])
+    assert perfect.worth(1, 1e-6)  # a drafter that is always right is always checked (a self-draft keeps it all)
+
+
+def test_a_draft_model_skips_the_check_only_where_it_would_not_pay(models):
+    """The drafter's own bookkeeping feeds the price: its drafts against what was committed, and the generated
+    tokens its pruned head had not scored; a chain it leaves unchecked is the pruned head's."""
+    d, target, _ = models
+    other = write_model(d, "other", 1)  # a drafter that disagrees with the target, so it is priced
+    engine = ModelRuntime.load(LoadSpec(model_path=str(target), draft_path=str(other), num_ctx=128,
+                                        weight_format="f32", draft_weight_format="f32", device="cpu",
+                                        draft_vocab=200, pack_dir=str(d / "packs-other")))
+    try:
+        drafter = engine.drafters["model"]
+        ctx = DraftContext(SamplingOptions(temperature=0), torch.Generator().manual_seed(0))
+        drafter.begin([3, 4, 5, 6])
+
+        def round_rejected(token_seconds: float | None) -> None:
+            """A round of two drafts whose first the target rejects (committing another token)."""
+            ctx.token_seconds = token_seconds
+            drafts = drafter.propose(2, ctx).tokens
+            drafter.commit([drafts[0] + 1], len(drafter.tokens) + 1)
+
+        round_rejected(1e-9)  # a free target step: no rescue pays, but the check is timed once first
+        assert drafter.checks_skipped == 0 and drafter.check_price.cost is not None
+        round_rejected(1e-9)
+        assert drafter.checks_skipped == 1
+        round_rejected(1e9)  # a dear target step: every rescue pays
+        assert drafter.checks_skipped == 1
+        round_rejected(None)  # a fixed depth: always checked
+        assert drafter.checks_skipped == 1
+    finally:
+        engine.close()
 
 
 def test_a_greedy_chain_is_cut_where_the_full_head_disagrees():
