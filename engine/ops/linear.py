@@ -686,26 +686,26 @@ def _load_linear(f: GGUFFile, names: str | Sequence[str], fmt: str, *,
 def load_linear_rows(f: GGUFFile, name: str, fmt: str, ids: torch.Tensor) -> Linear:
     """A linear over the rows ``ids`` (int64, any order) of one GGUF weight, on the CPU: output j is
     row ``ids[j]``'s (a pruned output head). ``fmt`` as for :func:`load_linear`."""
+    sub, digest = _selected_rows(f, name, ids)
+    return _build_cached(f, f"{name}[rows {digest}]", [sub], None, kernel_for(sub.ggml_type, fmt, sub.k))
+
+
+def _selected_rows(f: GGUFFile, name: str, ids: torch.Tensor) -> tuple[_Source, str]:
+    """The rows ``ids`` of one GGUF weight as a source, and a digest of ``ids`` for the packed-weight cache's key."""
     src = _source(f, name)
     ids = ids.to(torch.long)
-    sub = _Source(name, src.raw.index_select(0, ids), src.ggml_type, len(ids), src.k)
-    digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
-    return _build_cached(f, f"{name}[rows {digest}]", [sub], None, kernel_for(sub.ggml_type, fmt, sub.k))
+    return (_Source(name, src.raw.index_select(0, ids), src.ggml_type, len(ids), src.k),
+            hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16])
 
 
 def load_screen_rows(f: GGUFFile, name: str, ids: torch.Tensor) -> QDotLinear | None:
     """A 4-bit copy (Q4_0's rule) of the rows ``ids`` of one GGUF weight, for the qdot kernel, or None where
     that kernel is not fast here or K is not whole groups of 32: scores that only pick out the rows worth
     scoring exactly (a pruned head's rest), at half the bytes a read of 8-bit rows costs."""
-    if not qdot_fast():
+    if not qdot_fast() or f.tensors[name].shape[-1] % 32:
         return None
-    src = _source(f, name)
-    if src.k % 32:
-        return None
-    ids = ids.to(torch.long)
-    sub = _Screen(_Source(name, src.raw.index_select(0, ids), src.ggml_type, len(ids), src.k))
-    digest = hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
-    return _build_cached(f, f"{name}[rows {digest}, 4-bit screen]", [sub], None, "qdot4g32")
+    rows, digest = _selected_rows(f, name, ids)
+    return _build_cached(f, f"{name}[rows {digest}, 4-bit screen]", [_Screen(rows)], None, "qdot4g32")
 
 
 # ============================================================================================

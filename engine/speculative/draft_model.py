@@ -47,7 +47,7 @@ class DraftModelDrafter(Drafter):
     def _include(self, tokens: Sequence[int]) -> int:
         """A pruned head (``draft_vocab``) scores the request's own tokens too; how many it did not score before."""
         include = getattr(self.model.output, "include", None)
-        return (include(tokens) or 0) if include is not None else 0
+        return include(tokens) if include is not None else 0
 
     def _include_pending(self) -> None:
         """Include every token since the last inclusion: with ``lazy_prompt`` this waits for a proposal, like the

@@ -36,8 +36,7 @@ class CheckPrice:
     """Whether a chain's check pays for itself on the text at hand.
 
     The check costs a read of the rows the head does not score, a few milliseconds a round whatever it finds,
-    and it gains only where the target's token is one of those rows: the drafts a round would otherwise lose
-    there. How often that is shows for free in what is committed (tokens the head had not scored,
+    and it gains only where the target's token is one of those rows. How often that is shows for free in what is committed (tokens the head had not scored,
     ``observe_committed``): measured on the Qwen2.5-Coder pair, the check corrected 10-52 % of the drafts on
     prose, French and Chinese and 0-4 % on code, lists and edits (docs/bench/speculation-defaults.md). What a
     correction gains is one token: at the first draft whose target token the head could not score, the
