@@ -296,11 +296,7 @@ class ModelRuntime:
         if req.images:
             raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
         should_stop = should_stop or (lambda: False)
-        # The context loaded (the server's context length, or num_ctx set at load) unless the request
-        # asks for less: Options' 4096 default must not cap a larger context nobody asked to cap.
-        num_ctx = self.cache.capacity
-        if "num_ctx" in req.options.explicit and req.options.num_ctx > 0:  # <= 0 would leave no room at all
-            num_ctx = min(req.options.num_ctx, num_ctx)
+        num_ctx = req.options.effective_num_ctx(self.cache.capacity)
         num_keep = req.options.num_keep  # < 0: keep everything (the whole context, then the whole prompt)
         prompt = self._prompt_tokens(req, num_ctx, num_keep if num_keep >= 0 else num_ctx)
         try:

@@ -85,7 +85,7 @@ def engine_info(model: StoredModel, options: dict[str, Any] | None, settings: Se
         merged = Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(400, str(e)) from None
-    backend = merged.engine if "engine" in merged.explicit else settings.engine
+    backend = merged.explicit_or("engine", settings.engine)
     out: dict[str, Any] = {"backend": backend}
     if backend == "vllm":
         launch = vllm_launch(model, settings.vllm)

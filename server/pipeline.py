@@ -219,7 +219,7 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
     prompt fits num_ctx), which needs the loaded engine's tokenizer."""
 
     async def build(lease: Lease) -> EngineRequest:
-        num_ctx = lease.runner.spec.num_ctx
+        num_ctx = options.effective_num_ctx(lease.runner.spec.num_ctx)
 
         def fits(text: str) -> bool:
             return len(lease.engine.tokenize(text, prompting.add_bos_for(text))) < num_ctx

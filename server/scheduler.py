@@ -231,7 +231,7 @@ class Scheduler:
         set explicitly count (a change reloads the engine); num_ctx defaults to the server's context
         length and is capped at the model's trained context length, as Ollama does."""
         trained = int(model.config.get("context_length") or 0)
-        num_ctx = options.num_ctx if "num_ctx" in options.explicit else 0
+        num_ctx = options.explicit_or("num_ctx", 0)
         if num_ctx <= 0:
             num_ctx = self.settings.context_length
             if trained:
@@ -239,9 +239,9 @@ class Scheduler:
         elif trained and num_ctx > trained:
             log.warning("requested context size too large for model: num_ctx=%d n_ctx_train=%d", num_ctx, trained)
             num_ctx = trained
-        num_thread = (options.num_thread if "num_thread" in options.explicit else 0) or self.settings.num_thread or 0
-        weight_format = options.weight_format if "weight_format" in options.explicit else self.settings.weight_format
-        engine = options.engine if "engine" in options.explicit else self.settings.engine
+        num_thread = options.explicit_or("num_thread", 0) or self.settings.num_thread or 0
+        weight_format = options.explicit_or("weight_format", self.settings.weight_format)
+        engine = options.explicit_or("engine", self.settings.engine)
         assert model.model_path is not None
         return LoadSpec(
             engine=engine,

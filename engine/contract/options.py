@@ -212,6 +212,19 @@ class Options:
     def _with(cls, values: Mapping[str, Any]) -> "Options":
         return cls(**values, explicit=frozenset(values))
 
+    def explicit_or(self, name: str, fallback: Any) -> Any:
+        """The value the model's parameters or the request set for ``name``, else ``fallback`` (the server's
+        setting): the option table's own default never overrides how the server was started."""
+        return getattr(self, name) if name in self.explicit else fallback
+
+    def effective_num_ctx(self, loaded: int) -> int:
+        """The context a request runs in on an engine loaded with ``loaded`` positions: the request's own
+        ``num_ctx`` where it set a smaller positive one (an engine serves smaller contexts without a reload,
+        server.lifecycle.serves), else what was loaded. Every place that fits a prompt or caps a generation
+        asks this, so the server's chat truncation and the engine's cut agree on one number."""
+        wanted = self.explicit_or("num_ctx", 0)
+        return min(wanted, loaded) if wanted > 0 else loaded
+
     def device(self) -> str:
         """Where the native engine loads the model, from Ollama's ``num_gpu`` (layers to offload) and ``main_gpu``:
         the CPU unless layers are asked for (``num_gpu`` > 0), then the whole model on GPU ``main_gpu`` (tandem

@@ -139,9 +139,7 @@ class VllmRuntime:
         why = refusal(req.options, self.launch)
         if why is not None:
             raise EngineError(why, 400)
-        num_ctx = self.facts.context_length
-        if "num_ctx" in req.options.explicit and 0 < req.options.num_ctx < num_ctx:
-            num_ctx = req.options.num_ctx
+        num_ctx = req.options.effective_num_ctx(self.facts.context_length)
         prompt = self._prompt_tokens(req, num_ctx)
         max_tokens = num_ctx - len(prompt)
         if req.options.num_predict > 0:

@@ -113,7 +113,7 @@ async def _embed(ctx: ServerContext, endpoint: str, name: str, model: StoredMode
     if not inputs:
         lease.release()
         return _Embedded([], 0, load_ns)
-    num_ctx = options.num_ctx if "num_ctx" in options.explicit and options.num_ctx > 0 else 0
+    num_ctx = options.effective_num_ctx(lease.runner.facts.context_length)
     try:
         result: EmbedResult = await anyio.to_thread.run_sync(
             lease.engine.embed, EmbedRequest(inputs=inputs, truncate=truncate, num_ctx=num_ctx))

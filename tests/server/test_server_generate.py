@@ -252,6 +252,33 @@ def _engine_pid(http: httpx.Client) -> int:
 
 # Greedy decoding of the tiny random model repeats one token and never samples EOS: this runs for a
 # long time (tens of seconds) unless it is cancelled.
+def test_a_chat_asking_for_a_smaller_context_drops_whole_old_messages(http: httpx.Client) -> None:
+    """The engine is loaded with 4096 positions; a chat asking for num_ctx 512 is truncated by the server
+    against 512 (the oldest whole messages dropped, as Ollama's chatPrompt does), so the engine cuts nothing
+    in the middle of a message."""
+    assert http.post("/api/generate", json={"model": "tiny", "prompt": "x", "stream": False}).status_code == 200
+    [loaded] = [m for m in http.get("/api/ps").json()["models"] if m["name"] == "tiny:latest"]
+    assert loaded["context_length"] == 4096
+    messages = [{"role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"message {i}: " + " ".join(f"w{i}x{j}" for j in range(40))} for i in range(15)]
+
+    def prompt_tokens(msgs: list[dict], num_ctx: int) -> int:
+        r = http.post("/api/chat", json={"model": "tiny", "messages": msgs, "stream": False,
+                                         "options": {"num_ctx": num_ctx, "num_predict": 1}})
+        assert r.status_code == 200, r.text
+        return r.json()["prompt_eval_count"]
+
+    whole = prompt_tokens(messages, 4096)
+    assert whole > 1024  # the conversation does not fit in 512
+    cut = prompt_tokens(messages, 512)
+    assert cut < 512
+    # what the engine received is the rendered conversation of its newest messages, whole
+    suffixes = {k: prompt_tokens(messages[-k:], 4096) for k in range(1, len(messages))}
+    assert cut in suffixes.values()
+    kept = max(k for k, n in suffixes.items() if n < 512)
+    assert suffixes[kept] == cut  # as many of the newest messages as fit
+
+
 LONG = {"model": "tiny", "prompt": "write a lot", "options": {"num_predict": 4000, "temperature": 0}}
 
 

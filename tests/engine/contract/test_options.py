@@ -258,3 +258,15 @@ def test_plan_carries_the_tunables():
                                  has_draft_layer=True, has_mtp_head=False)
         assert (other.drafter, other.copy) == (drafter, False)
     assert list(plan.as_options()) == list(SPECULATION_DEFAULTS)
+
+
+def test_effective_num_ctx_is_the_smaller_context_a_request_asked_for() -> None:
+    """One rule for every route and runtime: a positive num_ctx the model or request set, capped at what the
+    engine loaded; the table's default (4096) and values <= 0 never narrow a loaded context."""
+    assert Options().effective_num_ctx(8192) == 8192  # the default 4096 was not asked for
+    assert Options.from_map({"num_ctx": 512}).effective_num_ctx(4096) == 512
+    assert Options.from_map({"num_ctx": 16384}).effective_num_ctx(4096) == 4096
+    assert Options.from_map({"num_ctx": 0}).effective_num_ctx(4096) == 4096
+    assert Options.from_map({"num_ctx": -1}).effective_num_ctx(4096) == 4096
+    assert Options.from_map({"num_thread": 3}).explicit_or("num_thread", 8) == 3
+    assert Options().explicit_or("num_thread", 8) == 8
