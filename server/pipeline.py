@@ -77,6 +77,8 @@ class Generation:
         self._watch: asyncio.Task | None = None
         self._gone = asyncio.Event()
         self.client_gone = False
+        self._build: Callable[[Lease], Awaitable[EngineRequest]] | None = None
+        self._retried = False
 
     async def _check_completion(self) -> None:
         """An embedding model cannot generate: Ollama's 400 `"<model>" does not support generate` (`chat`
@@ -89,25 +91,50 @@ class Generation:
     async def open(self, build: Callable[[Lease], Awaitable[EngineRequest]]) -> None:
         """Lease the model's engine (loading it if needed) and prepare the engine request."""
         await self._check_completion()
+        self._build = build
         self._start_watch()
         try:
-            self.lease = await self._acquire()
-            try:
-                engine_req = await build(self.lease)
-            except EngineError as e:  # the engine died or froze while the prompt was tokenized
-                self.lease.release()
-                log.error("%s %s: %s", self.endpoint, self.name, e)
-                raise ApiError(e.status, str(e)) from None
-            except BaseException:
-                self.lease.release()
-                raise
-            self.prompt = engine_req.prompt
-            self.stream = GenerationStream(self.lease, engine_req)
-            if self.client_gone:
-                self.stream.cancel()
+            await self._open_stream()
         except BaseException:
             self._stop_watch()
             raise
+
+    async def _open_stream(self) -> None:
+        assert self._build is not None
+        self.lease = await self._acquire()
+        try:
+            engine_req = await self._build(self.lease)
+        except EngineError as e:  # the engine died or froze while the prompt was tokenized
+            lost = self._engine_lost(e)
+            if lost:
+                self.lease.crashed = True
+            self.lease.release()
+            if lost and self._may_retry():
+                return await self._open_stream()
+            log.error("%s %s: %s", self.endpoint, self.name, e)
+            raise ApiError(e.status, str(e)) from None
+        except BaseException:
+            self.lease.release()
+            raise
+        self.prompt = engine_req.prompt
+        self.stream = GenerationStream(self.lease, engine_req)
+        if self.client_gone:
+            self.stream.cancel()
+
+    def _engine_lost(self, error: EngineError) -> bool:
+        assert self.lease is not None
+        return isinstance(error, EngineCrashedError) or not self.lease.engine.alive()
+
+    def _may_retry(self) -> bool:
+        """Whether a request whose engine died (crashed, killed by the watchdog, replaced) before it streamed
+        anything is tried again on a new engine: once, and only for a client still waiting. The client sees
+        a delay instead of an error; a second death is the model's fault, not bad luck, and is reported."""
+        if self._retried or self.client_gone:
+            return False
+        self._retried = True
+        log.warning("%s %s: the engine was lost before the first token; trying again on a new engine",
+                    self.endpoint, self.name)
+        return True
 
     async def load_only(self) -> None:
         """An empty prompt: load the model (applying keep_alive) and generate nothing."""
@@ -166,11 +193,21 @@ class Generation:
     async def events(self) -> AsyncIterator[TokenChunk | GenerateResult]:
         assert self.stream is not None
         try:
-            async for item in self.stream:
-                if isinstance(item, GenerateResult):
-                    self.result = item
-                    self._finished(item)
-                yield item
+            streamed = False
+            while True:
+                try:
+                    async for item in self.stream:
+                        if isinstance(item, GenerateResult):
+                            self.result = item
+                            self._finished(item)
+                        streamed = True
+                        yield item
+                    break
+                except EngineCrashedError:
+                    if streamed or not self._may_retry():
+                        raise
+                    await self.stream.finished.wait()  # its lease is given back: the dead engine is dropped
+                    await self._open_stream()
             if self.result is None:  # the stream ended early: cancelled
                 raise ApiError(499, "request canceled")
         except EngineCrashedError as e:

@@ -113,18 +113,26 @@ async def _embed(ctx: ServerContext, endpoint: str, name: str, model: StoredMode
     if not inputs:
         lease.release()
         return _Embedded([], 0, load_ns)
-    num_ctx = options.effective_num_ctx(lease.runner.facts.context_length)
-    try:
-        result: EmbedResult = await anyio.to_thread.run_sync(
-            lease.engine.embed, EmbedRequest(inputs=inputs, truncate=truncate, num_ctx=num_ctx))
-    except EngineCrashedError as e:
-        lease.crashed = True
-        log.error("%s %s: %s", endpoint, name, e)
-        raise ApiError(500, str(e)) from None
-    except EngineError as e:
-        raise ApiError(e.status, str(e)) from None
-    finally:
-        lease.release()
+    retried = False
+    while True:
+        num_ctx = options.effective_num_ctx(lease.runner.facts.context_length)
+        try:
+            result: EmbedResult = await anyio.to_thread.run_sync(
+                lease.engine.embed, EmbedRequest(inputs=inputs, truncate=truncate, num_ctx=num_ctx))
+            break
+        except EngineCrashedError as e:
+            lease.crashed = True
+            if retried:
+                log.error("%s %s: %s", endpoint, name, e)
+                raise ApiError(500, str(e)) from None
+            # nothing was answered yet: a new engine answers instead (once), as for a generation (server.pipeline)
+            log.warning("%s %s: the engine was lost before it answered; trying again on a new engine", endpoint, name)
+        except EngineError as e:
+            raise ApiError(e.status, str(e)) from None
+        finally:
+            lease.release()
+        retried = True
+        lease = await _acquire(ctx, model, options, keep_alive)
     log.info("%s %s: %d input(s), %d tokens in %.3fs", endpoint, model.name.display(), len(inputs),
              result.prompt_eval_count, result.duration_ns / 1e9)
     return _Embedded([np.asarray(v, dtype=np.float32) for v in result.embeddings], result.prompt_eval_count,

@@ -291,3 +291,41 @@ def test_concurrent_requests_are_served_together_and_each_gets_its_own_vectors(s
         np.testing.assert_allclose(got["embeddings"][0], want["embeddings"][0], rtol=1e-5, atol=1e-6)
         assert got["prompt_eval_count"] == want["prompt_eval_count"]
     assert runner.engine._embeds.calls - calls_before < len(texts)
+
+
+class _DiesBeforeFirstEmbed:
+    """A real engine client whose process is killed (SIGKILL) just before the first embedding request reaches
+    it, as a crash between the lease and the answer would."""
+
+    killed: list[int] = []
+
+    def __init__(self) -> None:
+        from server.engine_process.client import EngineClient
+
+        self._client = EngineClient()
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
+
+    def embed(self, req):
+        import os
+        import signal
+
+        if not _DiesBeforeFirstEmbed.killed:
+            _DiesBeforeFirstEmbed.killed.append(self._client.pid)
+            os.kill(self._client.pid, signal.SIGKILL)
+            self._client._proc.join(5)
+        return self._client.embed(req)
+
+
+def test_an_embedding_whose_engine_died_before_answering_is_served_by_a_new_engine(tmp_path: Path) -> None:
+    store = make_store(tmp_path)
+    folder = make_bert_folder(tmp_path / "bert")
+    create_model(store, CreateRequest(model="minibert", files={n: store.add_file(p)[0]
+                                                               for n, p in folder_files(folder).items()}))
+    with ServerThread(store, engine_factory=_DiesBeforeFirstEmbed) as s:
+        r = httpx.post(f"{s.url}/api/embed", json={"model": "minibert", "input": TEXTS}, timeout=120)
+        assert r.status_code == 200, r.text
+        assert len(r.json()["embeddings"]) == len(TEXTS)
+        (runner,) = s.scheduler.loaded()
+        assert _DiesBeforeFirstEmbed.killed and runner.engine.pid != _DiesBeforeFirstEmbed.killed[0]
