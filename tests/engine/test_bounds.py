@@ -4,7 +4,6 @@ and the adaptive depth controller's per-token work does not grow with the cap.""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -81,11 +80,9 @@ def test_adaptive_choice_for_caps_up_to_64_is_unchanged_and_huge_caps_cost_the_s
 
     AdaptiveDepth.cost = counting
     try:
-        t0 = time.perf_counter()
         for _ in range(20):
             b.choose(10**6)
-        elapsed = time.perf_counter() - t0
     finally:
         AdaptiveDepth.cost = original
+    # the work per choice, counted rather than timed (a wall-clock bound passes or fails with the host)
     assert calls <= 20 * (MAX_CONSIDERED_DEPTH + 1)  # was 20 x 1,000,001
-    assert elapsed < 2.0

@@ -85,7 +85,9 @@ def test_the_models_own_mtp_head_drafts_without_a_draft_line(srv: ServerThread, 
     messages = [{"role": "user", "content": "def fib(n): return the"}]
     with httpx.Client(base_url=srv.url, timeout=120) as http:  # raw lines: the ollama client drops extra fields
         with http.stream("POST", "/api/chat", json={"model": name, "messages": messages,
-                                                     "options": {"num_predict": 24, "draft_num_predict": 3}}) as r:
+                                                     # fixed: the depth is the head's test, not the controller's
+                                                     "options": {"num_predict": 24, "draft_num_predict": 3,
+                                                                 "draft_schedule": "fixed"}}) as r:
             parts = [json.loads(line) for line in r.iter_lines() if line.strip()]
     final = parts[-1]
     assert final["done"] and final["drafter"] == "mtp+copy" and final["draft_n"] >= 3
