@@ -1,6 +1,7 @@
 """The generation pipeline shared by /api/generate, /api/chat and /v1: from the scheduler's lease to the
 engine's last token, with the client watched (a disconnect cancels the engine's work) and the finished
-request logged and counted. The routes only decode requests and shape the answers.
+request logged and counted; and a chat's preparation (`open_chat`), the same for the four chat routes. The
+routes only decode requests and shape the answers.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -24,11 +26,13 @@ from engine.contract.protocol import (
 )
 from engine.contract.protocol import GenerateRequest as EngineRequest
 
-from .context import ServerContext
+from .context import ServerContext, ctx_of
+from .effective_options import merged_options
 from .gojson import ApiError
-from .prompting import Message, ModelPrompting, PromptError, Think, Tool
-from .reply import thinking_on
+from .prompting import Message, ModelPrompting, PromptError, Think, Tool, chat_messages
+from .reply import ReplySplitter, thinking_on
 from .scheduler import GenerationStream, Lease, QueueFullError
+from .validation import check_format, check_think, decode_tools, parse_keep_alive, stored_model
 
 log = logging.getLogger("tandem.server")
 
@@ -274,3 +278,111 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
                              format=format, think_first=format is not None and thinking_on(think))
 
     return build
+
+
+def _no_check() -> None:
+    pass
+
+
+@dataclass
+class ChatInputs:
+    """A chat request once its route has decoded its own shape (/api/chat, /v1/chat/completions, /v1/responses,
+    /v1/messages): what `open_chat` prepares the same way for all four.
+
+    `format`, `tools`, `options` and `check` are called only when `open_chat` reaches them, after the model is
+    found: the errors a route's own fields raise there keep their place among the model's checks (a missing
+    model's 404 first), in the order each route has always answered a request with several faults."""
+
+    endpoint: str
+    name: str  # the model as the request names it: the errors and the answer echo it
+    messages: list[Message]
+    think: Any  # as asked, before the model says whether it can think
+    keep_alive: Any  # as sent
+    format: Callable[[], Any]
+    tools: Callable[[], list[Any]]  # in the chat shape `decode_tools` reads
+    options: Callable[[], dict[str, Any] | None]
+    images: bool = False  # tandem runs text models only: any image is refused
+    images_param: str | None = None  # the field OpenAI's error `param` blames an image on
+    check: Callable[[], None] = _no_check  # the route's own checks that have always come after the images'
+    truncate: bool = True
+    shift: bool = True
+    logprobs: bool = False
+    top_logprobs: int = 0
+    count_prompt: bool = False  # the rendered prompt's tokens, for an answer that reports them before generating
+    # Ollama's /api/chat alone: no messages loads the model (keep_alive 0 unloads it) instead of rendering an
+    # empty conversation, and `_debug_render_only` answers the prompt without loading anything.
+    empty_loads: bool = False
+    render_only: bool = False
+
+
+@dataclass
+class Chat:
+    """A chat prepared: the model's prompting and the checked tools and think the reply is read with, and the
+    generation, leased and rendered (`gen`), unless /api/chat's own cases answered without one."""
+
+    prompting: ModelPrompting
+    tools: list[Tool]
+    think: Think
+    opened: Generation | None = None
+    prompt_tokens: int = 0  # with `count_prompt`
+    done_reason: str = ""  # "load" or "unload": /api/chat without messages, nothing generated
+    rendered: str | None = None  # with `render_only`: the prompt
+
+    @property
+    def gen(self) -> Generation:
+        assert self.opened is not None, "no generation: an /api/chat answer without one"
+        return self.opened
+
+    def splitter(self) -> ReplySplitter:
+        return ReplySplitter.for_request(self.prompting, self.gen.prompt, self.tools, self.think)
+
+
+async def open_chat(request: Request, inputs: ChatInputs, t0_ns: int) -> Chat:
+    """A chat request checked against its model, then its generation leased and rendered: all before any
+    answer begins, so that a model that cannot load is an HTTP error rather than a stream event."""
+    ctx = ctx_of(request)
+    model = await anyio.to_thread.run_sync(stored_model, ctx, inputs.name)
+    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
+    fmt = check_format(inputs.format())
+    think = check_think(inputs.name, inputs.think, prompting.supports_thinking)
+    tools = decode_tools(inputs.name, inputs.tools(), prompting.supports_tools)
+    if inputs.images:
+        raise ApiError(400, f'"{inputs.name}" does not support vision', inputs.images_param)
+    inputs.check()
+    keep_alive = parse_keep_alive(ctx, inputs.keep_alive)
+    out = Chat(prompting, tools, think)
+    load_only = inputs.empty_loads and not inputs.messages
+    if load_only and inputs.keep_alive is not None and keep_alive == 0:
+        # before the options are merged: an unload never fails on them
+        await ctx.scheduler.unload(model)
+        out.done_reason = "unload"
+        return out
+    options = merged_options(model, inputs.options())
+    messages = chat_messages(model, inputs.messages)
+
+    if inputs.render_only:
+        try:
+            out.rendered = await anyio.to_thread.run_sync(lambda: prompting.chat_prompt(messages, tools, None, think))
+        except PromptError as e:
+            raise ApiError(e.status, str(e)) from None
+        return out
+
+    gen = Generation(ctx, request, inputs.endpoint, inputs.name, model, options, keep_alive, t0_ns)
+    if load_only:
+        await gen.load_only()
+        out.done_reason = "load"
+        return out
+    build = await chat_engine_request(gen, prompting, messages, tools, options, truncate=inputs.truncate,
+                                      shift=inputs.shift, logprobs=inputs.logprobs, top_logprobs=inputs.top_logprobs,
+                                      format=fmt, think=think)
+
+    async def build_and_count(lease: Lease) -> EngineRequest:
+        # only the loaded model's tokenizer can count, and only the prompt as rendered (truncated or not)
+        engine_req = await build(lease)
+        ids = await anyio.to_thread.run_sync(lease.engine.tokenize, engine_req.prompt, engine_req.add_bos)
+        out.prompt_tokens = len(ids)
+        return engine_req
+
+    await gen.open(build_and_count if inputs.count_prompt else build)
+    out.opened = gen
+    return out

@@ -21,28 +21,18 @@ import logging
 import random
 import string
 import time
-from dataclasses import dataclass
 from typing import Any, AsyncGenerator, Awaitable, Callable
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from blobs.model import StoredModel
-from engine.contract.options import Options
-from engine.contract.protocol import GenerateRequest as EngineRequest
 from engine.contract.protocol import GenerateResult, TokenChunk
 from server.text.render import ToolCall
 
-from ..context import ctx_of
 from ..gojson import INTERNAL_ERROR, ApiError, json_response, read_struct
-from ..effective_options import merged_options
-from ..pipeline import Generation, chat_engine_request, speculation_fields
-from ..prompting import Message, ModelPrompting, Think, Tool, chat_messages
-from ..reply import ReplyPiece, ReplySplitter
-from ..scheduler import Lease
+from ..pipeline import Chat, ChatInputs, open_chat, speculation_fields
+from ..reply import ReplyPiece
 from ..sse import sse_response
-from ..validation import check_format, check_think, decode_tools, parse_keep_alive, stored_model
 from .anthropic_request import (
     MessagesRequest,
     ToolChoice,
@@ -95,57 +85,18 @@ def _anthropic_errors(handler: Callable[[Request], Awaitable[Response]]) -> Call
 # --- the request, prepared --------------------------------------------------------------------------------
 
 
-@dataclass
-class Prepared:
-    """What the pipeline needs from a Messages request, checked before any model is loaded."""
-
-    model: StoredModel
-    prompting: ModelPrompting
-    messages: list[Message]
-    tools: list[Tool]
-    choice: ToolChoice
-    think: Think
-    format: Any
-    options: Options
-    keep_alive: float
-
-
-async def prepare(request: Request, req: MessagesRequest) -> Prepared:
-    ctx = ctx_of(request)
+async def _open(request: Request, req: MessagesRequest, endpoint: str, t0: int, *, count: bool,
+                truncate: bool = True) -> tuple[Chat, ToolChoice]:
+    """The generation, leased and rendered, and the tool choice its reply is read with; with `count` the
+    prompt's token count, known before the first token (a stream's message_start reports it; a whole answer
+    has the engine's count)."""
     messages = system_message(req.system) + chat_messages_of(req.messages)
-    raw_tools = tools_of(req.tools)
-    choice = tool_choice_of(req.tool_choice, raw_tools)
-    think = think_of(req.thinking)
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    fmt = check_format(format_of(req.output_config))
-    think = check_think(req.model, think, prompting.supports_thinking)
-    tools = decode_tools(req.model, choice.offered, prompting.supports_tools)
-    if any(m.images for m in messages):
-        raise ApiError(400, f'"{req.model}" does not support vision')
-    keep_alive = parse_keep_alive(ctx, req.keep_alive)
-    options = merged_options(model, options_of(req))
-    return Prepared(model, prompting, chat_messages(model, messages), tools, choice, think, fmt, options, keep_alive)
-
-
-async def _open(request: Request, req: MessagesRequest, p: Prepared, endpoint: str, t0: int,
-                *, count: bool, truncate: bool = True) -> tuple[Generation, int]:
-    """The generation, leased and rendered; and with `count` the prompt's token count, known before the
-    first token (a stream's message_start reports it; a whole answer has the engine's count)."""
-    gen = Generation(ctx_of(request), request, endpoint, req.model, p.model, p.options, p.keep_alive, t0)
-    build = await chat_engine_request(gen, p.prompting, p.messages, p.tools, p.options, truncate=truncate, shift=True,
-                                      logprobs=False, top_logprobs=0, format=p.format, think=p.think)
-    counted: list[int] = []
-
-    async def build_and_count(lease: Lease) -> EngineRequest:
-        engine_req = await build(lease)
-        if count:
-            ids = await anyio.to_thread.run_sync(lease.engine.tokenize, engine_req.prompt, engine_req.add_bos)
-            counted.append(len(ids))
-        return engine_req
-
-    await gen.open(build_and_count)
-    return gen, counted[0] if counted else 0
+    choice = tool_choice_of(req.tool_choice, tools_of(req.tools))
+    chat = await open_chat(request, ChatInputs(
+        endpoint, req.model, messages, think_of(req.thinking), req.keep_alive,
+        format=lambda: format_of(req.output_config), tools=lambda: choice.offered, options=lambda: options_of(req),
+        images=any(m.images for m in messages), truncate=truncate, count_prompt=count), t0)
+    return chat, choice
 
 
 async def _decode(request: Request) -> MessagesRequest:
@@ -239,10 +190,9 @@ async def create_message(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     req = await _decode(request)
     check_request(req)
-    p = await prepare(request, req)
-    gen, input_tokens = await _open(request, req, p, "/v1/messages", t0, count=req.stream)
-    splitter = ReplySplitter.for_request(p.prompting, gen.prompt, p.tools, p.think)
-    blocks = ContentBlocks(p.choice.max_calls)
+    chat, choice = await _open(request, req, "/v1/messages", t0, count=req.stream)
+    gen, input_tokens, splitter = chat.gen, chat.prompt_tokens, chat.splitter()
+    blocks = ContentBlocks(choice.max_calls)
     message = {"id": _random_id("msg_"), "type": "message", "role": "assistant", "model": req.model}
 
     if not req.stream:
@@ -302,11 +252,10 @@ async def count_tokens(request: Request) -> Response:
     t0 = time.perf_counter_ns()
     req = await _decode(request)
     check_request(req, generating=False)
-    p = await prepare(request, req)
     # Not truncated: a conversation past the context must show in the count (clients compact on it).
-    gen, input_tokens = await _open(request, req, p, "/v1/messages/count_tokens", t0, count=True,
-                                    truncate=False)
+    chat, _ = await _open(request, req, "/v1/messages/count_tokens", t0, count=True, truncate=False)
+    gen = chat.gen
     assert gen.stream is not None
     gen.stream.cancel()  # never started: this only hands the lease back
     gen._stop_watch()  # events() would stop it; nothing is consumed here
-    return json_response({"input_tokens": input_tokens})
+    return json_response({"input_tokens": chat.prompt_tokens})

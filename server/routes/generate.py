@@ -21,25 +21,12 @@ from ..context import ctx_of
 from ..gojson import ApiError, decode_struct, json_response, read_struct, rfc3339
 from ..ndjson import stream_or_collect
 from ..effective_options import merged_options
-from ..pipeline import (
-    Generation,
-    chat_engine_request,
-    logprobs_json,
-    speculation_fields,
-)
-from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
+from ..pipeline import ChatInputs, Generation, logprobs_json, open_chat, speculation_fields
+from ..prompting import InsertNotSupported, Message, PromptError
 from ..reply import ReplyPiece, ReplySplitter, thinking_on
 from ..scheduler import Lease
 from ..types import ChatBody, GenerateBody, MessageBody
-from ..validation import (
-    check_format,
-    check_logprobs,
-    check_think,
-    decode_images,
-    decode_tools,
-    parse_keep_alive,
-    stored_model,
-)
+from ..validation import check_format, check_logprobs, check_think, decode_images, parse_keep_alive, stored_model
 
 router = APIRouter()
 
@@ -197,41 +184,26 @@ async def chat(request: Request) -> Response:
     if not req.model:
         raise ApiError(400, "model is required")
     check_logprobs(req.top_logprobs)
-    keep_alive = parse_keep_alive(ctx, req.keep_alive)
+    parse_keep_alive(ctx, req.keep_alive)  # a bad keep_alive is refused before the messages are read
     messages = decode_messages(req.messages)
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    fmt = check_format(req.format)
-    think = check_think(req.model, req.think, prompting.supports_thinking)
-    tools = decode_tools(req.model, req.tools, prompting.supports_tools)
-    for m in req.messages:
-        decode_images(req.model, m.get("images") or [])
 
-    if not messages and req.keep_alive is not None and keep_alive == 0:
-        await ctx.scheduler.unload(model)
-        return json_response({"model": req.model, "created_at": rfc3339(),
-                              "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "unload"})
-    options = merged_options(model, req.options)
-    full = chat_messages(model, messages)
+    def check_images() -> None:
+        for m in req.messages:
+            decode_images(req.model, m.get("images") or [])
 
-    if req.debug_render_only:
-        try:
-            text = await anyio.to_thread.run_sync(lambda: prompting.chat_prompt(full, tools, None, think))
-        except PromptError as e:
-            raise ApiError(e.status, str(e)) from None
+    prep = await open_chat(request, ChatInputs(
+        "/api/chat", req.model, messages, req.think, req.keep_alive, format=lambda: req.format,
+        tools=lambda: req.tools, options=lambda: req.options, check=check_images, truncate=req.truncate,
+        shift=req.shift, logprobs=req.logprobs, top_logprobs=req.top_logprobs, empty_loads=True,
+        render_only=req.debug_render_only), t0)
+    if prep.rendered is not None:
         return json_response({"model": req.model, "created_at": rfc3339(), "message": {"role": "", "content": ""},
-                              "done": False, "_debug_info": debug_info(text)})
-
-    gen = Generation(ctx, request, "/api/chat", req.model, model, options, keep_alive, t0)
-    if not messages:  # load only
-        await gen.load_only()
+                              "done": False, "_debug_info": debug_info(prep.rendered)})
+    if prep.done_reason:  # load or unload only
         return json_response({"model": req.model, "created_at": rfc3339(),
-                              "message": {"role": "assistant", "content": ""}, "done": True, "done_reason": "load"})
-
-    build = await chat_engine_request(gen, prompting, full, tools, options, truncate=req.truncate, shift=req.shift,
-                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt, think=think)
-    await gen.open(build)
-    splitter = ReplySplitter.for_request(prompting, gen.prompt, tools, think)
+                              "message": {"role": "assistant", "content": ""}, "done": True,
+                              "done_reason": prep.done_reason})
+    splitter = prep.splitter()
 
     def merge(items: list[dict[str, Any]]) -> dict[str, Any]:
         whole = ReplyPiece("".join(i["message"]["content"] for i in items),
@@ -242,6 +214,6 @@ async def chat(request: Request) -> Response:
             message["tool_calls"] = calls
         return merge_native(items, "message", message)
 
-    return await stream_or_collect(
-        native_events(gen, req.model, splitter, lambda piece: {"message": chat_message(piece)}, with_context=False),
-        req.stream, merge)
+    events = native_events(prep.gen, req.model, splitter, lambda piece: {"message": chat_message(piece)},
+                           with_context=False)
+    return await stream_or_collect(events, req.stream, merge)

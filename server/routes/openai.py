@@ -29,19 +29,12 @@ from engine.contract.protocol import GenerateResult, TokenChunk
 from ..context import ctx_of
 from ..gojson import ApiError, jfield, json_response, read_struct
 from ..effective_options import merged_options
-from ..pipeline import Generation, chat_engine_request, speculation_fields
-from ..prompting import InsertNotSupported, Message, PromptError, chat_messages
-from ..reply import ReplyPiece, ReplySplitter
+from ..pipeline import ChatInputs, Generation, open_chat, speculation_fields
+from ..prompting import InsertNotSupported, Message, PromptError
+from ..reply import ReplyPiece
 from ..scheduler import Lease
 from ..sse import sse_response
-from ..validation import (
-    check_format,
-    check_think,
-    decode_tools,
-    parse_keep_alive,
-    stored_model,
-    think_from_effort,
-)
+from ..validation import parse_keep_alive, stored_model, think_from_effort
 
 router = APIRouter()
 
@@ -234,7 +227,6 @@ def _completion_id(prefix: str) -> str:
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request) -> Response:
     t0 = time.perf_counter_ns()
-    ctx = ctx_of(request)
     req: ChatCompletionRequest = await read_struct(request, ChatCompletionRequest, "openai.ChatCompletionRequest")
     if not req.model:
         raise ApiError(400, "model is required", "model")
@@ -243,29 +235,21 @@ async def chat_completions(request: Request) -> Response:
     if not all(isinstance(m, dict) for m in req.messages):
         raise ApiError(400, "invalid message format", "messages")
     decoded = [_message_from_openai(m, req.messages) for m in req.messages]
-    messages = [m for m, _ in decoded]
     effort = req.reasoning.get("effort") if isinstance(req.reasoning, dict) and req.reasoning.get("effort") \
         else req.reasoning_effort
-    think = think_from_effort(effort)
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    fmt = check_format(_format_of(req.response_format))
-    think = check_think(req.model, think, prompting.supports_thinking)
-    tools = decode_tools(req.model, req.tools, prompting.supports_tools)
-    if any(images for _, images in decoded):
-        raise ApiError(400, f'"{req.model}" does not support vision', "messages")
-    if not 0 <= req.top_logprobs <= 20:
-        raise ApiError(400, "top_logprobs must be between 0 and 20", "top_logprobs")
-    keep_alive = parse_keep_alive(ctx, req.keep_alive)
-    raw_options = _options(req, top_p_default_when_zero=False)
-    options = merged_options(model, raw_options)
-    full = chat_messages(model, messages)
 
-    gen = Generation(ctx, request, "/v1/chat/completions", req.model, model, options, keep_alive, t0)
-    build = await chat_engine_request(gen, prompting, full, tools, options, truncate=True, shift=True,
-                                      logprobs=req.logprobs, top_logprobs=req.top_logprobs, format=fmt, think=think)
-    await gen.open(build)
-    splitter = ReplySplitter.for_request(prompting, gen.prompt, tools, think)
+    def check_top_logprobs() -> None:  # after the model's checks: a missing model's 404 comes first
+        if not 0 <= req.top_logprobs <= 20:
+            raise ApiError(400, "top_logprobs must be between 0 and 20", "top_logprobs")
+
+    prep = await open_chat(request, ChatInputs(
+        "/v1/chat/completions", req.model, [m for m, _ in decoded], think_from_effort(effort), req.keep_alive,
+        format=lambda: _format_of(req.response_format), tools=lambda: req.tools,
+        options=lambda: _options(req, top_p_default_when_zero=False),
+        images=any(images for _, images in decoded), images_param="messages", check=check_top_logprobs,
+        logprobs=req.logprobs, top_logprobs=req.top_logprobs), t0)
+    gen = prep.gen
+    splitter = prep.splitter()
     cid = _completion_id("chatcmpl")
     created = int(time.time())
     include_usage = bool((req.stream_options or {}).get("include_usage"))

@@ -21,20 +21,17 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
-import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse
 
 from engine.contract.protocol import TokenChunk
 
-from ..context import ctx_of
 from ..gojson import INTERNAL_ERROR, ApiError, jfield, json_response, read_struct
-from ..effective_options import merged_options
-from ..pipeline import Generation, chat_engine_request
-from ..prompting import Message, chat_messages
+from ..pipeline import ChatInputs, Generation, open_chat
+from ..prompting import Message
 from ..reply import ReplyPiece, ReplySplitter
-from ..validation import check_format, check_think, decode_tools, parse_keep_alive, stored_model, think_from_effort
+from ..validation import think_from_effort
 from .openai import _message_from_openai, _sse
 from .responses_output import OutputBuilder, new_id
 
@@ -218,7 +215,6 @@ def _response_object(req: ResponsesRequest, tools: list[dict[str, Any]], options
 @router.post("/v1/responses")
 async def create_response(request: Request) -> Response:
     t0 = time.perf_counter_ns()
-    ctx = ctx_of(request)
     req: ResponsesRequest = await read_struct(request, ResponsesRequest, "openai.ResponsesRequest")
     if not req.model:
         raise ApiError(400, "model is required", "model")
@@ -230,22 +226,11 @@ async def create_response(request: Request) -> Response:
     think = think_from_effort(effort)
     tools = _function_tools(req.tools)
     raw_options = _options(req)
-    model = await anyio.to_thread.run_sync(stored_model, ctx, req.model)
-    prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
-    fmt = check_format(_format_of(req.text))
-    think = check_think(req.model, think, prompting.supports_thinking)
-    offered = decode_tools(req.model, _offered(tools, req.tool_choice), prompting.supports_tools)
-    if has_images:
-        raise ApiError(400, f'"{req.model}" does not support vision', "input")
-    keep_alive = parse_keep_alive(ctx, req.keep_alive)
-    options = merged_options(model, raw_options)
-
-    gen = Generation(ctx, request, "/v1/responses", req.model, model, options, keep_alive, t0)
-    build = await chat_engine_request(gen, prompting, chat_messages(model, messages), offered, options,
-                                      truncate=True, shift=True, logprobs=False, top_logprobs=0,
-                                      format=fmt, think=think)
-    await gen.open(build)  # before any answer: a model that cannot load is an HTTP error, not a stream event
-    splitter = ReplySplitter.for_request(prompting, gen.prompt, offered, think)
+    prep = await open_chat(request, ChatInputs(
+        "/v1/responses", req.model, messages, think, req.keep_alive, format=lambda: _format_of(req.text),
+        tools=lambda: _offered(tools, req.tool_choice), options=lambda: raw_options, images=has_images,
+        images_param="input"), t0)
+    gen, splitter = prep.gen, prep.splitter()
     out = OutputBuilder(_response_object(req, tools, raw_options, effort))
     if not req.stream:
         async for _ in _build(gen, splitter, out):
