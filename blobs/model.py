@@ -1,6 +1,6 @@
 """A stored model read back from its manifest: the paths of its weights and its decoded text layers.
 
-This is what the scheduler loads and what `show` presents; it only reads the store.
+This is what the model lifecycle (server.lifecycle) loads and what `show` presents; it only reads the store.
 """
 
 from __future__ import annotations

@@ -1,1 +1,1 @@
-"""tandem's HTTP server (Ollama and OpenAI APIs), model scheduler and command line."""
+"""tandem's HTTP server (Ollama and OpenAI APIs), model lifecycle and command line."""

@@ -1,5 +1,5 @@
 """What every request handler reaches through `request.app.state.ctx`: the app's store, settings,
-scheduler, metrics and prompt cache.
+model lifecycle, metrics and prompt cache.
 
 It lives apart from `routes/app.py` so that route modules can name it without importing the module that
 includes their routers (which would be an import cycle); two apps in one process (tests do this) each
@@ -16,7 +16,7 @@ from blobs import BlobStore
 
 from .metrics import Metrics
 from .prompting import PromptCache
-from .scheduler import Scheduler
+from .lifecycle import ModelLifecycle
 from .settings import Settings
 
 
@@ -24,7 +24,7 @@ from .settings import Settings
 class ServerContext:
     store: BlobStore
     settings: Settings
-    scheduler: Scheduler
+    lifecycle: ModelLifecycle
     metrics: Metrics
     prompts: PromptCache
     version: str

@@ -1,4 +1,4 @@
-"""The generation pipeline shared by /api/generate, /api/chat and /v1: from the scheduler's lease to the
+"""The generation pipeline shared by /api/generate, /api/chat and /v1: from the model lifecycle's lease to the
 engine's last token, with the client watched (a disconnect cancels the engine's work) and the finished
 request logged and counted; and a chat's preparation (`open_chat`), the same for the four chat routes. The
 routes only decode requests and shape the answers.
@@ -31,7 +31,8 @@ from .effective_options import merged_options
 from .gojson import ApiError
 from .prompting import Message, ModelPrompting, PromptError, Think, Tool, chat_messages
 from .reply import ReplySplitter, thinking_on
-from .scheduler import GenerationStream, Lease, QueueFullError
+from .engine_process.stream import GenerationStream
+from .lifecycle import Lease, QueueFullError
 from .validation import check_format, check_think, decode_tools, parse_keep_alive, stored_model
 
 log = logging.getLogger("tandem.server")
@@ -150,8 +151,8 @@ class Generation:
             self._stop_watch()
 
     async def _acquire(self) -> Lease:
-        """The scheduler's lease, given up if the client leaves while the request waits in the queue."""
-        acquire = asyncio.ensure_future(self.ctx.scheduler.acquire(self.model, self.options, self.keep_alive))
+        """The lifecycle's lease, given up if the client leaves while the request waits in the queue."""
+        acquire = asyncio.ensure_future(self.ctx.lifecycle.acquire(self.model, self.options, self.keep_alive))
         gone = asyncio.ensure_future(self._gone.wait())
         try:
             await asyncio.wait({acquire, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -354,7 +355,7 @@ async def open_chat(request: Request, inputs: ChatInputs, t0_ns: int) -> Chat:
     load_only = inputs.empty_loads and not inputs.messages
     if load_only and inputs.keep_alive is not None and keep_alive == 0:
         # before the options are merged: an unload never fails on them
-        await ctx.scheduler.unload(model)
+        await ctx.lifecycle.unload(model)
         out.done_reason = "unload"
         return out
     options = merged_options(model, inputs.options())

@@ -336,7 +336,7 @@ class Settings:
     engine: str = "native"  # the engine when neither model nor request says (TANDEM_ENGINE)
     vllm: VllmSettings = field(default_factory=VllmSettings)
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
-    engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.scheduler); inf = off
+    engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.lifecycle); inf = off
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES  # /api/blobs upload size before 413; 0 = no limit
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # seconds waiting for a busy model before 503; inf = none

@@ -48,8 +48,8 @@ class ServerThread:
         self._thread = threading.Thread(target=self._server.run, daemon=True)
 
     @property
-    def scheduler(self):
-        return self.app.state.ctx.scheduler
+    def lifecycle(self):
+        return self.app.state.ctx.lifecycle
 
     def __enter__(self) -> "ServerThread":
         self._thread.start()

@@ -1,6 +1,6 @@
 """What a model served by vLLM is started with: the typed launch record and its mapping onto vLLM's arguments.
 
-Torch-free and vLLM-free: the server builds a :class:`VllmLaunch` (``server.scheduler.load_spec``) and the engine
+Torch-free and vLLM-free: the server builds a :class:`VllmLaunch` (``server.lifecycle.load_spec``) and the engine
 process turns it into a command line (:func:`server_args`). The speculative method comes from the same rule that
 plans a native request (``engine.contract.speculation_plan``), applied to the model's own parameters once, at load:
 vLLM fixes its speculative configuration when it starts, so a request cannot change it

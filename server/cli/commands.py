@@ -327,7 +327,7 @@ def cmd_serve(args: argparse.Namespace, store: BlobStore) -> None:
           file=sys.stderr)
     # A bounded graceful shutdown: running generations get a short grace, then end with a final error
     # line (server.serving), instead of holding Ctrl-C hostage or being cut mid-stream.
-    serve(app, app.state.ctx.scheduler, settings.host.bind_host, settings.host.port,
+    serve(app, app.state.ctx.lifecycle, settings.host.bind_host, settings.host.port,
           "debug" if settings.debug else "info")
 
 

@@ -1,4 +1,4 @@
-"""The FastAPI application: `create_app()` wires the store, scheduler, metrics and routes together.
+"""The FastAPI application: `create_app()` wires the store, model lifecycle, metrics and routes together.
 
 Everything a request needs hangs off `app.state.ctx` (a `server.context.ServerContext`), so two apps in one process
 (tests do this) share nothing. Middleware order follows Ollama's gin router: CORS, then the loopback
@@ -28,7 +28,7 @@ from ..limits import BodyLimitMiddleware
 from ..metrics import Metrics, MetricsMiddleware
 from ..prompting import PromptCache
 from . import anthropic, embed, generate, models, openai, pull, responses
-from ..scheduler import EngineHandle, Scheduler
+from ..lifecycle import EngineHandle, ModelLifecycle
 from ..settings import Settings
 
 log = logging.getLogger("tandem.server")
@@ -168,7 +168,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
     settings = settings or Settings.from_env()
     store = store or BlobStore(settings.models)
     metrics = Metrics()
-    ctx = ServerContext(store=store, settings=settings, scheduler=Scheduler(settings, engine_factory, pack_dir=store.root / store.DERIVED_DIR),
+    ctx = ServerContext(store=store, settings=settings, lifecycle=ModelLifecycle(settings, engine_factory, pack_dir=store.root / store.DERIVED_DIR),
                         metrics=metrics, prompts=PromptCache(), version=tandem_version())
 
     @asynccontextmanager
@@ -186,7 +186,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
         try:
             yield
         finally:
-            await ctx.scheduler.shutdown()
+            await ctx.lifecycle.shutdown()
 
     app = FastAPI(title="tandem", version=ctx.version, lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -225,7 +225,7 @@ def create_app(store: BlobStore | None = None, settings: Settings | None = None,
 
     @app.get("/metrics")
     async def metrics_endpoint() -> Response:
-        ctx.metrics.loaded_models.set(len(ctx.scheduler.loaded()))
+        ctx.metrics.loaded_models.set(len(ctx.lifecycle.loaded()))
         body, content_type = ctx.metrics.render()
         return Response(body, media_type=content_type)
 

@@ -28,7 +28,7 @@ from engine.contract.protocol import EmbedRequest, EmbedResult, EngineCrashedErr
 from ..context import ServerContext, ctx_of
 from ..gojson import ApiError, jfield, json_response, read_struct
 from ..effective_options import merged_options
-from ..scheduler import Lease, QueueFullError
+from ..lifecycle import Lease, QueueFullError
 from ..types import EmbedBody, EmbeddingBody
 from ..validation import parse_keep_alive, stored_model
 
@@ -90,7 +90,7 @@ class _Embedded:
 
 async def _acquire(ctx: ServerContext, model: StoredModel, options: Any, keep_alive: float) -> Lease:
     try:
-        return await ctx.scheduler.acquire(model, options, keep_alive)
+        return await ctx.lifecycle.acquire(model, options, keep_alive)
     except QueueFullError as e:
         raise ApiError(503, str(e)) from None
     except EngineError as e:

@@ -24,7 +24,7 @@ from ..effective_options import merged_options
 from ..pipeline import ChatInputs, Generation, logprobs_json, open_chat, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError
 from ..reply import ReplyPiece, ReplySplitter, thinking_on
-from ..scheduler import Lease
+from ..lifecycle import Lease
 from ..types import ChatBody, GenerateBody, MessageBody
 from ..validation import check_format, check_logprobs, check_think, decode_images, parse_keep_alive, stored_model
 
@@ -49,7 +49,7 @@ async def generate(request: Request) -> Response:
     decode_images(req.model, req.images)
 
     if not req.prompt and req.keep_alive is not None and keep_alive == 0:
-        await ctx.scheduler.unload(model)
+        await ctx.lifecycle.unload(model)
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": True,
                               "done_reason": "unload"})
     options = merged_options(model, req.options)

@@ -290,7 +290,7 @@ async def delete(request: Request) -> Response:
         raise ApiError(404, f"model '{name}' not found") from None
     # Its engine goes too, unless another name (a copy) still runs on the same weights.
     if not await anyio.to_thread.run_sync(_weights_in_use, ctx, model):
-        await ctx.scheduler.unload(model)
+        await ctx.lifecycle.unload(model)
     log.info("deleted %s", name)
     return Response(status_code=200)
 
@@ -310,7 +310,7 @@ def _weights_in_use(ctx: ServerContext, model: StoredModel) -> bool:
 async def ps(request: Request) -> Response:
     ctx = ctx_of(request)
     models = []
-    for r in ctx.scheduler.loaded():
+    for r in ctx.lifecycle.loaded():
         facts = r.facts
         size = facts.memory_bytes or r.model.size
         on_gpu = facts.device.startswith("cuda")

@@ -32,7 +32,7 @@ from ..effective_options import merged_options
 from ..pipeline import ChatInputs, Generation, open_chat, speculation_fields
 from ..prompting import InsertNotSupported, Message, PromptError
 from ..reply import ReplyPiece
-from ..scheduler import Lease
+from ..lifecycle import Lease
 from ..sse import sse_response
 from ..validation import parse_keep_alive, stored_model, think_from_effort
 

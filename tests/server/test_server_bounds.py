@@ -16,7 +16,7 @@ import pytest
 
 from blobs.model import load_stored_model
 from engine.contract.options import Options
-from server.scheduler import QueueFullError, QueueTimeoutError, Scheduler
+from server.lifecycle import QueueFullError, QueueTimeoutError, ModelLifecycle
 from server.settings import Settings
 from tests.server_thread import ServerThread, make_store
 
@@ -79,12 +79,12 @@ def test_blob_size_limit_leaves_nothing(http: httpx.Client, srv: ServerThread) -
 
 
 def test_queue_wait_timeout(srv: ServerThread) -> None:
-    from test_server_scheduler import FakeEngine  # the scheduler tests' engine double
+    from test_server_lifecycle import FakeEngine  # the lifecycle tests' engine double
 
     model = load_stored_model(srv.store, "tiny")
 
     async def main() -> None:
-        s = Scheduler(Settings(queue_timeout=0.2), engine_factory=FakeEngine)
+        s = ModelLifecycle(Settings(queue_timeout=0.2), engine_factory=FakeEngine)
         running = await s.acquire(model, Options(), 300)
         with pytest.raises(QueueTimeoutError) as e:
             await s.acquire(model, Options(), 300)

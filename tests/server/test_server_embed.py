@@ -267,7 +267,7 @@ def test_concurrent_requests_are_served_together_and_each_gets_its_own_vectors(s
     texts = [f"sentence number {i} about embeddings" for i in range(8)]
     alone = [httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": t}, timeout=120).json()
              for t in texts]
-    (runner,) = [r for r in srv.scheduler.loaded() if r.name == "minibert:latest"]
+    (runner,) = [r for r in srv.lifecycle.loaded() if r.name == "minibert:latest"]
     assert runner.facts.num_parallel > 1
     calls_before = runner.engine._embeds.calls
     engine_call = runner.engine._embeds._run
@@ -327,5 +327,5 @@ def test_an_embedding_whose_engine_died_before_answering_is_served_by_a_new_engi
         r = httpx.post(f"{s.url}/api/embed", json={"model": "minibert", "input": TEXTS}, timeout=120)
         assert r.status_code == 200, r.text
         assert len(r.json()["embeddings"]) == len(TEXTS)
-        (runner,) = s.scheduler.loaded()
+        (runner,) = s.lifecycle.loaded()
         assert _DiesBeforeFirstEmbed.killed and runner.engine.pid != _DiesBeforeFirstEmbed.killed[0]

@@ -64,7 +64,7 @@ def test_drain_ends_ndjson_and_sse_streams_and_refuses_new_requests(tmp_path: Pa
     import asyncio
 
     from server.settings import Settings
-    from tests.server.test_server_scheduler import FakeEngine
+    from tests.server.test_server_lifecycle import FakeEngine
     from tests.server_thread import ServerThread
 
     store = make_store(tmp_path)
@@ -75,8 +75,8 @@ def test_drain_ends_ndjson_and_sse_streams_and_refuses_new_requests(tmp_path: Pa
                                                  "options": {"num_predict": 100000}}) as r:
             lines = r.iter_lines()
             assert json.loads(next(lines))["done"] is False
-            (stream,) = srv.scheduler._streams
-            drain = asyncio.run_coroutine_threadsafe(srv.scheduler.drain(0.2), stream._loop)
+            (stream,) = srv.lifecycle._streams
+            drain = asyncio.run_coroutine_threadsafe(srv.lifecycle.drain(0.2), stream._loop)
             rest = [json.loads(line) for line in lines if line]
         assert rest[-1] == {"error": "server is shutting down"}
         drain.result(5)
@@ -91,8 +91,8 @@ def test_drain_ends_ndjson_and_sse_streams_and_refuses_new_requests(tmp_path: Pa
                 "messages": [{"role": "user", "content": "hi"}]}) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: {")
-            (stream,) = srv.scheduler._streams
-            asyncio.run_coroutine_threadsafe(srv.scheduler.drain(0.2), stream._loop).result(5)
+            (stream,) = srv.lifecycle._streams
+            asyncio.run_coroutine_threadsafe(srv.lifecycle.drain(0.2), stream._loop).result(5)
             events = [line for line in lines if line.startswith("data: ")]
         error = json.loads(events[-1].removeprefix("data: "))["error"]
         assert error["message"] == "server is shutting down"

@@ -13,7 +13,7 @@ from blobs import MEDIA_TYPE_HF_DRAFT_FILE, MEDIA_TYPE_HF_FILE, BlobStore
 from blobs.model import load_stored_model
 from engine.contract.options import Options
 from importer import CreateError, CreateRequest, create_model
-from server.scheduler import Scheduler, serves
+from server.lifecycle import ModelLifecycle, serves
 from server.settings import Settings, VllmSettings
 from tests.hf_folders import make_folder
 from tests.server_thread import ServerThread, make_store
@@ -50,13 +50,13 @@ def test_a_vllm_model_keeps_its_folders_and_shows_its_engine(tmp_path: Path, fol
     assert load_stored_model(store, "n").hf_files == ()
 
     settings = Settings(vllm=VllmSettings(python="/opt/vllm/bin/python", args=("--dtype", "float32")))
-    spec = Scheduler(settings).load_spec(model, Options.merged(model.params, None))
+    spec = ModelLifecycle(settings).load_spec(model, Options.merged(model.params, None))
     assert spec.engine == "vllm" and spec.vllm is not None
     assert (spec.vllm.drafter, spec.vllm.num_speculative_tokens) == ("model", 3)
     assert spec.vllm.python == "/opt/vllm/bin/python" and spec.vllm.extra_args == ("--dtype", "float32")
     assert dict(spec.vllm.files)["config.json"] == str(dict(model.hf_files)["config.json"])
     # the engine as a request option reloads, as weight_format does
-    native = Scheduler(settings).load_spec(model, Options.merged(model.params, {"engine": "native"}))
+    native = ModelLifecycle(settings).load_spec(model, Options.merged(model.params, {"engine": "native"}))
     assert native.engine == "native" and native.vllm is None and not serves(spec, native)
 
     with ServerThread(store, settings) as srv, httpx.Client(base_url=srv.url, timeout=60) as c:
@@ -117,7 +117,7 @@ def test_a_vllm_that_fails_to_start_reports_the_end_of_its_log(tmp_path: Path, f
 def test_vllm_models_that_speculate_differently_get_engines_of_their_own(tmp_path: Path, folders):
     """vLLM fixes its speculation at start: a plain and an n-gram model from one folder must not share (and restart)
     one vLLM, while native copies still share one engine."""
-    from server.scheduler import model_key
+    from server.lifecycle import model_key
 
     target, _ = folders
     store = BlobStore(tmp_path / "models")

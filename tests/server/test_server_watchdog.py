@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.scheduler import STOP_TIMEOUT
+from server.lifecycle import STOP_TIMEOUT
 from server.settings import Settings
 from tests.server_thread import ServerThread, make_store
 
@@ -29,7 +29,7 @@ def pair_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _engine_pid(srv: ServerThread) -> int:
-    (runner,) = srv.scheduler.loaded()
+    (runner,) = srv.lifecycle.loaded()
     return runner.engine.pid
 
 
@@ -130,7 +130,7 @@ def test_a_request_that_streamed_nothing_is_served_by_the_next_engine(pair_dir: 
                 # the second request takes the free sequence slot (no health ping for an engine in use)
                 answer = pool.submit(c2.post, "/api/generate", json=waiting)
                 deadline = time.monotonic() + 10
-                while not any(slot.active == 2 for slot in srv.scheduler._slots.values()):
+                while not any(slot.active == 2 for slot in srv.lifecycle._slots.values()):
                     assert time.monotonic() < deadline and not answer.done()
                     time.sleep(0.02)
                 if death == "killed":
@@ -224,7 +224,7 @@ def test_unload_does_not_wait_on_an_engine_frozen_mid_stream(pair_dir: Path) -> 
     UNLOAD_SILENCE instead of waiting out a long TANDEM_ENGINE_TIMEOUT; the stream ends with an error line."""
     import threading
 
-    from server.scheduler import UNLOAD_SILENCE
+    from server.lifecycle import UNLOAD_SILENCE
 
     store = make_store(pair_dir)
     frozen: list[int] = []
@@ -261,14 +261,14 @@ def test_idle_engine_that_misses_the_ping_is_dropped(pair_dir: Path) -> None:
     import asyncio
 
     from blobs.model import load_stored_model
-    from server.scheduler import Scheduler
-    from tests.server.test_server_scheduler import FakeEngine, run_one
+    from server.lifecycle import ModelLifecycle
+    from tests.server.test_server_lifecycle import FakeEngine, run_one
 
     FakeEngine.instances.clear()
     model = load_stored_model(make_store(pair_dir), "tiny")
 
     async def main() -> None:
-        s = Scheduler(Settings(), engine_factory=FakeEngine)
+        s = ModelLifecycle(Settings(), engine_factory=FakeEngine)
         s.ping_interval = 0.05
         assert await run_one(s, model) == "t0 t1 t2 "
         first = FakeEngine.instances[0]

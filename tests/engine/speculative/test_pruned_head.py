@@ -7,7 +7,7 @@ engine.text.token_frequency.
   once and kept in the store's directory (a damaged table is recounted);
 * speculation with a pruned drafter stays lossless: greedy output equals plain decoding, and sampled
   output keeps the target's exact distribution (chi-square, with the drafter both accepted and rejected);
-* ``draft_vocab`` reaches the engine from a LoadSpec (and from the options through the scheduler).
+* ``draft_vocab`` reaches the engine from a LoadSpec (and from the options through the model lifecycle).
 """
 
 from __future__ import annotations

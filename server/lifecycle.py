@@ -1,4 +1,7 @@
-"""Engines per model: load on first use, serialise requests, keep alive, unload, restart after a crash.
+"""The model lifecycle: an engine process per model, loaded on first use, leased to requests, kept alive,
+unloaded, replaced after a crash or a freeze. It decides which engine a request runs on and when; what happens
+inside an engine's step (which sequences decode, verify or prefill together) is the engine's own batching
+(engine/batching/), which this module never sees.
 
 One engine process serves one model (target and drafter together). A *slot* exists per model weights
 pair (copies of a model share one engine, as Ollama keys runners by model path) and holds:
@@ -11,9 +14,9 @@ pair (copies of a model share one engine, as Ollama keys runners by model path) 
 * the number of requests waiting for a lease, bounded by ``max_queue`` (503 beyond it).
 
 Every blocking EngineClient call runs in a worker thread so the event loop never blocks. A generation
-runs in its own thread (`GenerationStream`) that feeds the event loop through a queue; the lock is
-released from that thread's completion, so a client that went away can never leave the engine busy
-while the next request starts writing to its pipe.
+runs in its own thread (server.engine_process.stream.GenerationStream) that feeds the event loop through a
+queue; its lease is released from that thread's completion, so a client that went away can never leave the
+engine busy while the next request starts writing to its pipe.
 
 The watchdog (``Settings.engine_timeout``): the engine client kills an engine that stays silent past the
 bound while it works (its heartbeat keeps a long prefill alive), which fails that request like a crash;
@@ -35,7 +38,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import anyio
 
@@ -45,22 +48,19 @@ from engine.contract.protocol import (
     EXIT_FINISH_CAP,
     EmbedRequest,
     EmbedResult,
-    EngineCrashedError,
     EngineError,
     GenerateRequest,
-    GenerateResult,
     LoadSpec,
     ModelFacts,
-    TokenChunk,
 )
 
 from .effective_options import vllm_launch
+from .engine_process.stream import SHUTDOWN_MESSAGE
 from .settings import Settings, VllmSettings
 
-log = logging.getLogger("tandem.scheduler")
+log = logging.getLogger("tandem.lifecycle")
 
 MAX_QUEUE_MESSAGE = "server busy, please try again.  maximum pending requests exceeded"
-SHUTDOWN_MESSAGE = "server is shutting down"
 STOP_TIMEOUT = 3.0  # seconds an engine gets to exit when asked before it is killed
 PING_TIMEOUT = 5.0  # seconds an idle engine gets to answer the health ping before reuse
 PING_INTERVAL = 30.0  # seconds between health pings of idle engines (a frozen one leaves /api/ps)
@@ -87,7 +87,7 @@ class QueueTimeoutError(QueueFullError):
 
 
 class EngineHandle(Protocol):
-    """What the scheduler needs of an engine handle (server.engine_process.client.EngineClient; fakes in tests)."""
+    """What the lifecycle needs of an engine handle (server.engine_process.client.EngineClient; fakes in tests)."""
 
     pid: int | None
 
@@ -189,8 +189,8 @@ def model_key(model: StoredModel, default_engine: str = "native") -> SlotKey:
 class Lease:
     """Exclusive use of a loaded engine for one request. Release exactly once (idempotent)."""
 
-    def __init__(self, scheduler: "Scheduler", slot: Slot, runner: LoadedModel, keep_alive: float, load_seconds: float):
-        self._scheduler = scheduler
+    def __init__(self, lifecycle: "ModelLifecycle", slot: Slot, runner: LoadedModel, keep_alive: float, load_seconds: float):
+        self._lifecycle = lifecycle
         self.slot = slot
         self.runner = runner
         self.keep_alive = keep_alive
@@ -202,15 +202,27 @@ class Lease:
     def engine(self) -> EngineHandle:
         return self.runner.engine
 
+    @property
+    def closing(self) -> bool:
+        """The server is shutting down: a stream not started yet ends at once."""
+        return self._lifecycle._closing
+
+    def track(self, stream: Any) -> None:
+        """A generation runs on this lease (drain() waits for it, then aborts it)."""
+        self._lifecycle._streams.add(stream)
+
+    def untrack(self, stream: Any) -> None:
+        self._lifecycle._streams.discard(stream)
+
     def release(self) -> None:
         """Give the engine back (call on the event loop). Applies keep_alive; a crashed engine is dropped."""
         if self._released:
             return
         self._released = True
-        self._scheduler._release(self)
+        self._lifecycle._release(self)
 
 
-class Scheduler:
+class ModelLifecycle:
     def __init__(self, settings: Settings, engine_factory: Callable[[], EngineHandle] | None = None,
                  pack_dir: Path | None = None):
         """``pack_dir``: where engines cache packed weight layouts (beside the store), so reloads are fast."""
@@ -219,7 +231,7 @@ class Scheduler:
         self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
         self._slots: dict[SlotKey, Slot] = {}
         self._closing = False
-        self._streams: set["GenerationStream"] = set()  # generations running now (ended by drain)
+        self._streams: set = set()  # GenerationStreams running now (ended by drain)  # generations running now (ended by drain)
         self.ping_interval = PING_INTERVAL
         self._pinger: asyncio.Task | None = None
         # Background unloads (keep_alive 0, expiry); kept so they are not garbage-collected mid-flight.
@@ -575,114 +587,3 @@ def _stop_engine(engine: EngineHandle, timeout: float = STOP_TIMEOUT) -> None:
 
 async def _stop_engine_async(engine: EngineHandle) -> None:
     await anyio.to_thread.run_sync(_stop_engine, engine)
-
-
-# --- generation --------------------------------------------------------------------------------
-
-_END = object()
-
-
-class GenerationStream:
-    """One generation on a leased engine, run in a thread, consumed with ``async for``.
-
-    Yields TokenChunk items, then one GenerateResult; an engine failure is raised from the iteration.
-    ``cancel()`` (client gone) stops the engine at its next round; the lease is released when the
-    worker thread has fully drained the engine, never earlier.
-    """
-
-    def __init__(self, lease: Lease, request: GenerateRequest):
-        self.lease = lease
-        self.request = request
-        self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue = asyncio.Queue()
-        self._cancelled = threading.Event()
-        self._handle: Any = None  # the engine's stream, once started: cancels this generation alone
-        self._started = False
-        self.finished = asyncio.Event()
-        lease._scheduler._streams.add(self)
-
-    def start(self) -> None:
-        if self._started or self._cancelled.is_set():
-            return
-        self._started = True
-        threading.Thread(target=self._work, name="tandem-generate", daemon=True).start()
-
-    def _post(self, item: Any) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
-        except RuntimeError:  # the event loop is gone (server shutting down)
-            pass
-
-    def _work(self) -> None:
-        engine = self.lease.engine
-        try:
-            if self._cancelled.is_set():
-                return
-            it = self._handle = engine.generate(self.request)
-            try:
-                for item in it:
-                    self._post(item)
-                    if self._cancelled.is_set():
-                        break
-            finally:
-                close = getattr(it, "close", None)
-                if close is not None:
-                    close()  # cancels and drains an unfinished generation
-        except EngineCrashedError as e:
-            self.lease.crashed = True
-            self._post(e)
-        except BaseException as e:  # reported to the consumer; the engine keeps serving
-            if not engine.alive():
-                self.lease.crashed = True
-            self._post(e)
-        finally:
-            self._post(_END)
-            try:
-                self._loop.call_soon_threadsafe(self._done)
-            except RuntimeError:
-                pass
-
-    def _done(self) -> None:
-        self.lease._scheduler._streams.discard(self)
-        self.lease.release()
-        self.finished.set()
-
-    def cancel(self) -> None:
-        """Stop the generation (safe to call more than once, from the event loop)."""
-        if self._cancelled.is_set():
-            return
-        self._cancelled.set()
-        if not self._started:
-            self.lease._scheduler._streams.discard(self)
-            self.lease.release()
-            self.finished.set()
-            self._queue.put_nowait(_END)  # a consumer still iterating ends at once
-            return
-        try:
-            handle = self._handle
-            if handle is None:
-                return  # not asked of the engine yet: the worker sees the flag before it asks
-            if hasattr(handle, "cancel"):
-                handle.cancel()  # this generation only: the engine may serve others at once
-            else:
-                self.lease.engine.cancel()
-        except Exception:
-            pass
-
-    def abort(self, error: BaseException) -> None:
-        """End the stream with ``error`` for its consumer (after the items already queued) and stop the
-        engine's work (the server is shutting down)."""
-        self._queue.put_nowait(error)
-        self.cancel()
-
-    async def __aiter__(self) -> AsyncIterator[TokenChunk | GenerateResult]:
-        if self.lease._scheduler._closing and not self._started:
-            self.abort(EngineError(SHUTDOWN_MESSAGE, 503))
-        self.start()
-        while True:
-            item = await self._queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item

@@ -1,4 +1,4 @@
-"""The scheduler with a fake engine (no processes, no torch): loading, serialisation, the bounded queue,
+"""The model lifecycle with a fake engine (no processes, no torch): loading, serialisation, the bounded queue,
 keep_alive, reloads on load-option changes, crash recovery and cancellation; plus settings parsing and
 one HTTP check of the 503 answer."""
 
@@ -28,7 +28,8 @@ from engine.contract.protocol import (
 )
 from engine.contract.speculation_stats import SpeculationStats
 from importer import CreateRequest, create_model
-from server.scheduler import GenerationStream, QueueFullError, Scheduler
+from server.engine_process.stream import GenerationStream
+from server.lifecycle import ModelLifecycle, QueueFullError
 from server.settings import (
     FOREVER,
     DurationError,
@@ -144,11 +145,11 @@ def _reset() -> None:
     FakeEngine.slots = 1
 
 
-def scheduler(**kw) -> Scheduler:
-    return Scheduler(Settings(**kw), engine_factory=FakeEngine)
+def lifecycle(**kw) -> ModelLifecycle:
+    return ModelLifecycle(Settings(**kw), engine_factory=FakeEngine)
 
 
-async def run_one(s: Scheduler, model, keep_alive: float = 300, load=None, num_predict: int = 3) -> str:
+async def run_one(s: ModelLifecycle, model, keep_alive: float = 300, load=None, num_predict: int = 3) -> str:
     lease = await s.acquire(model, Options.from_map(load), keep_alive)
     stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=num_predict)))
     text = ""
@@ -163,7 +164,7 @@ def test_load_on_first_use_and_reuse(model_store: BlobStore) -> None:
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         assert s.loaded() == []
         assert await run_one(s, model) == "t0 t1 t2 "
         assert await run_one(s, model) == "t0 t1 t2 "
@@ -181,7 +182,7 @@ def test_requests_are_serialised(model_store: BlobStore) -> None:
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         texts = await asyncio.gather(*(run_one(s, model, num_predict=5) for _ in range(4)))
         assert texts == ["t0 t1 t2 t3 t4 "] * 4
         assert len(FakeEngine.instances) == 1 and FakeEngine.instances[0].max_active == 1
@@ -195,7 +196,7 @@ def test_an_engine_with_slots_serves_that_many_requests_at_once(model_store: Blo
     FakeEngine.slots = 4
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         texts = await asyncio.gather(*(run_one(s, model, num_predict=5) for _ in range(10)))
         assert texts == ["t0 t1 t2 t3 t4 "] * 10
         assert len(FakeEngine.instances) == 1 and FakeEngine.instances[0].max_active == 4
@@ -209,7 +210,7 @@ def test_sixty_four_clients_against_four_slots_complete_or_get_a_clean_503(model
     FakeEngine.slots = 4
 
     async def main() -> None:
-        s = scheduler(max_queue=8)
+        s = lifecycle(max_queue=8)
 
         async def client() -> str:
             try:
@@ -235,7 +236,7 @@ def test_other_load_options_wait_for_the_running_requests_then_reload(model_stor
     FakeEngine.step = 0.02
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         running = [asyncio.create_task(run_one(s, model, num_predict=10)) for _ in range(2)]
         await asyncio.sleep(0.05)
         other = asyncio.create_task(run_one(s, model, load={"draft_vocab": 0}))
@@ -253,7 +254,7 @@ def test_an_engine_that_dies_with_a_full_batch_fails_each_request_and_restarts(m
     FakeEngine.slots = 4
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         await run_one(s, model)
         FakeEngine.instances[0].crash_after = 2
 
@@ -274,7 +275,7 @@ def test_queue_bound(model_store: BlobStore) -> None:
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler(max_queue=1)
+        s = lifecycle(max_queue=1)
         running = await s.acquire(model, Options(), 300)
         waiting = asyncio.create_task(s.acquire(model, Options(), 300))
         await asyncio.sleep(0.05)
@@ -294,7 +295,7 @@ def test_keep_alive_zero_expiry_and_forever(model_store: BlobStore) -> None:
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         await run_one(s, model, keep_alive=0)
         await asyncio.sleep(0.05)
         assert s.loaded() == [] and FakeEngine.instances[0].closed
@@ -318,7 +319,7 @@ def test_a_smaller_context_is_served_by_the_loaded_engine(model_store: BlobStore
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler(context_length=64)
+        s = lifecycle(context_length=64)
         await run_one(s, model)
         await run_one(s, model, load={"num_ctx": 48})
         await run_one(s, model, load={"num_ctx": 32})
@@ -339,7 +340,7 @@ def test_load_option_change_reloads(model_store: BlobStore) -> None:
     with_ctx = load_stored_model(model_store, "fake-ctx")
 
     async def main() -> None:
-        s = scheduler(context_length=64)
+        s = lifecycle(context_length=64)
         await run_one(s, model)
         assert FakeEngine.instances[0].spec.num_ctx == 64  # the server default
         await run_one(s, model, load={"num_ctx": 100})
@@ -366,7 +367,7 @@ def test_crash_gives_error_and_next_request_restarts(model_store: BlobStore) -> 
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         await run_one(s, model)
         FakeEngine.instances[0].crash_after = 1
         lease = await s.acquire(model, Options(), 300)
@@ -389,7 +390,7 @@ def test_cancel_stops_engine_and_frees_the_model(model_store: BlobStore) -> None
     FakeEngine.step = 0.02
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         lease = await s.acquire(model, Options(), 300)
         stream = GenerationStream(lease, GenerateRequest(prompt="x", options=Options(num_predict=500)))
         n = 0
@@ -413,7 +414,7 @@ def test_unload(model_store: BlobStore) -> None:
     model = load_stored_model(model_store, "fake")
 
     async def main() -> None:
-        s = scheduler()
+        s = lifecycle()
         assert not await s.unload(model)
         await run_one(s, model)
         assert await s.unload(model)
