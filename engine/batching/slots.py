@@ -38,6 +38,9 @@ class SequenceSlot:
 SHARED_PREFIX_MIN = 16
 
 
+RELEASE_WAIT = 5.0  # seconds an acquire waits for a slot a finished request is about to free
+
+
 class SlotPool:
     """The slots of one loaded model; ``acquire`` and ``release`` may be called from any thread."""
 
@@ -46,6 +49,7 @@ class SlotPool:
             raise ValueError("a slot pool needs at least one slot")
         self.slots = list(slots)
         self._lock = threading.Lock()
+        self._freed = threading.Condition(self._lock)  # notified by every release
         self._clock = 0
         self.adopted = 0  # positions copied from another slot's cache so far (share_prefix)
 
@@ -56,11 +60,16 @@ class SlotPool:
         with self._lock:
             return sum(s.busy for s in self.slots)
 
-    def acquire(self, tokens: Sequence[int]) -> SequenceSlot:
+    def acquire(self, tokens: Sequence[int], wait: float = RELEASE_WAIT) -> SequenceSlot:
         """The free slot that reuses the most of ``tokens`` (then the least recently used), marked busy; an
-        ``EngineError`` (503) when every slot is busy (the server admits at most as many requests as slots)."""
-        with self._lock:
+        ``EngineError`` (503) when every slot stays busy for ``wait`` seconds. The server admits at most as many
+        requests as slots, but a finished request's final answer reaches the server just before its generator
+        frees the slot: a request sent at once could find it still busy (seen on a loaded host), so it waits for
+        that release instead of failing."""
+        with self._freed:
             free = [s for s in self.slots if not s.busy]
+            if not free and self._freed.wait_for(lambda: any(not s.busy for s in self.slots), wait):
+                free = [s for s in self.slots if not s.busy]
             if not free:
                 raise EngineError(f"all {len(self.slots)} sequence slots are busy", 503)
             slot = max(free, key=lambda s: (s.cache.common_prefix(list(tokens)), -s.used_at))
@@ -90,3 +99,4 @@ class SlotPool:
     def release(self, slot: SequenceSlot) -> None:
         with self._lock:
             slot.busy = False
+            self._freed.notify_all()

@@ -5,6 +5,7 @@ sequences that join, leave, fail or are cancelled."""
 from __future__ import annotations
 
 import threading
+import time
 import traceback
 
 import pytest
@@ -199,10 +200,15 @@ def test_a_slot_is_chosen_for_its_prefix_and_all_busy_is_refused():
     b = pool.acquire([7, 8])
     assert b.index == 0  # the only one free
     with pytest.raises(EngineError) as e:
-        pool.acquire([1])
+        pool.acquire([1], wait=0)
     assert e.value.status == 503
     pool.release(a)
     assert pool.acquire([5]).index == 1
+    # a request arriving while a finished one's slot is being freed gets that slot (no 503 for the race)
+    releasing = threading.Thread(target=lambda: (time.sleep(0.2), pool.release(b)))
+    releasing.start()
+    assert pool.acquire([1], wait=30).index == 0
+    releasing.join()
 
 
 def test_a_failing_batch_fails_each_of_its_sequences_and_the_barrier_goes_on():
