@@ -142,14 +142,25 @@ def test_openai_client_completes_and_chats(srv):
 
 
 def test_greedy_text_with_speculation_equals_vllm_without_it(http):
-    texts = {}
+    runs = {}
     for model in ("smol-draft", "smol"):
-        r = http.post("/api/generate", json={"model": model, "prompt": PROMPT, "options": GREEDY, "stream": False})
+        r = http.post("/api/generate", json={"model": model, "prompt": PROMPT, "options": GREEDY, "stream": False,
+                                             "logprobs": True, "top_logprobs": 2})
         assert r.status_code == 200, r.text
-        texts[model] = r.json()["response"]
+        runs[model] = r.json()
         if model == "smol":
             assert r.json()["drafter"] == "none" and r.json()["draft_n"] == 0
-    assert texts["smol-draft"] == texts["smol"]
+    drafted = [lp["token"] for lp in runs["smol-draft"]["logprobs"]]
+    plain = [lp["token"] for lp in runs["smol"]["logprobs"]]
+    # Lossless: the same tokens, up to a near-tie that vLLM's CPU kernels round differently in a verification
+    # batch than in a one-token step (an AMD EPYC family 26 host, AVX-512, diverged at token 28 of 40, where the
+    # plain step's best led its runner-up by 0.125 nats); there the speculative token is the plain step's runner-up.
+    diverged = next((i for i, (a, b) in enumerate(zip(drafted, plain)) if a != b), None)
+    if diverged is None:
+        assert runs["smol-draft"]["response"] == runs["smol"]["response"]
+    else:
+        best, second = runs["smol"]["logprobs"][diverged]["top_logprobs"][:2]
+        assert second["token"] == drafted[diverged] and best["logprob"] - second["logprob"] < 0.25, (diverged, best, second)
     ps = loaded(http, "smol-draft")["engine"]
     assert ps["backend"] == "vllm" and ps["device"] == "cpu" and ps["speculative_method"] == "draft_model"
     assert ps["endpoint"].startswith("http://127.0.0.1:") and ps["attached"] is False
@@ -212,13 +223,16 @@ def test_a_killed_vllm_is_replaced_on_the_next_request(http):
     assert loaded(http, "smol")["engine"]["pid"] != engine
 
 
-def test_a_frozen_vllm_fails_its_request_and_is_replaced(http):
+def test_a_request_to_a_frozen_vllm_is_served_by_its_replacement(http):
+    """The request had streamed nothing when the watchdog replaced the frozen engine: it is tried once on the new
+    one (issue 46), so the client sees a delay, not an error; the frozen vLLM's whole tree is stopped."""
     engine = loaded(http, "smol")["engine"]["pid"]
     frozen = vllm_server_pid(engine)
     os.kill(frozen, signal.SIGSTOP)
     try:
         r = http.post("/api/generate", json={"model": "smol", "prompt": PROMPT, "options": GREEDY, "stream": False})
-        assert r.status_code == 500 and "stopped responding" in r.json()["error"]
+        assert r.status_code == 200 and r.json()["eval_count"] == 40, r.text
+        assert loaded(http, "smol")["engine"]["pid"] != engine
         deadline = time.monotonic() + 30
         while alive(frozen) and time.monotonic() < deadline:  # the reaper kills the whole tree
             time.sleep(0.5)
@@ -226,8 +240,6 @@ def test_a_frozen_vllm_fails_its_request_and_is_replaced(http):
     finally:
         if alive(frozen):
             os.kill(frozen, signal.SIGKILL)
-    r = http.post("/api/generate", json={"model": "smol", "prompt": PROMPT, "options": GREEDY, "stream": False})
-    assert r.status_code == 200 and r.json()["eval_count"] == 40
 
 
 def test_shutdown_stops_the_vllm_tandem_started(store):
