@@ -17,6 +17,7 @@ from engine.contract.capabilities import (
     is_mtp_head_only,
 )
 from engine.contract.gguf import GGUFError, GGUFFile, format_parameter_count
+from engine.contract.llamacpp_launch import llamacpp_available
 
 from .request import CreateError
 
@@ -86,8 +87,11 @@ def check_runnable(summary: GGUFSummary, role: str) -> None:
             raise CreateError(f'the model is a {summary.architecture}, which only drafts for a target: name it in '
                               "DRAFT, with its target in FROM")
     elif summary.architecture not in SUPPORTED_ARCHITECTURES:
+        if llamacpp_available():  # engine auto serves it through llama.cpp (engine.contract.llamacpp_launch)
+            return
         supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
-        raise CreateError(f'unsupported {role} architecture "{summary.architecture}" (tandem runs: {supported})')
+        raise CreateError(f'unsupported {role} architecture "{summary.architecture}" (tandem runs: {supported}; '
+                          "llama.cpp runs it once llama-server is installed: scripts/install_llama_server.sh)")
     if summary.is_mtp_head and role == "model":
         raise CreateError("the model is only an MTP (NextN) head, which drafts for a target: name it in DRAFT, "
                           "with its target in FROM")

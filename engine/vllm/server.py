@@ -3,7 +3,7 @@
 The Hugging Face folders live in the blob store as one blob per file; vLLM reads a folder, so each is laid out as
 a folder of links (``model/``, ``draft/``) in a working directory that also holds vLLM's log. vLLM runs under
 ``reaper.py`` in a session of its own, so that the whole process tree (API server, engine core, workers) stops
-with the engine process however that ends (engine.vllm.reaper).
+with the engine process however that ends (engine.process.reaper).
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class VllmServer:
         args = server_args(launch, model_dir=model_dir, speculative=self.speculative, port=self.port, num_ctx=num_ctx,
                            num_parallel=num_parallel, eager=is_cpu_build(python) and not _compiles(launch))
         self.log_path = self.workdir / "vllm.log"
-        reaper = Path(__file__).with_name("reaper.py")
+        reaper = Path(__file__).parent.parent / "process" / "reaper.py"
         with open(self.log_path, "wb") as log:
             self._proc = subprocess.Popen([sys.executable, str(reaper), str(os.getpid()), "--", python, *args],
                                           stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -187,11 +187,18 @@ def _metadata_only_gguf(path: Path, arch: str, with_tokens: bool) -> Path:
     return path
 
 
-def test_unsupported_architecture(store: BlobStore, tmp_path: Path) -> None:
+def test_unsupported_architecture(store: BlobStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without llama.cpp an architecture the native engine lacks is refused, naming the install that adds it;
+    with a llama-server at hand it is stored, for engine auto to serve through llama.cpp."""
+    import importer.inspect
+
     _metadata_only_gguf(tmp_path / "m.gguf", "mamba", True)
-    with pytest.raises(CreateError, match='unsupported model architecture "mamba" \\(tandem runs: bert, gemma3, gemma4, llama, qwen2, qwen3, qwen35, qwen35moe, qwen3moe\\)'):
+    monkeypatch.setattr(importer.inspect, "llamacpp_available", lambda: False)
+    with pytest.raises(CreateError, match='unsupported model architecture "mamba" \\(tandem runs: bert, gemma3, gemma4, llama, qwen2, qwen3, qwen35, qwen35moe, qwen3moe; llama.cpp runs it once llama-server is installed'):
         create_from_text(store, "FROM ./m.gguf", tmp_path)
     _assert_untouched(store)
+    monkeypatch.setattr(importer.inspect, "llamacpp_available", lambda: True)
+    create_from_text(store, "FROM ./m.gguf", tmp_path)
 
 
 def test_no_tokenizer(store: BlobStore, tmp_path: Path) -> None:

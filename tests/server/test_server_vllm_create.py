@@ -63,7 +63,7 @@ def test_a_vllm_model_keeps_its_folders_and_shows_its_engine(tmp_path: Path, fol
         info = c.post("/api/show", json={"model": "v"}).json()["engine"]
         assert info == {"backend": "vllm", "speculative_method": "draft_model", "num_speculative_tokens": 3,
                         "huggingface_folder": True}
-        assert c.post("/api/show", json={"model": "n"}).json()["engine"] == {"backend": "native"}
+        assert c.post("/api/show", json={"model": "n"}).json()["engine"] == {"backend": "native", "why": "the native engine runs this model"}  # engine auto
 
 
 def test_create_refuses_what_the_vllm_engine_cannot_load(tmp_path: Path, folders):

@@ -1,4 +1,4 @@
-"""Starts vLLM and makes sure nothing of it outlives the tandem engine process that asked for it.
+"""Starts a backend server (vLLM, llama-server) and makes sure nothing of it outlives the tandem engine process that asked for it.
 
     python reaper.py PARENT_PID -- COMMAND...
 

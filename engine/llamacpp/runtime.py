@@ -1,0 +1,200 @@
+"""``LlamaCppRuntime``: a model served by llama.cpp's llama-server, driven by the engine process exactly as a
+``ModelRuntime`` is.
+
+The engine process keeps its role: the server talks to it over the same pipe, its watchdog and crash handling
+apply unchanged, and this runtime stands where the native one would, forwarding each call to a llama-server it
+started (engine.llamacpp.server) or one it attached to (``TANDEM_LLAMACPP_URL``). Faults map onto the engine
+process's own, as for vLLM (engine.vllm.runtime): llama-server exiting ends this process (the server sees a crashed
+engine and starts a new one for the next request); llama-server frozen turns ``healthy()`` false, which silences
+the heartbeat so the watchdog replaces the engine; a cancelled stream closes its connection, which frees the slot.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Callable, Iterator
+
+from engine.contract.gguf import GGUFFile
+from engine.contract.llamacpp_launch import LlamaCppLaunch, refusal
+from engine.contract.protocol import (
+    EmbedRequest,
+    EmbedResult,
+    EngineError,
+    GenerateRequest,
+    GenerateResult,
+    LoadSpec,
+    ModelFacts,
+    TokenChunk,
+)
+from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
+from engine.llamacpp.server import LlamaCppServer
+from engine.llamacpp.translate import completion_body, logprobs_of, speculation_stats
+from engine.remote_prompt import prompt_tokens
+
+HEALTH_INTERVAL = 1.0
+HEALTH_TIMEOUT = 5.0
+HEALTH_GRACE = 8.0  # seconds without a successful ping before llama-server counts as frozen
+EXIT_DELAY = 1.0
+AUTO_PARALLEL = 4  # slots when TANDEM_NUM_PARALLEL does not say (the native engine's default too)
+CANCEL_POLL = 0.05
+
+
+class LlamaCppRuntime:
+    def __init__(self, spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, server: LlamaCppServer | None,
+                 facts: ModelFacts):
+        self.spec = spec
+        self.launch = launch
+        self.api = api
+        self.server = server
+        self.facts = facts
+        self._drafter = "model" if launch.draft_n_max > 0 and spec.draft_path else ("ngram" if launch.ngram else "none")
+        self._last_ok = time.monotonic()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._monitor, name="tandem-llamacpp-monitor", daemon=True).start()
+
+    @classmethod
+    def load(cls, spec: LoadSpec, timeout: float | None = None) -> "LlamaCppRuntime":
+        launch = spec.llamacpp or LlamaCppLaunch()
+        slots = spec.num_parallel if spec.num_parallel > 0 else AUTO_PARALLEL
+        server = None
+        if launch.attached:
+            api = LlamaCppApi(str(launch.url))
+            if not api.healthy(HEALTH_TIMEOUT):
+                raise EngineError(f"could not reach llama-server at TANDEM_LLAMACPP_URL={launch.url}", 500)
+        else:
+            server = LlamaCppServer(launch, spec, slots=slots)
+            try:
+                server.wait_ready(timeout)
+            except BaseException:
+                server.stop()
+                raise
+            api = server.api
+        return cls(spec, launch, api, server, _facts(spec, launch, api, slots))
+
+    # -- health -------------------------------------------------------------------------------
+    def _monitor(self) -> None:
+        while not self._stopping.wait(HEALTH_INTERVAL):
+            if self.server is not None and not self.server.alive():
+                print(f"tandem: llama-server exited; the end of its log:\n{self.server.log_tail()}", file=sys.stderr,
+                      flush=True)
+                time.sleep(EXIT_DELAY)
+                if not self._stopping.is_set():
+                    os._exit(3)  # the server sees a crashed engine and starts a new one for the next request
+                return
+            if self.api.healthy(HEALTH_TIMEOUT):
+                self._last_ok = time.monotonic()
+
+    def healthy(self) -> bool:
+        if self.server is not None and not self.server.alive():
+            return False
+        return time.monotonic() - self._last_ok < HEALTH_GRACE
+
+    # -- the runtime's interface (engine.process.worker) ------------------------------------------
+    def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
+        # None: llama.cpp adds what the model's vocabulary says (its own add_bos rule, per vocabulary type)
+        return self.api.tokenize(text, add_special=add_bos is not False)
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.api.detokenize(ids)
+
+    def embed(self, req: EmbedRequest) -> EmbedResult:
+        raise EngineError("the llamacpp engine serves generation; embed with a model on the native engine", 400)
+
+    def finish_writes(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self.server is not None:
+            self.server.stop()  # never an attached llama-server: it is not tandem's to stop
+        else:
+            self.api.close()
+
+    def generate(self, req: GenerateRequest,
+                 should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
+        if req.images:
+            raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
+        why = refusal(req.options)
+        if why is not None:
+            raise EngineError(why, 400)
+        num_ctx = req.options.effective_num_ctx(self.facts.context_length)
+        prompt = prompt_tokens(req, num_ctx, self.facts.vocab_size, self.tokenize)
+        n_predict = num_ctx - len(prompt)
+        if req.options.num_predict > 0:
+            n_predict = min(n_predict, req.options.num_predict)
+        stream = self.api.stream_completion(completion_body(req, prompt, n_predict,
+                                                            draft_n_max=self.launch.draft_n_max))
+        should_stop = should_stop or (lambda: False)
+        done = threading.Event()
+
+        def cancel_when_asked() -> None:  # a long prefill sends no chunk to check between
+            while not done.wait(CANCEL_POLL):
+                if should_stop():
+                    stream.close()
+                    return
+
+        threading.Thread(target=cancel_when_asked, name="tandem-llamacpp-cancel", daemon=True).start()
+        started = time.monotonic_ns()
+        first = last = 0
+        generated: list[int] = []
+        final: dict = {}
+        try:
+            for event in stream:
+                ids = [int(t) for t in event.get("tokens") or []]
+                text = event.get("content") or ""
+                if ids or text:
+                    last = time.monotonic_ns()
+                    first = first or last
+                    generated += ids
+                    yield TokenChunk(text, ids, logprobs_of(event) if req.logprobs else None)
+                if event.get("stop"):
+                    final = event
+                    break
+        finally:
+            done.set()
+            stream.close()
+        if not final:
+            if should_stop():
+                return  # cancelled: the consumer stopped listening
+            raise LlamaCppUnavailableError("llama-server ended the stream without its final event")
+        timings = final.get("timings") or {}
+        first = first or time.monotonic_ns()
+        count = int(timings.get("predicted_n") or len(generated))
+        yield GenerateResult(
+            done_reason="length" if final.get("stop_type") == "limit" else "stop",
+            prompt_eval_count=len(prompt),
+            prompt_cached=int(timings.get("cache_n") or 0),
+            prompt_eval_duration_ns=int(float(timings.get("prompt_ms") or 0) * 1e6) or first - started,
+            eval_count=count,
+            eval_duration_ns=int(float(timings.get("predicted_ms") or 0) * 1e6) or max(0, (last or first) - first),
+            context=prompt + generated,
+            speculation=speculation_stats(timings, self._drafter if _speculates(req) else "none", count),
+        )
+
+
+def _speculates(req: GenerateRequest) -> bool:
+    return req.options.drafter != "none" and req.options.draft_num_predict > 0
+
+
+def _facts(spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, slots: int) -> ModelFacts:
+    """What the server needs to know, from the GGUF's metadata (the server's tokenizer and template stay its own)."""
+    with GGUFFile(spec.model_path) as f:
+        md, architecture = f.metadata, f.architecture
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    name = lambda key: str(tokens[int(md[key])]) if key in md and int(md[key]) < len(tokens) else ""  # noqa: E731
+    draft = None
+    if spec.draft_path and launch.draft_n_max > 0:
+        with GGUFFile(spec.draft_path) as d:
+            draft = d.architecture
+    weights = os.path.getsize(spec.model_path) + (os.path.getsize(spec.draft_path) if draft else 0)
+    device = "remote" if launch.attached else ("gpu" if launch.n_gpu_layers > 0 else "cpu")
+    return ModelFacts(architecture=architecture, context_length=spec.num_ctx, vocab_size=len(tokens), device=device,
+                      weight_format="llama.cpp", draft_architecture=draft, draft_weight_format=None,
+                      memory_bytes=weights, bos_token=name("tokenizer.ggml.bos_token_id"),
+                      eos_token=name("tokenizer.ggml.eos_token_id"),
+                      add_bos=len(api.tokenize("a", True)) > len(api.tokenize("a", False)), num_parallel=slots,
+                      backend="llamacpp", speculative_method=("draft" if draft else ("ngram" if launch.ngram else None)),
+                      endpoint=api.base_url, attached=launch.attached)
