@@ -12,7 +12,6 @@ the heartbeat so the watchdog replaces the engine; a cancelled stream closes its
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Callable, Iterator
@@ -32,12 +31,9 @@ from engine.contract.protocol import (
 from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
 from engine.llamacpp.server import LlamaCppServer
 from engine.llamacpp.translate import completion_body, logprobs_of, speculation_stats
+from engine.backend_process import HEALTH_TIMEOUT, HealthMonitor
 from engine.remote_prompt import prompt_tokens
 
-HEALTH_INTERVAL = 1.0
-HEALTH_TIMEOUT = 5.0
-HEALTH_GRACE = 8.0  # seconds without a successful ping before llama-server counts as frozen
-EXIT_DELAY = 1.0
 AUTO_PARALLEL = 4  # slots when TANDEM_NUM_PARALLEL does not say (the native engine's default too)
 CANCEL_POLL = 0.05
 
@@ -51,9 +47,7 @@ class LlamaCppRuntime:
         self.server = server
         self.facts = facts
         self._drafter = "model" if launch.draft_n_max > 0 and spec.draft_path else ("ngram" if launch.ngram else "none")
-        self._last_ok = time.monotonic()
-        self._stopping = threading.Event()
-        threading.Thread(target=self._monitor, name="tandem-llamacpp-monitor", daemon=True).start()
+        self.monitor = HealthMonitor("llama-server", self.api.healthy, server.process if server is not None else None)
 
     @classmethod
     def load(cls, spec: LoadSpec, timeout: float | None = None) -> "LlamaCppRuntime":
@@ -75,22 +69,9 @@ class LlamaCppRuntime:
         return cls(spec, launch, api, server, _facts(spec, launch, api, slots))
 
     # -- health -------------------------------------------------------------------------------
-    def _monitor(self) -> None:
-        while not self._stopping.wait(HEALTH_INTERVAL):
-            if self.server is not None and not self.server.alive():
-                print(f"tandem: llama-server exited; the end of its log:\n{self.server.log_tail()}", file=sys.stderr,
-                      flush=True)
-                time.sleep(EXIT_DELAY)
-                if not self._stopping.is_set():
-                    os._exit(3)  # the server sees a crashed engine and starts a new one for the next request
-                return
-            if self.api.healthy(HEALTH_TIMEOUT):
-                self._last_ok = time.monotonic()
-
     def healthy(self) -> bool:
-        if self.server is not None and not self.server.alive():
-            return False
-        return time.monotonic() - self._last_ok < HEALTH_GRACE
+        """Whether the backend answers (engine.backend_process.HealthMonitor): the worker's heartbeat asks."""
+        return self.monitor.healthy()
 
     # -- the runtime's interface (engine.process.worker) ------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -107,7 +88,7 @@ class LlamaCppRuntime:
         return True
 
     def close(self) -> None:
-        self._stopping.set()
+        self.monitor.stop()
         if self.server is not None:
             self.server.stop()  # never an attached llama-server: it is not tandem's to stop
         else:

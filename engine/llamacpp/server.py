@@ -7,19 +7,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from engine.contract.llamacpp_launch import LlamaCppLaunch
 from engine.contract.protocol import EngineError, LoadSpec
 from engine.llamacpp.api import LlamaCppApi
-from engine.vllm.server import free_port
+from engine.backend_process import BackendProcess, free_port
 
-LOG_TAIL_LINES = 25
-STOP_TIMEOUT = 15.0
 
 
 def server_args(launch: LlamaCppLaunch, spec: LoadSpec, *, port: int, slots: int) -> list[str]:
@@ -46,53 +41,24 @@ class LlamaCppServer:
                               "TANDEM_LLAMA_SERVER to its path, or TANDEM_LLAMACPP_URL to attach to a running one", 500)
         self.workdir = Path(tempfile.mkdtemp(prefix="tandem-llamacpp-"))
         self.port = free_port()
-        self.log_path = self.workdir / "llama-server.log"
-        reaper = Path(__file__).parent.parent / "process" / "reaper.py"
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen(
-                [sys.executable, str(reaper), str(os.getpid()), "--", binary,
-                 *server_args(launch, spec, port=self.port, slots=slots)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                cwd=self.workdir)
+        self.process = BackendProcess("llama-server", [binary, *server_args(launch, spec, port=self.port, slots=slots)],
+                                      self.workdir, "llama-server.log")
         self.api = LlamaCppApi(f"http://127.0.0.1:{self.port}")
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self.process.pid
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return self.process.alive()
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Until llama-server answers /health (200 once the model is loaded); one that exits first, or is not up
-        within ``timeout``, is an error carrying the end of its log."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if not self.alive():
-                raise EngineError(f"llama-server failed to start (exit code {self._proc.returncode}); the end of its "
-                                  f"log:\n{self.log_tail()}", 500)
-            if self.api.healthy(timeout=2.0):
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                self.stop()
-                raise EngineError(f"llama-server did not start within {timeout:g}s; the end of its log:\n"
-                                  f"{self.log_tail()}", 500)
-            time.sleep(0.1)
+        """Until llama-server answers /health (200 once the model is loaded)."""
+        self.process.wait_ready(self.api.healthy, timeout, poll=0.1)
 
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join([l for l in text.splitlines() if l.strip()][-lines:])
+    def log_tail(self) -> str:
+        return self.process.log_tail()
 
     def stop(self) -> None:
-        if self.alive():
-            self._proc.terminate()
-            try:
-                self._proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, 9)
-                self._proc.wait(5)
+        self.process.stop()
         self.api.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -37,16 +37,13 @@ from engine.contract.protocol import (
     ModelFacts,
     TokenChunk,
 )
+from engine.backend_process import HealthMonitor
 from engine.remote_prompt import prompt_tokens
 from engine.vllm.api import VllmApi, VllmUnavailableError
 from engine.contract.vllm_launch import VllmLaunch
 from engine.vllm.server import VllmServer
 from engine.vllm.translate import completion_body, logprobs_of, refusal, speculation_stats
 
-HEALTH_INTERVAL = 1.0  # seconds between the monitor's /health pings
-HEALTH_TIMEOUT = 5.0  # a ping's own bound
-HEALTH_GRACE = 8.0  # seconds without a successful ping before vLLM counts as frozen
-EXIT_DELAY = 1.0  # seconds between vLLM's exit and this process's, for the failed requests' messages to go out
 AUTO_PARALLEL = 16  # sequences vLLM batches when TANDEM_NUM_PARALLEL does not say
 CANCEL_POLL = 0.05
 
@@ -60,9 +57,7 @@ class VllmRuntime:
         self.server = server
         self.facts = facts
         self.method = method  # vLLM's speculative method, None without speculation
-        self._last_ok = time.monotonic()
-        self._stopping = threading.Event()
-        threading.Thread(target=self._monitor, name="tandem-vllm-monitor", daemon=True).start()
+        self.monitor = HealthMonitor("vLLM", self.api.healthy, server.process if server is not None else None)
 
     @classmethod
     def load(cls, spec: LoadSpec, timeout: float | None = None) -> "VllmRuntime":
@@ -94,23 +89,9 @@ class VllmRuntime:
         return cls(spec, launch, api, server, facts, method)
 
     # -- health -------------------------------------------------------------------------------
-    def _monitor(self) -> None:
-        while not self._stopping.wait(HEALTH_INTERVAL):
-            if self.server is not None and not self.server.alive():
-                print(f"tandem: vLLM exited; the end of its log:\n{self.server.log_tail()}", file=sys.stderr,
-                      flush=True)
-                time.sleep(EXIT_DELAY)
-                if not self._stopping.is_set():
-                    os._exit(3)  # the server sees a crashed engine and starts a new one for the next request
-                return
-            if self.api.healthy(HEALTH_TIMEOUT):
-                self._last_ok = time.monotonic()
-
     def healthy(self) -> bool:
-        """Whether vLLM answered /health within the last ``HEALTH_GRACE`` seconds (and, started here, runs)."""
-        if self.server is not None and not self.server.alive():
-            return False
-        return time.monotonic() - self._last_ok < HEALTH_GRACE
+        """Whether the backend answers (engine.backend_process.HealthMonitor): the worker's heartbeat asks."""
+        return self.monitor.healthy()
 
     # -- the runtime's interface (engine.process.worker) --------------------------------------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -126,7 +107,7 @@ class VllmRuntime:
         return True
 
     def close(self) -> None:
-        self._stopping.set()
+        self.monitor.stop()
         if self.server is not None:
             self.server.stop()  # never an attached vLLM: it is not tandem's to stop
         else:

@@ -11,20 +11,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 
 from engine.contract.protocol import EngineError
+from engine.backend_process import BackendProcess, free_port
 from engine.vllm.api import VllmApi
 from engine.contract.vllm_launch import SERVED_NAME, VllmLaunch, server_args, speculative_config
 
-LOG_TAIL_LINES = 25
-STOP_TIMEOUT = 15.0  # seconds vLLM gets to exit (the reaper's own grace is 10)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _DEVICE = re.compile(r"device_config=(\w+)")
 
 
@@ -40,12 +35,6 @@ def layout_folder(files: tuple[tuple[str, str], ...], folder: Path) -> Path:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(path)
     return folder
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def is_cpu_build(python: str) -> bool:
@@ -80,64 +69,36 @@ class VllmServer:
         self.port = free_port()
         args = server_args(launch, model_dir=model_dir, speculative=self.speculative, port=self.port, num_ctx=num_ctx,
                            num_parallel=num_parallel, eager=is_cpu_build(python) and not _compiles(launch))
-        self.log_path = self.workdir / "vllm.log"
-        reaper = Path(__file__).parent.parent / "process" / "reaper.py"
-        with open(self.log_path, "wb") as log:
-            self._proc = subprocess.Popen([sys.executable, str(reaper), str(os.getpid()), "--", python, *args],
-                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          start_new_session=True, cwd=self.workdir)
+        self.process = BackendProcess("vLLM", [python, *args], self.workdir, "vllm.log")
         self.api = VllmApi(f"http://127.0.0.1:{self.port}", SERVED_NAME)
 
     @property
     def pid(self) -> int:
-        return self._proc.pid
+        return self.process.pid
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return self.process.alive()
 
     def wait_ready(self, timeout: float | None = None) -> None:
         """Until vLLM answers /health; a vLLM that exits first (or is not up within ``timeout``) is an error
         carrying the end of its log."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            if not self.alive():
-                raise EngineError(f"vLLM failed to start (exit code {self._proc.returncode}); the end of its log:\n"
-                                  f"{self.log_tail()}", 500)
-            if self.api.healthy(timeout=2.0):
-                return
-            if deadline is not None and time.monotonic() > deadline:
-                self.stop()
-                raise EngineError(f"vLLM did not start within {timeout:g}s; the end of its log:\n{self.log_tail()}",
-                                  500)
-            time.sleep(0.5)
+        self.process.wait_ready(lambda t: self.api.healthy(timeout=t), timeout, poll=0.5)
 
     def device(self) -> str:
         """The device vLLM reports in its start-up log (``cpu``, ``cuda``), else ``unknown``."""
         try:
-            match = _DEVICE.search(self.log_path.read_text(errors="replace"))
+            match = _DEVICE.search(self.process.log_path.read_text(errors="replace"))
         except OSError:
             return "unknown"
         return match.group(1) if match else "unknown"
 
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        kept = [_ANSI.sub("", l) for l in text.splitlines() if l.strip()]
-        return "\n".join(kept[-lines:])
+    def log_tail(self) -> str:
+        return self.process.log_tail()
 
     def stop(self) -> None:
         """Stop vLLM (the reaper stops its whole process tree) and remove the working directory."""
-        if self.alive():
-            self._proc.terminate()
-            try:
-                self._proc.wait(STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._proc.pid, 9)
-                self._proc.wait(5)
+        self.process.stop()
         self.api.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def _compiles(launch: VllmLaunch) -> bool:

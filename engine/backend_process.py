@@ -1,0 +1,123 @@
+"""What the server-backed engines (vLLM, llama-server) share: the backend process started under the reaper with its
+log (``BackendProcess``), and the monitor that turns its faults into the engine process's own (``HealthMonitor``):
+a backend that exits ends this process, so the server sees a crashed engine and starts a new one; a backend that
+stops answering turns ``healthy()`` false, which silences the heartbeat, so the watchdog replaces the engine."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from engine.contract.protocol import EngineError
+
+HEALTH_INTERVAL = 1.0  # seconds between the monitor's /health pings
+HEALTH_TIMEOUT = 5.0  # a ping's own bound
+HEALTH_GRACE = 8.0  # seconds without a successful ping before the backend counts as frozen
+EXIT_DELAY = 1.0  # seconds between the backend's exit and this process's, for the failed requests' messages
+LOG_TAIL_LINES = 25
+STOP_TIMEOUT = 15.0  # seconds a backend gets to exit (the reaper's own grace is 10)
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_REAPER = Path(__file__).parent / "process" / "reaper.py"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class BackendProcess:
+    """A backend server (``argv``) started for one model under the reaper, in a working directory of its own that
+    holds its log; ``name`` says which backend in errors."""
+
+    def __init__(self, name: str, argv: list[str], workdir: Path, log_name: str):
+        self.name = name
+        self.workdir = workdir
+        self.log_path = workdir / log_name
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen([sys.executable, str(_REAPER), str(os.getpid()), "--", *argv],
+                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          start_new_session=True, cwd=workdir)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def wait_ready(self, healthy: Callable[[float], bool], timeout: float | None, poll: float) -> None:
+        """Until ``healthy`` answers; a backend that exits first (or is not up within ``timeout``) is an error
+        carrying the end of its log."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if not self.alive():
+                raise EngineError(f"{self.name} failed to start (exit code {self._proc.returncode}); the end of its "
+                                  f"log:\n{self.log_tail()}", 500)
+            if healthy(2.0):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                self.stop()
+                raise EngineError(f"{self.name} did not start within {timeout:g}s; the end of its log:\n"
+                                  f"{self.log_tail()}", 500)
+            time.sleep(poll)
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        kept = [_ANSI.sub("", l) for l in text.splitlines() if l.strip()]
+        return "\n".join(kept[-lines:])
+
+    def stop(self) -> None:
+        """Stop the backend (the reaper stops its whole process tree) and remove the working directory."""
+        if self.alive():
+            self._proc.terminate()
+            try:
+                self._proc.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, 9)
+                self._proc.wait(5)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class HealthMonitor:
+    """Pings a backend every HEALTH_INTERVAL; ends this process when a backend it started exits."""
+
+    def __init__(self, name: str, ping: Callable[[float], bool], process: BackendProcess | None):
+        self.name = name
+        self._ping = ping
+        self._process = process
+        self._last_ok = time.monotonic()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._run, name=f"tandem-{name}-monitor", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stopping.wait(HEALTH_INTERVAL):
+            if self._process is not None and not self._process.alive():
+                print(f"tandem: {self.name} exited; the end of its log:\n{self._process.log_tail()}", file=sys.stderr,
+                      flush=True)
+                time.sleep(EXIT_DELAY)
+                if not self._stopping.is_set():
+                    os._exit(3)  # the server sees a crashed engine and starts a new one for the next request
+                return
+            if self._ping(HEALTH_TIMEOUT):
+                self._last_ok = time.monotonic()
+
+    def healthy(self) -> bool:
+        """Whether the backend answered within the last HEALTH_GRACE seconds (and, started here, runs)."""
+        if self._process is not None and not self._process.alive():
+            return False
+        return time.monotonic() - self._last_ok < HEALTH_GRACE
+
+    def stop(self) -> None:
+        self._stopping.set()
