@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from engine.contract.protocol import EngineError
 
@@ -121,3 +121,34 @@ class HealthMonitor:
 
     def stop(self) -> None:
         self._stopping.set()
+
+
+class BackendRuntime:
+    """The parts of the runtime interface (engine.process.worker) a server-backed runtime answers the same way:
+    health from its monitor, detokenizing and closing through its backend; ``name`` says which engine in errors.
+    Subclasses set ``api`` (with ``detokenize`` and ``close``), ``server`` (None when attached) and ``monitor``."""
+
+    name = ""
+    api: Any
+    server: Any
+    monitor: HealthMonitor
+
+    def healthy(self) -> bool:
+        """Whether the backend answers (HealthMonitor): the worker's heartbeat asks."""
+        return self.monitor.healthy()
+
+    def detokenize(self, ids: list[int]) -> str:
+        return self.api.detokenize(ids)
+
+    def embed(self, req: Any) -> Any:
+        raise EngineError(f"the {self.name} engine serves generation; embed with a model on the native engine", 400)
+
+    def finish_writes(self, timeout: float) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.monitor.stop()
+        if self.server is not None:
+            self.server.stop()  # never an attached backend: it is not tandem's to stop
+        else:
+            self.api.close()

@@ -19,8 +19,6 @@ from typing import Callable, Iterator
 from engine.contract.gguf import GGUFFile
 from engine.contract.llamacpp_launch import LlamaCppLaunch, refusal
 from engine.contract.protocol import (
-    EmbedRequest,
-    EmbedResult,
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -31,14 +29,16 @@ from engine.contract.protocol import (
 from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
 from engine.llamacpp.server import LlamaCppServer
 from engine.llamacpp.translate import completion_body, logprobs_of, speculation_stats
-from engine.backend_process import HEALTH_TIMEOUT, HealthMonitor
+from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor
 from engine.remote_prompt import prompt_tokens
 
 AUTO_PARALLEL = 4  # slots when TANDEM_NUM_PARALLEL does not say (the native engine's default too)
 CANCEL_POLL = 0.05
 
 
-class LlamaCppRuntime:
+class LlamaCppRuntime(BackendRuntime):
+    name = "llamacpp"
+
     def __init__(self, spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, server: LlamaCppServer | None,
                  facts: ModelFacts):
         self.spec = spec
@@ -68,31 +68,10 @@ class LlamaCppRuntime:
             api = server.api
         return cls(spec, launch, api, server, _facts(spec, launch, api, slots))
 
-    # -- health -------------------------------------------------------------------------------
-    def healthy(self) -> bool:
-        """Whether the backend answers (engine.backend_process.HealthMonitor): the worker's heartbeat asks."""
-        return self.monitor.healthy()
-
-    # -- the runtime's interface (engine.process.worker) ------------------------------------------
+    # -- the runtime's interface (engine.process.worker; the rest is BackendRuntime's) -----------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
         # None: llama.cpp adds what the model's vocabulary says (its own add_bos rule, per vocabulary type)
         return self.api.tokenize(text, add_special=add_bos is not False)
-
-    def detokenize(self, ids: list[int]) -> str:
-        return self.api.detokenize(ids)
-
-    def embed(self, req: EmbedRequest) -> EmbedResult:
-        raise EngineError("the llamacpp engine serves generation; embed with a model on the native engine", 400)
-
-    def finish_writes(self, timeout: float) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.monitor.stop()
-        if self.server is not None:
-            self.server.stop()  # never an attached llama-server: it is not tandem's to stop
-        else:
-            self.api.close()
 
     def generate(self, req: GenerateRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:

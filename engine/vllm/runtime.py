@@ -28,8 +28,6 @@ from typing import Callable, Iterator
 from engine.contract.gguf import GGUFFile
 from engine.text.tokenizer import Tokenizer
 from engine.contract.protocol import (
-    EmbedRequest,
-    EmbedResult,
     EngineError,
     GenerateRequest,
     GenerateResult,
@@ -37,7 +35,7 @@ from engine.contract.protocol import (
     ModelFacts,
     TokenChunk,
 )
-from engine.backend_process import HealthMonitor
+from engine.backend_process import BackendRuntime, HealthMonitor
 from engine.remote_prompt import prompt_tokens
 from engine.vllm.api import VllmApi, VllmUnavailableError
 from engine.contract.vllm_launch import VllmLaunch
@@ -48,7 +46,9 @@ AUTO_PARALLEL = 16  # sequences vLLM batches when TANDEM_NUM_PARALLEL does not s
 CANCEL_POLL = 0.05
 
 
-class VllmRuntime:
+class VllmRuntime(BackendRuntime):
+    name = "vllm"
+
     def __init__(self, spec: LoadSpec, launch: VllmLaunch, api: VllmApi, server: VllmServer | None,
                  facts: ModelFacts, method: str | None):
         self.spec = spec
@@ -88,30 +88,9 @@ class VllmRuntime:
         facts = _facts(spec, launch, api.base_url, device, slots, method)
         return cls(spec, launch, api, server, facts, method)
 
-    # -- health -------------------------------------------------------------------------------
-    def healthy(self) -> bool:
-        """Whether the backend answers (engine.backend_process.HealthMonitor): the worker's heartbeat asks."""
-        return self.monitor.healthy()
-
-    # -- the runtime's interface (engine.process.worker) --------------------------------------------
+    # -- the runtime's interface (engine.process.worker; the rest is BackendRuntime's) -----------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
         return self.api.tokenize(text, add_special_tokens=add_bos is not False)
-
-    def detokenize(self, ids: list[int]) -> str:
-        return self.api.detokenize(ids)
-
-    def embed(self, req: EmbedRequest) -> EmbedResult:
-        raise EngineError("the vllm engine serves generation; embed with a model on the native engine", 400)
-
-    def finish_writes(self, timeout: float) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.monitor.stop()
-        if self.server is not None:
-            self.server.stop()  # never an attached vLLM: it is not tandem's to stop
-        else:
-            self.api.close()
 
     def generate(self, req: GenerateRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
