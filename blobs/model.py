@@ -20,6 +20,7 @@ from .manifest import (
     MEDIA_TYPE_MESSAGES,
     MEDIA_TYPE_MODEL,
     MEDIA_TYPE_PARAMS,
+    MEDIA_TYPE_PROJECTOR,
     MEDIA_TYPE_PROMPT,
     MEDIA_TYPE_SYSTEM,
     MEDIA_TYPE_TEMPLATE,
@@ -41,6 +42,8 @@ class StoredModel:
     model_path: Path | None
     draft_path: Path | None
     adapter_paths: list[Path] = field(default_factory=list)
+    #: the vision projector GGUF (Ollama's projector layer): images reach the model through llama.cpp's --mmproj
+    projector_path: Path | None = None
     template: str | None = None
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
@@ -99,6 +102,7 @@ def load_stored_model(store: BlobStore, name: ModelName | str) -> StoredModel:
         model_path=path(MEDIA_TYPE_MODEL),
         draft_path=path(MEDIA_TYPE_DRAFT),
         adapter_paths=[store.blob_path(l.digest) for l in manifest.layers_of(MEDIA_TYPE_ADAPTER)],
+        projector_path=path(MEDIA_TYPE_PROJECTOR),
         template=text(MEDIA_TYPE_TEMPLATE) if manifest.layer(MEDIA_TYPE_TEMPLATE) else text(MEDIA_TYPE_PROMPT),
         system=text(MEDIA_TYPE_SYSTEM),
         params=json.loads(params_text) if params_text else {},

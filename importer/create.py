@@ -16,7 +16,7 @@ import re
 import logging
 import tempfile
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,6 +30,7 @@ from blobs import (
     MEDIA_TYPE_MESSAGES,
     MEDIA_TYPE_MODEL,
     MEDIA_TYPE_PARAMS,
+    MEDIA_TYPE_PROJECTOR,
     MEDIA_TYPE_PROMPT,
     MEDIA_TYPE_SYSTEM,
     MEDIA_TYPE_TEMPLATE,
@@ -51,7 +52,7 @@ from .architectures import folder_converter
 from .hf_to_gguf import convert_folder
 from .hf_tokenizer import has_tokenizer
 from .inspect import GGUFSummary, check_draft_pair, check_runnable, summarize_gguf
-from .uploads import sort_weights
+from .uploads import sort_weights, split_projectors
 from .pair_precheck import precheck_folder_pair
 from .quantize import parse_quant_type, quantize_gguf
 from .request import CreateError, CreateRequest, Progress, ProgressEvent, no_progress
@@ -104,6 +105,11 @@ def _create_model(store: BlobStore, req: CreateRequest, progress: Progress) -> M
     except InvalidNameError:
         raise CreateError("invalid model name") from None
     req.check()
+    # a projector GGUF among the FROM files (a second FROM) is the model's vision layer, not its weights
+    files, projectors = split_projectors(store, req.files)
+    if projectors and not files and not req.from_:
+        raise CreateError("FROM: only a projector was given; FROM the model's GGUF too (a projector adds vision to it)")
+    req = replace(req, files=files)
 
     base_layers: list[Layer] = []
     base_config: dict[str, Any] = {}
@@ -118,6 +124,7 @@ def _create_model(store: BlobStore, req: CreateRequest, progress: Progress) -> M
     layers: list[Layer] = [target.layer]
     if draft is not None:
         layers.append(draft.layer)
+    layers += _projector_layers(store, projectors, base_layers, target.summary)
     layers += [l for l in base_layers if l.media_type == MEDIA_TYPE_ADAPTER]
     layers += _vllm_folder_layers(store, req, base_layers)
     if req.adapters:
@@ -252,6 +259,22 @@ def _draft_weights(store: BlobStore, req: CreateRequest, base_layers: list[Layer
                          from_=inherited.from_)
     check_draft_pair(target.summary, draft.summary)
     return draft
+
+
+def _projector_layers(store: BlobStore, projectors: list[str], base_layers: list[Layer],
+                      target: GGUFSummary) -> list[Layer]:
+    """Ollama's projector layer: the one given (checked against the model's width), else the base model's."""
+    if not projectors:
+        return [l for l in base_layers if l.media_type == MEDIA_TYPE_PROJECTOR]
+    if len(projectors) > 1:
+        raise CreateError(f"FROM: {len(projectors)} projector GGUFs were given; a model takes one")
+    [digest] = projectors
+    metadata, _ = read_metadata(store.blob_path(digest))
+    width = metadata.get("clip.vision.projection_dim") or metadata.get("clip.audio.projection_dim")
+    if isinstance(width, int) and target.embedding_length and width != target.embedding_length:
+        raise CreateError(f"the projector's output width {width} does not match the model's embedding width "
+                          f"{target.embedding_length}: it was made for another model")
+    return [Layer(MEDIA_TYPE_PROJECTOR, digest, store.blob_path(digest).stat().st_size)]
 
 
 def _vllm_folder_layers(store: BlobStore, req: CreateRequest, base_layers: list[Layer]) -> list[Layer]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from blobs import BlobStore
+from engine.contract.gguf import GGUFError, read_metadata
 
 from .request import CreateError
 
@@ -31,3 +32,34 @@ def sort_weights(store: BlobStore, files: Mapping[str, str], role: str) -> tuple
         elif fname.endswith(".gguf"):
             raise CreateError(f"{role} {fname}: not a GGUF file (bad magic {magic!r}, expected b'GGUF')")
     return ggufs, safetensors
+
+
+PROJECTOR_TYPES = frozenset({"mmproj", "projector"})  # general.type of llama.cpp's and Ollama's projector GGUFs
+
+
+def is_projector(metadata: Mapping[str, object]) -> bool:
+    """A vision (or audio) projector GGUF: what llama.cpp's converter writes with ``--mmproj`` (general.type
+    ``mmproj``, architecture ``clip``), and what Ollama stores as its projector layer."""
+    return metadata.get("general.type") in PROJECTOR_TYPES or metadata.get("general.architecture") == "clip"
+
+
+def split_projectors(store: BlobStore, files: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """``files`` without their projector GGUFs, and the projectors' digests (a second ``FROM``, as Ollama takes
+    a model's projector: read from the file itself, whatever its name)."""
+    rest: dict[str, str] = {}
+    projectors: list[str] = []
+    for fname, digest in files.items():
+        if store.has_blob(digest):
+            with store.open_blob(digest) as fh:
+                magic = fh.read(4)
+            if magic == GGUF_MAGIC:
+                try:
+                    metadata, _ = read_metadata(store.blob_path(digest))
+                except (GGUFError, ValueError, OSError):
+                    metadata = {}
+                if is_projector(metadata):
+                    if digest not in projectors:
+                        projectors.append(digest)
+                    continue
+        rest[fname] = digest
+    return rest, projectors

@@ -96,6 +96,11 @@ def choose_engine(model: StoredModel, options: Options, settings: Settings) -> E
         return EngineChoice(chosen, "")
     draft = model.config.get("draft") if isinstance(model.config.get("draft"), dict) else {}
     problem = native_problem(str(model.config.get("model_family") or ""), draft.get("architecture"))
+    if problem is None and model.projector_path is not None:
+        if not llamacpp_available():
+            return EngineChoice("native", "the native engine runs this model's text; its images need the llamacpp "
+                                          "engine, and no llama-server is installed")
+        problem = "the native engine does not run the model's vision projector"
     if problem is None:
         return EngineChoice("native", "the native engine runs this model")
     if llamacpp_available():

@@ -184,6 +184,8 @@ def model_key(model: StoredModel, default_engine: str = "native") -> SlotKey:
         launch = vllm_launch(model, VllmSettings())  # where vLLM comes from is the server's, the same for all
         engine = ("vllm", launch.drafter, launch.num_speculative_tokens, launch.tensor_parallel_size,
                   launch.pipeline_parallel_size)
+    if model.projector_path is not None:
+        engine += ("projector", str(model.projector_path))
     return (str(model.model_path), str(model.draft_path) if model.draft_path else None,
             tuple(str(p) for p in model.adapter_paths), engine)
 
@@ -266,6 +268,7 @@ class ModelLifecycle:
             if engine == "llamacpp" else None,
             model_path=str(model.model_path),
             draft_path=str(model.draft_path) if model.draft_path else None,
+            projector_path=str(model.projector_path) if model.projector_path else None,
             adapter_paths=tuple(str(p) for p in model.adapter_paths),
             num_ctx=max(num_ctx, 1),
             num_thread=max(num_thread, 0),

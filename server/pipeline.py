@@ -7,6 +7,7 @@ routes only decode requests and shape the answers.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from engine.contract.protocol import GenerateRequest as EngineRequest
 from .context import ServerContext, ctx_of
 from .effective_options import merged_options
 from .gojson import ApiError
-from .prompting import Message, ModelPrompting, PromptError, Think, Tool, chat_messages
+from .prompting import Message, ModelPrompting, PromptError, RenderedChat, Think, Tool, chat_messages
 from .reply import ReplySplitter, thinking_on
 from .engine_process.stream import GenerationStream
 from .lifecycle import Lease, QueueFullError
@@ -266,14 +267,16 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
         def fits(text: str) -> bool:
             return len(lease.engine.tokenize(text, prompting.add_bos_for(text))) < num_ctx
 
-        def render() -> str:
+        def render() -> RenderedChat:
             try:
-                return prompting.chat_prompt(messages, tools, fits if truncate else None, think)
+                return prompting.chat_render(messages, tools, fits if truncate else None, think)
             except PromptError as e:
                 raise ApiError(e.status, str(e)) from None
 
-        prompt = await anyio.to_thread.run_sync(render)
+        rendered = await anyio.to_thread.run_sync(render)
+        prompt = rendered.text
         return EngineRequest(prompt=prompt, options=options, add_bos=prompting.add_bos_for(prompt),
+                             images=[image_bytes(i) for i in rendered.images],
                              logprobs=logprobs or top_logprobs > 0, top_logprobs=top_logprobs,
                              shift=shift, truncate=truncate,
                              format=format, think_first=format is not None and thinking_on(think))
@@ -281,7 +284,12 @@ async def chat_engine_request(gen: Generation, prompting: ModelPrompting, messag
     return build
 
 
-def _no_check() -> None:
+def image_bytes(image: bytes | str) -> bytes:
+    """A message's image as the engine takes it (/api/chat sends base64, which its route has checked)."""
+    return image if isinstance(image, bytes) else base64.b64decode(image)
+
+
+def _no_check(prompting: ModelPrompting) -> None:
     pass
 
 
@@ -302,9 +310,10 @@ class ChatInputs:
     format: Callable[[], Any]
     tools: Callable[[], list[Any]]  # in the chat shape `decode_tools` reads
     options: Callable[[], dict[str, Any] | None]
-    images: bool = False  # tandem runs text models only: any image is refused
+    images: bool = False  # the request carries images: refused unless the model has a projector
     images_param: str | None = None  # the field OpenAI's error `param` blames an image on
-    check: Callable[[], None] = _no_check  # the route's own checks that have always come after the images'
+    # the route's own checks against the model, which have always come after the images'
+    check: Callable[[ModelPrompting], None] = _no_check
     truncate: bool = True
     shift: bool = True
     logprobs: bool = False
@@ -347,9 +356,9 @@ async def open_chat(request: Request, inputs: ChatInputs, t0_ns: int) -> Chat:
     fmt = check_format(inputs.format())
     think = check_think(inputs.name, inputs.think, prompting.supports_thinking)
     tools = decode_tools(inputs.name, inputs.tools(), prompting.supports_tools)
-    if inputs.images:
+    if inputs.images and not prompting.supports_vision:
         raise ApiError(400, f'"{inputs.name}" does not support vision', inputs.images_param)
-    inputs.check()
+    inputs.check(prompting)
     keep_alive = parse_keep_alive(ctx, inputs.keep_alive)
     out = Chat(prompting, tools, think)
     load_only = inputs.empty_loads and not inputs.messages

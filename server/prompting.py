@@ -25,11 +25,14 @@ from server.text.render import (
     InsertNotSupported,
     JinjaChatTemplate,
     Message,
+    RenderedChat,
     Think,
     Tool,
+    chat_window,
     fallback_template_for,
-    render_chat,
+    render_chat_window,
     render_generate,
+    window_images,
     supports_insert,
 )
 from engine.contract.special_tokens import FimTokens, find_fim_tokens
@@ -37,7 +40,7 @@ from server.text.template_errata import corrected_chat_template
 from server.text.thinking import infer_thinking_tags, jinja_thinking_tags
 from server.text.tool_calls import ToolCallFormat, format_for_go_template, format_for_jinja_template
 
-__all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "Think", "Tool", "InsertNotSupported"]
+__all__ = ["ModelPrompting", "PromptCache", "PromptError", "Message", "RenderedChat", "Think", "Tool", "InsertNotSupported"]
 
 
 class PromptError(Exception):
@@ -166,6 +169,11 @@ class ModelPrompting:
         return self.tool_format is not None
 
     @property
+    def supports_vision(self) -> bool:
+        """Ollama's rule: a model with a projector layer takes images."""
+        return self.model.projector_path is not None
+
+    @property
     def supports_thinking(self) -> bool:
         return all(self.thinking_tags) or self.gpt_oss
 
@@ -180,14 +188,17 @@ class ModelPrompting:
             caps.append("tools")
         if self.supports_insert:
             caps.append("insert")
+        if self.supports_vision:
+            caps.append("vision")
         if self.supports_thinking:
             caps.append("thinking")
         return caps
 
     # -- rendering ------------------------------------------------------------------------------
     def generate_prompt(self, *, prompt: str, system: str | None, suffix: str | None, template: str | None,
-                        history: Sequence[Message] = (), think: Think = None) -> str:
-        """/api/generate (not raw): the request's template overrides the model's."""
+                        history: Sequence[Message] = (), think: Think = None,
+                        images: Sequence[bytes] = ()) -> str:
+        """/api/generate (not raw): the request's template overrides the model's; ``images`` are the prompt's."""
         think = self._template_think(think)
         go = _parse(template) if template else self.go
         try:
@@ -199,9 +210,10 @@ class ModelPrompting:
                 return self.facts.fim.render(prompt, suffix)
             if go is not None:
                 return render_generate(go, prompt=prompt, system=system, suffix=suffix or None, history=history,
-                                       think=think)
-            messages = ([Message("system", system)] if system else []) + list(history) + [Message("user", prompt)]
-            return self._jinja(messages, (), think)
+                                       think=think, images=images)
+            messages = ([Message("system", system)] if system else []) + list(history) + [
+                Message("user", prompt, images=list(images) or None)]
+            return self._jinja(chat_window(messages, 0), (), think)
         except InsertNotSupported:
             raise
         except TemplateError as e:
@@ -211,28 +223,33 @@ class ModelPrompting:
                     fits: Callable[[str], bool] | None = None, think: Think = None) -> str:
         """/api/chat: ``messages`` already include the model's SYSTEM and MESSAGE layers. With ``fits``
         the oldest messages are dropped until the prompt fits (system messages and the last kept)."""
+        return self.chat_render(messages, tools, fits, think).text
+
+    def chat_render(self, messages: Sequence[Message], tools: Sequence[Tool] = (),
+                    fits: Callable[[str], bool] | None = None, think: Think = None) -> RenderedChat:
+        """``chat_prompt`` with the images of the messages kept, in the order of their ``[img-N]`` tags."""
         think = self._template_think(think)
         if self.harmony and tools:  # Ollama renames tools for harmony into identifiers the model knows
             names = harmony_function_names(t.name for t in tools)
             tools = [replace(t, name=names[t.name]) for t in tools]
         try:
             if self.go is not None:
-                full = render_chat(self.go, messages, tools, think)
-                if fits is None or fits(full):
+                full = render_chat_window(self.go, messages, tools, think)
+                if fits is None or fits(full.text):
                     return full
-                return render_chat(self.go, messages, tools, think, fits=fits)
-            full = self._jinja(messages, tools, think)
-            if fits is None or fits(full) or len(messages) <= 1:
-                return full
+                return render_chat_window(self.go, messages, tools, think, fits=fits)
+            full_text = self._jinja(chat_window(messages, 0), tools, think)
+            if fits is None or fits(full_text) or len(messages) <= 1:
+                return RenderedChat(full_text, window_images(messages, 0))
             # Same rule as Ollama's chatPrompt: drop from the oldest; keep system messages and the last.
-            best = self._jinja([m for m in messages[:-1] if m.role == "system"] + [messages[-1]], tools, think)
+            start = len(messages) - 1
+            best = self._jinja(chat_window(messages, start), tools, think)
             for i in range(len(messages) - 2, 0, -1):
-                candidate = [m for m in messages[:i] if m.role == "system"] + list(messages[i:])
-                text = self._jinja(candidate, tools, think)
+                text = self._jinja(chat_window(messages, i), tools, think)
                 if not fits(text):
                     break
-                best = text
-            return best
+                best, start = text, i
+            return RenderedChat(best, window_images(messages, start))
         except TemplateError as e:
             raise PromptError(str(e), 500) from None
 

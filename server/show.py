@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,8 @@ def go_quoted(v: Any) -> str:
 def modelfile_commands(model: StoredModel) -> list[Command]:
     """The model as Modelfile commands, in the order Ollama's Model.String() emits them (plus DRAFT)."""
     cmds = [Command("model", str(model.model_path) if model.model_path else "")]
+    if model.projector_path:  # Ollama writes the projector as a second FROM
+        cmds.append(Command("model", str(model.projector_path)))
     if model.draft_path:
         cmds.append(Command("draft", str(model.draft_path)))
     cmds += [Command("adapter", str(p)) for p in model.adapter_paths]
@@ -80,9 +83,18 @@ def _jsonable(value: Any, verbose: bool) -> Any:
 
 def model_info(model: StoredModel, verbose: bool = False) -> dict[str, Any]:
     """GGUF metadata minus the name and chat template (Ollama's `model_info`)."""
-    if model.model_path is None:
+    return gguf_info(model.model_path, verbose)
+
+
+def projector_info(model: StoredModel, verbose: bool = False) -> dict[str, Any]:
+    """The projector GGUF's metadata (Ollama's `projector_info`), empty without one."""
+    return gguf_info(model.projector_path, verbose)
+
+
+def gguf_info(path: Path | None, verbose: bool) -> dict[str, Any]:
+    if path is None:
         return {}
-    with GGUFFile(model.model_path) as f:
+    with GGUFFile(path) as f:
         info = {k: _jsonable(v, verbose) for k, v in f.metadata.items()
                 if k not in ("general.name", "tokenizer.chat_template")}
         info["general.parameter_count"] = f.parameter_count

@@ -104,13 +104,15 @@ def check_logprobs(top: int) -> None:
         raise ApiError(400, "top_logprobs must be between 0 and 20")
 
 
-def decode_images(name: str, images: list[str]) -> None:
-    """Images need a vision model; tandem runs text models only, so any image is refused (after the
-    base64 check Go's decoder would have made)."""
+def decode_images(name: str, images: list[str], vision: bool) -> list[bytes]:
+    """The request's images (base64, checked as Go's decoder checks them); a model without a projector refuses
+    any image with Ollama's error."""
+    decoded = []
     for img in images:
         try:
-            base64.b64decode(img, validate=True)
+            decoded.append(base64.b64decode(img, validate=True))
         except (ValueError, TypeError):
             raise ApiError(400, "illegal base64 data in images") from None
-    if images:
+    if images and not vision:
         raise ApiError(400, f'"{name}" does not support vision')
+    return decoded

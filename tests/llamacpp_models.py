@@ -81,3 +81,39 @@ def write_copy(folder: Path, out: Path, model_name: str) -> Path:
     subprocess.run([sys.executable, str(script), str(folder), "--outfile", str(out), "--outtype", "f32",
                     "--model-name", model_name], check=True, capture_output=True)
     return out
+
+
+def write_vision_model(out: Path, smollm2: Path) -> tuple[Path, Path]:
+    """A tiny random Qwen2-VL (2 text layers, 3 vision blocks) as llama.cpp's converter writes it: the text model's
+    GGUF and, with ``--mmproj``, its projector's (general.type ``mmproj``)."""
+    import json
+
+    import torch
+    import transformers
+
+    script = converter()
+    assert script is not None
+    tok = transformers.AutoTokenizer.from_pretrained(str(smollm2.parent), gguf_file=smollm2.name)
+    cfg = transformers.Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]}),
+        # three blocks: the converter names the merger's layers by block index, so it needs at least as many
+        vision_config=dict(depth=3, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=14,
+                           spatial_merge_size=2, temporal_patch_size=2))
+    for c in (cfg, cfg.text_config):
+        c.bos_token_id, c.eos_token_id, c.pad_token_id = tok.bos_token_id, tok.eos_token_id, None
+    torch.manual_seed(0)
+    model = transformers.Qwen2VLForConditionalGeneration(cfg).to(torch.float32)
+    folder = out / "qwen2vl"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    # the converter reads the image normalisation from the processor's config (CLIP's values, as Qwen2-VL's)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_mean": [0.48145466, 0.4578275, 0.40821073], "image_std": [0.26862954, 0.26130258, 0.27577711],
+        "patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "min_pixels": 3136, "max_pixels": 200704}))
+    text, projector = out / "qwen2vl.gguf", out / "qwen2vl-mmproj.gguf"
+    for extra, path in (([], text), (["--mmproj"], projector)):
+        subprocess.run([sys.executable, str(script), str(folder), "--outfile", str(path), "--outtype", "f32", *extra],
+                       check=True, capture_output=True)
+    return text, projector

@@ -51,6 +51,8 @@ class LoadSpec:
 
     model_path: str
     draft_path: str | None = None
+    # a vision projector GGUF (the model's projector layer): the llamacpp engine starts llama-server with --mmproj
+    projector_path: str | None = None
     adapter_paths: tuple[str, ...] = ()  # LoRA adapter GGUFs applied to the target (never to the draft)
     num_ctx: int = 4096
     num_thread: int = 0  # 0 = the machine's cores

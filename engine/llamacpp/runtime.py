@@ -28,7 +28,7 @@ from engine.contract.protocol import (
 )
 from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
 from engine.llamacpp.server import LlamaCppServer
-from engine.llamacpp.translate import completion_body, logprobs_of, speculation_stats
+from engine.llamacpp.translate import IMAGE_TAG, completion_body, logprobs_of, multimodal_prompt, speculation_stats
 from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor
 from engine.remote_prompt import prompt_tokens
 
@@ -48,6 +48,10 @@ class LlamaCppRuntime(BackendRuntime):
         self.facts = facts
         self._drafter = "model" if launch.draft_n_max > 0 and spec.draft_path else ("ngram" if launch.ngram else "none")
         self.monitor = HealthMonitor("llama-server", self.api.healthy, server.process if server is not None else None)
+        # where an image goes in the prompt: llama-server's marker, random per server (None: it has no projector)
+        props = api.props()
+        vision = bool((props.get("modalities") or {}).get("vision"))
+        self.media_marker: str | None = str(props["media_marker"]) if vision and props.get("media_marker") else None
 
     @classmethod
     def load(cls, spec: LoadSpec, timeout: float | None = None) -> "LlamaCppRuntime":
@@ -75,17 +79,19 @@ class LlamaCppRuntime(BackendRuntime):
 
     def generate(self, req: GenerateRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
-        if req.images:
-            raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
         why = refusal(req.options)
         if why is not None:
             raise EngineError(why, 400)
         num_ctx = req.options.effective_num_ctx(self.facts.context_length)
-        prompt = prompt_tokens(req, num_ctx, self.facts.vocab_size, self.tokenize)
-        n_predict = num_ctx - len(prompt)
+        if req.images:
+            prompt = self._text_tokens(req)
+            sent: list[int] | dict = multimodal_prompt(self._image_text(req), req.images, self.media_marker)
+        else:
+            prompt = sent = prompt_tokens(req, num_ctx, self.facts.vocab_size, self.tokenize)
+        n_predict = max(1, num_ctx - len(prompt))
         if req.options.num_predict > 0:
             n_predict = min(n_predict, req.options.num_predict)
-        stream = self.api.stream_completion(completion_body(req, prompt, n_predict,
+        stream = self.api.stream_completion(completion_body(req, sent, n_predict,
                                                             draft_n_max=self.launch.draft_n_max))
         should_stop = should_stop or (lambda: False)
         done = threading.Event()
@@ -123,9 +129,10 @@ class LlamaCppRuntime(BackendRuntime):
         timings = final.get("timings") or {}
         first = first or time.monotonic_ns()
         count = int(timings.get("predicted_n") or len(generated))
+        evaluated = int(timings.get("prompt_n") or 0) + int(timings.get("cache_n") or 0)
         yield GenerateResult(
             done_reason="length" if final.get("stop_type") == "limit" else "stop",
-            prompt_eval_count=len(prompt),
+            prompt_eval_count=evaluated if req.images else len(prompt),  # with images: their tokens too
             prompt_cached=int(timings.get("cache_n") or 0),
             prompt_eval_duration_ns=int(float(timings.get("prompt_ms") or 0) * 1e6) or first - started,
             eval_count=count,
@@ -133,6 +140,23 @@ class LlamaCppRuntime(BackendRuntime):
             context=prompt + generated,
             speculation=speculation_stats(timings, self._drafter if _speculates(req) else "none", count),
         )
+
+    def _image_text(self, req: GenerateRequest) -> str:
+        """The prompt text sent beside images: llama-server tokenizes it and adds BOS by the vocabulary's rule, so a
+        BOS the template already wrote is taken off (as the token path adds none then)."""
+        if req.raw_tokens:
+            raise EngineError("context together with images is not supported by the llamacpp engine; send the "
+                              "conversation as messages instead", 400)
+        if self.media_marker is None:
+            raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
+        bos = self.facts.bos_token
+        if req.add_bos is False and self.facts.add_bos and bos and req.prompt.startswith(bos):
+            return req.prompt[len(bos):]
+        return req.prompt
+
+    def _text_tokens(self, req: GenerateRequest) -> list[int]:
+        """The prompt's text tokens without its images (what ``context`` carries back for an image prompt)."""
+        return self.tokenize(IMAGE_TAG.sub("", req.prompt), req.add_bos)
 
 
 def _speculates(req: GenerateRequest) -> bool:

@@ -1,6 +1,6 @@
 """Starting and stopping the llama-server a model runs on, from the engine process, as Ollama runs it: one server
 per loaded model, ``-c`` the context of all its slots together, ``-np`` slots, ``-t`` threads, ``-ngl``/``-mg``
-for GPUs, a DRAFT model as ``--model-draft``. It runs under engine/process/reaper.py in a session of its own, so
+for GPUs, a DRAFT model as ``--model-draft``, the projector layer as ``--mmproj``. It runs under engine/process/reaper.py in a session of its own, so
 that it stops with the engine process however that ends."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ def server_args(launch: LlamaCppLaunch, spec: LoadSpec, *, port: int, slots: int
     args = ["-m", spec.model_path, "--host", "127.0.0.1", "--port", str(port),
             "-c", str(spec.num_ctx * slots), "-np", str(slots), "-t", str(threads),
             "-ngl", str(launch.n_gpu_layers), "--no-webui"]
+    if spec.projector_path:  # the model's vision projector: images go in through llama.cpp's mtmd
+        args += ["--mmproj", spec.projector_path]
     if launch.main_gpu:
         args += ["-mg", str(launch.main_gpu)]
     if launch.draft_n_max > 0 and spec.draft_path:

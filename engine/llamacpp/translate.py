@@ -2,13 +2,40 @@
 
 from __future__ import annotations
 
+import base64
+import re
 from typing import Any
 
 from engine.contract.protocol import EngineError, GenerateRequest, TokenLogprob
 from engine.contract.speculation_stats import SpeculationStats
 
 
-def completion_body(req: GenerateRequest, prompt: list[int], n_predict: int, *, draft_n_max: int) -> dict[str, Any]:
+IMAGE_TAG = re.compile(r"\[img-(\d+)\]")  # where Ollama's prompt rendering puts image N (server.text.render)
+
+
+def multimodal_prompt(text: str, images: list[bytes], marker: str) -> dict[str, Any]:
+    """llama-server's multimodal prompt: ``text`` with each ``[img-N]`` tag of an image this request carries
+    replaced by the server's media marker, and the images in the order their markers appear. An image the text has
+    no tag for (a raw prompt) goes first, as Ollama prefixes the tags of a message's images. The marker is random
+    per llama-server, so text a user wrote can never stand for an image."""
+    order: list[int] = []
+
+    def place(m: re.Match[str]) -> str:
+        i = int(m.group(1))
+        if i >= len(images) or i in order:
+            return m.group(0)
+        order.append(i)
+        return marker
+
+    body = IMAGE_TAG.sub(place, text)
+    untagged = [i for i in range(len(images)) if i not in order]
+    body = marker * len(untagged) + body
+    return {"prompt_string": body,
+            "multimodal_data": [base64.b64encode(images[i]).decode() for i in untagged + order]}
+
+
+def completion_body(req: GenerateRequest, prompt: list[int] | dict[str, Any], n_predict: int, *,
+                    draft_n_max: int) -> dict[str, Any]:
     """Every sampling option, ``stop``, ``seed``, logprobs and ``format`` mapped onto llama-server's names. The
     sampler order is llama.cpp's default, which is Ollama's (top-k, typical, top-p, min-p, temperature)."""
     o = req.options

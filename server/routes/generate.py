@@ -22,7 +22,7 @@ from ..gojson import ApiError, decode_struct, json_response, read_struct, rfc333
 from ..ndjson import stream_or_collect
 from ..effective_options import merged_options
 from ..pipeline import ChatInputs, Generation, logprobs_json, open_chat, speculation_fields
-from ..prompting import InsertNotSupported, Message, PromptError
+from ..prompting import InsertNotSupported, Message, ModelPrompting, PromptError
 from ..reply import ReplyPiece, ReplySplitter, thinking_on
 from ..lifecycle import Lease
 from ..types import ChatBody, GenerateBody, MessageBody
@@ -46,7 +46,7 @@ async def generate(request: Request) -> Response:
     prompting = await anyio.to_thread.run_sync(ctx.prompts.get, model)
     fmt = check_format(req.format)
     think = check_think(req.model, req.think, prompting.supports_thinking)
-    decode_images(req.model, req.images)
+    images = decode_images(req.model, req.images, prompting.supports_vision)
 
     if not req.prompt and req.keep_alive is not None and keep_alive == 0:
         await ctx.lifecycle.unload(model)
@@ -63,7 +63,8 @@ async def generate(request: Request) -> Response:
             return prompting.generate_prompt(
                 prompt=req.prompt, system=req.system or model.system, suffix=req.suffix or None,
                 template=req.template or None,
-                history=[] if req.context else [Message.from_dict(m) for m in model.messages], think=think)
+                history=[] if req.context else [Message.from_dict(m) for m in model.messages], think=think,
+                images=images)
         except InsertNotSupported:
             raise ApiError(400, f'"{req.model}" does not support insert') from None
         except PromptError as e:
@@ -72,7 +73,7 @@ async def generate(request: Request) -> Response:
     if req.debug_render_only:
         text = await anyio.to_thread.run_sync(render)
         return json_response({"model": req.model, "created_at": rfc3339(), "response": "", "done": False,
-                              "_debug_info": debug_info(text)})
+                              "_debug_info": debug_info(text, len(images))})
 
     gen = Generation(ctx, request, "/api/generate", req.model, model, options, keep_alive, t0)
     if not req.prompt:  # load only
@@ -82,7 +83,8 @@ async def generate(request: Request) -> Response:
 
     async def build(lease: Lease) -> EngineRequest:
         prompt = await anyio.to_thread.run_sync(render)
-        return EngineRequest(prompt=prompt, options=options, raw_tokens=list(req.context) if req.context else None,
+        return EngineRequest(prompt=prompt, options=options, images=images,
+                             raw_tokens=list(req.context) if req.context else None,
                              add_bos=None if req.raw else prompting.add_bos_for(prompt),
                              logprobs=req.logprobs or req.top_logprobs > 0, top_logprobs=req.top_logprobs,
                              shift=req.shift, truncate=req.truncate,
@@ -187,9 +189,9 @@ async def chat(request: Request) -> Response:
     parse_keep_alive(ctx, req.keep_alive)  # a bad keep_alive is refused before the messages are read
     messages = decode_messages(req.messages)
 
-    def check_images() -> None:
+    def check_images(prompting: ModelPrompting) -> None:
         for m in req.messages:
-            decode_images(req.model, m.get("images") or [])
+            decode_images(req.model, m.get("images") or [], prompting.supports_vision)
 
     prep = await open_chat(request, ChatInputs(
         "/api/chat", req.model, messages, req.think, req.keep_alive, format=lambda: req.format,

@@ -55,7 +55,7 @@ from ..gojson import (
 from ..hf_pull import fetch_into_store
 from ..ndjson import as_api_error, merge_last, stream_or_collect, thread_progress
 from ..effective_options import engine_info, speculation_info
-from ..show import model_info, modelfile_text, parameters_text, tensor_list
+from ..show import model_info, modelfile_text, parameters_text, projector_info, tensor_list
 from ..types import CopyBody, DeleteBody, ShowBody
 from ..validation import stored_model
 
@@ -231,6 +231,8 @@ def _show(ctx: ServerContext, req: ShowBody, name: str) -> dict[str, Any]:
     if model.messages:
         out["messages"] = model.messages
     out["model_info"] = model_info(model, verbose=req.verbose)
+    if model.projector_path is not None:
+        out["projector_info"] = projector_info(model, verbose=req.verbose)
     # Ollama's ShowHandler fills `tensors` for every GGUF model, verbose or not (its CLI prints them
     # only with --verbose).
     out["tensors"] = tensor_list(model)

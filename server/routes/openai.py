@@ -30,7 +30,7 @@ from ..context import ctx_of
 from ..gojson import ApiError, jfield, json_response, read_struct
 from ..effective_options import merged_options
 from ..pipeline import ChatInputs, Generation, open_chat, speculation_fields
-from ..prompting import InsertNotSupported, Message, PromptError
+from ..prompting import InsertNotSupported, Message, ModelPrompting, PromptError
 from ..reply import ReplyPiece
 from ..lifecycle import Lease
 from ..sse import sse_response
@@ -153,7 +153,7 @@ def _tool_name_for(messages: list[dict[str, Any]], call_id: str) -> str:
 
 
 def _message_from_openai(m: dict[str, Any], history: list[dict[str, Any]] | None = None) -> tuple[Message, list[bytes]]:
-    """An OpenAI message as Ollama's: content parts joined, data-URI images decoded, tool calls'
+    """An OpenAI message as Ollama's: content parts joined, data-URI images decoded into the message, tool calls'
     string arguments parsed, a tool result named after the call it answers."""
     role = m.get("role")
     if not isinstance(role, str):
@@ -187,6 +187,8 @@ def _message_from_openai(m: dict[str, Any], history: list[dict[str, Any]] | None
     else:
         raise ApiError(400, "invalid message content type", "messages")
     data: dict[str, Any] = {"role": role, "content": text}
+    if images:  # the message's own images: tagged into its turn, as /api/chat's `images` are
+        data["images"] = images
     if m.get("tool_calls"):
         data["tool_calls"] = m["tool_calls"]
     if m.get("tool_call_id"):
@@ -238,7 +240,7 @@ async def chat_completions(request: Request) -> Response:
     effort = req.reasoning.get("effort") if isinstance(req.reasoning, dict) and req.reasoning.get("effort") \
         else req.reasoning_effort
 
-    def check_top_logprobs() -> None:  # after the model's checks: a missing model's 404 comes first
+    def check_top_logprobs(prompting: ModelPrompting) -> None:  # after the model's checks: a missing model's 404 comes first
         if not 0 <= req.top_logprobs <= 20:
             raise ApiError(400, "top_logprobs must be between 0 and 20", "top_logprobs")
 

@@ -37,7 +37,11 @@ __all__ = [
     "Tool",
     "ToolCall",
     "fallback_template_for",
+    "RenderedChat",
+    "chat_window",
     "render_chat",
+    "render_chat_window",
+    "window_images",
     "render_generate",
     "render_jinja_chat",
     "supports_insert",
@@ -359,9 +363,10 @@ def render_generate(
     response: str = "",
     think: Think = None,
     history: Sequence[Message] = (),
+    images: Sequence[bytes | str] = (),
     today: datetime.date | None = None,
 ) -> str:
-    """The /api/generate prompt (non-raw).
+    """The /api/generate prompt (non-raw); `images` belong to the prompt's user message (tagged `[img-N]`).
 
     `system` is the effective system prompt (request's, else the model's SYSTEM); `history` is the
     model's MESSAGE layer (Ollama adds it when no `context` is sent); a non-empty `response` is an
@@ -375,10 +380,10 @@ def render_generate(
         return template.execute(data, today=today)
     messages: list[Message] = [Message("system", system)] if system else []
     messages.extend(history)
-    messages.append(Message("user", prompt))
+    messages.append(Message("user", prompt, images=list(images) or None))
     if response:
         messages.append(Message("assistant", response))
-    return _execute(template, messages, (), think, today)
+    return _execute(template, _with_image_tags(messages), (), think, today)
 
 
 def _with_image_tags(messages: Sequence[Message]) -> list[Message]:
@@ -402,7 +407,26 @@ def _with_image_tags(messages: Sequence[Message]) -> list[Message]:
     return out
 
 
-def render_chat(
+def chat_window(messages: Sequence[Message], start: int) -> list[Message]:
+    """The messages a prompt renders when the conversation is cut at ``start``: the system messages before the
+    cut, then the rest with their images tagged (`[img-0]` is the first image after the cut)."""
+    return [m for m in messages[:start] if m.role == "system"] + _with_image_tags(messages[start:])
+
+
+def window_images(messages: Sequence[Message], start: int) -> list[bytes | str]:
+    """The images of ``chat_window(messages, start)`` in the order of their tags."""
+    return [image for m in messages[start:] for image in (m.images or ())]
+
+
+@dataclass(frozen=True)
+class RenderedChat:
+    """A chat prompt and the images its `[img-N]` tags stand for (image N at index N)."""
+
+    text: str
+    images: list[bytes | str] = field(default_factory=list)
+
+
+def render_chat_window(
     template: GoTemplate,
     messages: Sequence[Message],
     tools: Sequence[Tool] | None = None,
@@ -410,8 +434,8 @@ def render_chat(
     *,
     fits: Callable[[str], bool] | None = None,
     today: datetime.date | None = None,
-) -> str:
-    """The /api/chat prompt.
+) -> RenderedChat:
+    """The /api/chat prompt, with the images of the messages it kept.
 
     `fits(prompt)` enables Ollama's truncation: the oldest messages are dropped until the rendered
     prompt fits (the last message is always kept, and system messages before the cut are kept).
@@ -422,12 +446,23 @@ def render_chat(
     if fits is not None and msgs:
         start = len(msgs) - 1
         for i in range(len(msgs) - 2, -1, -1):
-            candidate = [m for m in msgs[:i] if m.role == "system"] + _with_image_tags(msgs[i:])
-            if not fits(_execute(template, candidate, tool_list, think, today)):
+            if not fits(_execute(template, chat_window(msgs, i), tool_list, think, today)):
                 break
             start = i
-    window = [m for m in msgs[:start] if m.role == "system"] + _with_image_tags(msgs[start:])
-    return _execute(template, window, tool_list, think, today)
+    return RenderedChat(_execute(template, chat_window(msgs, start), tool_list, think, today), window_images(msgs, start))
+
+
+def render_chat(
+    template: GoTemplate,
+    messages: Sequence[Message],
+    tools: Sequence[Tool] | None = None,
+    think: Think = None,
+    *,
+    fits: Callable[[str], bool] | None = None,
+    today: datetime.date | None = None,
+) -> str:
+    """The /api/chat prompt (`render_chat_window`'s text)."""
+    return render_chat_window(template, messages, tools, think, fits=fits, today=today).text
 
 
 # ---------------------------------------------------------------------------------------------------

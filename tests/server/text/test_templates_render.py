@@ -12,6 +12,7 @@ import pytest
 
 from modelfile.gotemplate import GoTemplate, TemplateError
 from server.text.render import (
+    render_chat_window,
     DEFAULT_TEMPLATE,
     FALLBACK_TEMPLATES,
     InsertNotSupported,
@@ -379,6 +380,20 @@ def test_image_tags() -> None:
     assert render_chat(go(MESSAGES_ECHO), msgs) == (
         "<user:[img-0]look><assistant:ok><user:[img-2]compare [img-1] and this>"
     )
+    # the images the engine gets are the tags' images, in tag order
+    assert render_chat_window(go(MESSAGES_ECHO), msgs).images == [b"x", b"y", b"z"]
+
+
+def test_truncation_drops_the_images_of_the_messages_it_drops() -> None:
+    msgs = [
+        Message("system", "be brief"),
+        Message("user", "look", images=[b"old"]),
+        Message("assistant", "ok"),
+        Message("user", "and now", images=[b"new"]),
+    ]
+    window = render_chat_window(go(MESSAGES_ECHO), msgs, fits=lambda text: "look" not in text)
+    assert window.text == "<system:be brief><assistant:ok><user:[img-0]and now>"
+    assert window.images == [b"new"]
 
 
 @pytest.mark.parametrize(
