@@ -29,6 +29,8 @@ NATIVE_ONLY = {
     "draft_acceptance": lambda o: o.draft_acceptance != "strict",
     "draft_trace": lambda o: o.draft_trace,
     "relaxed_scope": lambda o: o.relaxed_scope != "all",
+    # llama.cpp drafts to the depth it is given: tandem's controller that prices each round is the native engine's
+    "draft_schedule": lambda o: o.draft_schedule != "fixed",
 }
 
 
@@ -40,8 +42,11 @@ class LlamaCppLaunch:
     url: str | None = None
     n_gpu_layers: int = 0  # Ollama's num_gpu: layers offloaded (-ngl)
     main_gpu: int = 0  # -mg
-    draft_n_max: int = 0  # a DRAFT model: --spec-draft-n-max (draft_num_predict)
-    ngram: bool = False  # the n-gram drafter: llama.cpp's n-gram speculation
+    # the model's drafter as llama-server runs it (engine.llamacpp.server picks the --spec-type): ``model`` the
+    # DRAFT layer (draft-simple, or draft-eagle3 / draft-dflash by its architecture), ``ngram`` n-gram lookup,
+    # ``mtp`` the target's own NextN layers where it has them (draft-mtp), ``none``
+    drafter: str = "none"
+    draft_n_max: int = 0  # the most tokens a round drafts (draft_num_predict); a request asks for fewer
     why: str = ""  # for engine auto: why llama.cpp serves this model (/api/show, /api/ps)
 
     @property
@@ -92,12 +97,18 @@ def plan(options: Options, model_options: Options, *, has_draft: bool, why: str 
     speculation sets its depth to 0 instead of restarting the server)."""
     env = os.environ if env is None else env
     model = model_options
-    speculate = model.draft_num_predict > 0 and model.drafter != "none"
+    drafter = "none"
+    if model.draft_num_predict > 0 and model.drafter != "none":
+        if has_draft and model.drafter in ("auto", "model"):
+            drafter = "model"
+        elif model.drafter == "ngram":
+            drafter = "ngram"
+        elif not has_draft and model.drafter in ("auto", "mtp"):
+            drafter = "mtp"  # only where the GGUF has NextN layers: llama-server is started without it otherwise
     ngl = options.num_gpu if "num_gpu" in options.explicit and options.num_gpu > 0 else 0
     return LlamaCppLaunch(
         binary=find_llama_server(env), url=env.get(ENV_URL) or None,
         n_gpu_layers=ngl, main_gpu=options.main_gpu or 0,
-        draft_n_max=model.draft_num_predict if speculate and has_draft and model.drafter in ("auto", "model") else 0,
-        ngram=speculate and model.drafter == "ngram",
+        drafter=drafter, draft_n_max=model.draft_num_predict if drafter != "none" else 0,
         why=why,
     )

@@ -27,11 +27,15 @@ from engine.contract.protocol import (
     TokenChunk,
 )
 from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
-from engine.llamacpp.server import LlamaCppServer
+from engine.llamacpp.server import LlamaCppServer, speculative_type
 from engine.llamacpp.translate import IMAGE_TAG, completion_body, logprobs_of, multimodal_prompt, speculation_stats
 from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor
 from engine.remote_prompt import prompt_tokens
 
+#: llama-server's --spec-type by the name tandem's statistics give its drafter
+DRAFTER_OF_TYPE = {"none": "none", "draft-simple": "model", "draft-eagle3": "model", "draft-dflash": "model",
+                   "ngram-simple": "ngram", "draft-mtp": "mtp"}
+DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash")
 AUTO_PARALLEL = 4  # slots when TANDEM_NUM_PARALLEL does not say (the native engine's default too)
 CANCEL_POLL = 0.05
 
@@ -46,7 +50,7 @@ class LlamaCppRuntime(BackendRuntime):
         self.api = api
         self.server = server
         self.facts = facts
-        self._drafter = "model" if launch.draft_n_max > 0 and spec.draft_path else ("ngram" if launch.ngram else "none")
+        self._drafter = DRAFTER_OF_TYPE[facts.speculative_method or "none"]  # the statistics' name for it
         self.monitor = HealthMonitor("llama-server", self.api.healthy, server.process if server is not None else None)
         # where an image goes in the prompt: llama-server's marker, random per server (None: it has no projector)
         props = api.props()
@@ -169,9 +173,10 @@ def _facts(spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, slots: int)
         md, architecture = f.metadata, f.architecture
     tokens = md.get("tokenizer.ggml.tokens") or []
     name = lambda key: str(tokens[int(md[key])]) if key in md and int(md[key]) < len(tokens) else ""  # noqa: E731
+    kind = "none" if launch.attached else speculative_type(launch, spec)
     draft = None
-    if spec.draft_path and launch.draft_n_max > 0:
-        with GGUFFile(spec.draft_path) as d:
+    if kind in DRAFT_MODEL_TYPES:
+        with GGUFFile(str(spec.draft_path)) as d:
             draft = d.architecture
     weights = os.path.getsize(spec.model_path) + (os.path.getsize(spec.draft_path) if draft else 0)
     device = "remote" if launch.attached else ("gpu" if launch.n_gpu_layers > 0 else "cpu")
@@ -180,5 +185,5 @@ def _facts(spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, slots: int)
                       memory_bytes=weights, bos_token=name("tokenizer.ggml.bos_token_id"),
                       eos_token=name("tokenizer.ggml.eos_token_id"),
                       add_bos=len(api.tokenize("a", True)) > len(api.tokenize("a", False)), num_parallel=slots,
-                      backend="llamacpp", speculative_method=("draft" if draft else ("ngram" if launch.ngram else None)),
+                      backend="llamacpp", speculative_method=None if kind == "none" else kind,
                       endpoint=api.base_url, attached=launch.attached)

@@ -10,11 +10,34 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from engine.contract.capabilities import has_mtp_head
+from engine.contract.gguf import GGUFFile
 from engine.contract.llamacpp_launch import LlamaCppLaunch
 from engine.contract.protocol import EngineError, LoadSpec
 from engine.llamacpp.api import LlamaCppApi
 from engine.backend_process import BackendProcess, free_port
 
+
+
+NGRAM_LOOKUP = 3  # the n-gram llama.cpp looks up (tandem's own drafter matches the longest suffix of up to 4)
+#: llama.cpp's speculative type for a DRAFT layer of these architectures (any other: an independent model)
+DRAFT_TYPES = {"eagle3": "draft-eagle3", "dflash": "draft-dflash"}
+
+
+def speculative_type(launch: LlamaCppLaunch, spec: LoadSpec) -> str:
+    """The ``--spec-type`` llama-server starts with for the launch's drafter ("none": no speculation). The type
+    is always named: without it this llama.cpp loads a draft model and drafts nothing."""
+    if launch.draft_n_max <= 0:
+        return "none"
+    if launch.drafter == "model" and spec.draft_path:
+        with GGUFFile(spec.draft_path) as f:
+            return DRAFT_TYPES.get(f.architecture, "draft-simple")
+    if launch.drafter == "ngram":
+        return "ngram-simple"
+    if launch.drafter == "mtp":
+        with GGUFFile(spec.model_path) as f:
+            return "draft-mtp" if has_mtp_head(f.tensors) else "none"
+    return "none"
 
 
 def server_args(launch: LlamaCppLaunch, spec: LoadSpec, *, port: int, slots: int) -> list[str]:
@@ -26,12 +49,13 @@ def server_args(launch: LlamaCppLaunch, spec: LoadSpec, *, port: int, slots: int
         args += ["--mmproj", spec.projector_path]
     if launch.main_gpu:
         args += ["-mg", str(launch.main_gpu)]
-    if launch.draft_n_max > 0 and spec.draft_path:
-        # the type named: without it this llama.cpp loads the draft model and drafts nothing
-        args += ["--model-draft", spec.draft_path, "--spec-type", "draft-simple", "--spec-draft-n-max", str(launch.draft_n_max),
-                 "-ngld", str(launch.n_gpu_layers)]
-    elif launch.ngram:
-        args += ["--spec-type", "ngram-simple"]
+    kind = speculative_type(launch, spec)
+    if kind.startswith("draft-") and kind != "draft-mtp":
+        args += ["--model-draft", str(spec.draft_path), "-ngld", str(launch.n_gpu_layers)]
+    if kind == "ngram-simple":
+        args += ["--spec-ngram-simple-size-n", str(NGRAM_LOOKUP), "--spec-ngram-simple-size-m", str(launch.draft_n_max)]
+    if kind != "none":
+        args += ["--spec-type", kind, "--spec-draft-n-max", str(launch.draft_n_max)]
     return args
 
 

@@ -51,6 +51,8 @@ def srv(models: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     draft_digest, _ = store.add_file(draft)
     create_model(store, CreateRequest(model="phi2-pair", files={"m.gguf": target}, draft_files={"d.gguf": draft_digest},
                                       parameters={"temperature": 0, "draft_num_predict": 4, "draft_schedule": "fixed"}))
+    create_model(store, CreateRequest(model="phi2-ngram", files={"m.gguf": target}, parameters={
+        "temperature": 0, "drafter": "ngram", "draft_num_predict": 4, "draft_schedule": "fixed"}))
     with ServerThread(store, Settings(num_thread=1, num_parallel=1)) as s:
         yield s
 
@@ -112,7 +114,20 @@ def test_a_draft_pair_speculates_through_llama_cpp_with_the_text_of_no_draft(srv
     assert plain["drafter"] == "none" and plain["draft_n"] == 0
     assert drafted["response"] == plain["response"]
     [loaded] = [m for m in httpx.get(f"{srv.url}/api/ps").json()["models"] if m["name"] == "phi2-pair:latest"]
-    assert loaded["engine"]["speculative_method"] == "draft"  # drafter none was one request's, not a restart
+    assert loaded["engine"]["speculative_method"] == "draft-simple"  # drafter none was one request's, not a restart
+
+
+def test_the_ngram_drafter_speculates_through_llama_cpp_with_the_text_of_no_draft(srv: ServerThread) -> None:
+    prompt = "one two three four five one two three four five one two three"
+    with httpx.Client(base_url=srv.url, timeout=120) as http:
+        body = {"model": "phi2-ngram", "prompt": prompt, "raw": True, "stream": False, "options": {"num_predict": 48}}
+        drafted = http.post("/api/generate", json=body).json()
+        plain = http.post("/api/generate", json={**body, "options": {"num_predict": 48, "drafter": "none"}}).json()
+        [loaded] = [m for m in http.get("/api/ps").json()["models"] if m["name"] == "phi2-ngram:latest"]
+    assert loaded["engine"]["speculative_method"] == "ngram-simple"
+    assert drafted["drafter"] == "ngram" and drafted["draft_n"] > 0 and drafted["draft_n_accepted"] <= drafted["draft_n"]
+    assert plain["drafter"] == "none" and plain["draft_n"] == 0
+    assert drafted["response"] == plain["response"]
 
 
 def test_an_option_only_the_native_engine_has_is_refused_naming_the_engine(srv: ServerThread) -> None:
