@@ -6,7 +6,6 @@ options only the native engine has are refused naming the engine; a killed llama
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from engine.contract.llamacpp_launch import find_llama_server
 from importer import CreateRequest, create_model
 from server.settings import Settings
 from tests.llamacpp_models import ARCHITECTURES, converter, write_copy, write_models
+from tests.process_tree import alive, backend_pid
 from tests.realmodels import smollm2_gguf
 from tests.server_thread import ServerThread, free_port
 
@@ -136,18 +136,78 @@ def test_an_option_only_the_native_engine_has_is_refused_naming_the_engine(srv: 
     assert r.status_code == 400 and "llamacpp engine" in r.json()["error"]
 
 
+def loaded(http: httpx.Client, name: str) -> dict:
+    [model] = [m for m in http.get("/api/ps").json()["models"] if m["name"] == f"{name}:latest"]
+    return model
+
+
 def test_a_killed_llama_server_is_replaced(srv: ServerThread) -> None:
     with httpx.Client(base_url=srv.url, timeout=120) as http:
         body = {"model": "granite", "prompt": PROMPT, "raw": True, "stream": False, "options": {"num_predict": 4}}
         first = http.post("/api/generate", json=body).json()
-        [loaded] = [m for m in http.get("/api/ps").json()["models"] if m["name"] == "granite:latest"]
-        port = int(loaded["engine"]["endpoint"].rsplit(":", 1)[1])
-        out = subprocess.run(["ss", "-ltnpH", f"sport = :{port}"], capture_output=True, text=True).stdout
-        pid = int(out.split("pid=")[1].split(",")[0])
-        os.kill(pid, signal.SIGKILL)
+        os.kill(backend_pid(loaded(http, "granite")["engine"]["pid"]), signal.SIGKILL)
         deadline = time.monotonic() + 30
         while any(m["name"] == "granite:latest" for m in http.get("/api/ps").json()["models"]):
             assert time.monotonic() < deadline, "the engine whose llama-server died is still listed"
             time.sleep(0.2)
         again = http.post("/api/generate", json=body)
     assert again.status_code == 200 and again.json()["response"] == first["response"]
+
+
+def test_a_request_to_a_frozen_llama_server_is_served_by_its_replacement(srv: ServerThread) -> None:
+    """Nothing had streamed when the watchdog replaced the engine whose llama-server froze: the request is tried
+    once on the new one, and the frozen server is stopped with the engine process it belonged to."""
+    with httpx.Client(base_url=srv.url, timeout=120) as http:
+        body = {"model": "starcoder2", "prompt": PROMPT, "raw": True, "stream": False, "options": {"num_predict": 6}}
+        first = http.post("/api/generate", json=body).json()
+        engine = loaded(http, "starcoder2")["engine"]["pid"]
+        frozen = backend_pid(engine)
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            again = http.post("/api/generate", json=body)
+            assert again.status_code == 200 and again.json()["response"] == first["response"], again.text
+            assert loaded(http, "starcoder2")["engine"]["pid"] != engine
+            deadline = time.monotonic() + 30
+            while alive(frozen) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not alive(frozen)
+        finally:
+            if alive(frozen):
+                os.kill(frozen, signal.SIGKILL)
+
+
+def test_a_cancelled_stream_stops_llama_servers_generation(srv: ServerThread) -> None:
+    """The client goes away after a few chunks: llama-server stops generating (its slot's decoded count stays far
+    below what was asked) and the model serves the next request."""
+    asked = 1500
+    with httpx.Client(base_url=srv.url, timeout=120) as http:
+        body = {"model": "olmo2", "prompt": PROMPT, "raw": True, "options": {"num_predict": asked}}
+        with http.stream("POST", "/api/generate", json=body) as r:
+            for i, _ in enumerate(r.iter_lines()):
+                if i == 3:
+                    break
+        endpoint = loaded(http, "olmo2")["engine"]["endpoint"]
+        deadline = time.monotonic() + 60
+        while True:
+            [slot] = httpx.get(f"{endpoint}/slots").json()
+            if not slot["is_processing"]:
+                break
+            assert time.monotonic() < deadline, "llama-server kept generating for a client that left"
+            time.sleep(0.05)
+        assert slot["next_token"][0]["n_decoded"] < asked
+        after = http.post("/api/generate", json={**body, "stream": False, "options": {"num_predict": 4}})
+    assert after.status_code == 200 and after.json()["eval_count"] == 4
+
+
+def test_keep_alive_zero_unloads_and_stops_llama_server(srv: ServerThread) -> None:
+    with httpx.Client(base_url=srv.url, timeout=120) as http:
+        http.post("/api/generate", json={"model": "gpt-oss", "prompt": PROMPT, "raw": True, "stream": False,
+                                         "options": {"num_predict": 2}})
+        server = backend_pid(loaded(http, "gpt-oss")["engine"]["pid"])
+        r = http.post("/api/generate", json={"model": "gpt-oss", "keep_alive": 0})
+        assert r.status_code == 200 and r.json()["done_reason"] == "unload"
+        assert all(m["name"] != "gpt-oss:latest" for m in http.get("/api/ps").json()["models"])
+        deadline = time.monotonic() + 30
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    assert not alive(server)

@@ -19,6 +19,7 @@ import pytest
 from blobs import BlobStore
 from importer import CreateRequest, create_model
 from server.settings import Settings, VllmSettings
+from tests.process_tree import alive, backend_pid, children
 from tests.server_thread import ServerThread, ndjson
 from tests.vllm_models import smollm2_folder, tiny_draft_folder
 
@@ -33,35 +34,6 @@ if not VLLM_PYTHON:
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
 PROMPT = "Write a short poem about the sea."
 GREEDY = {"temperature": 0, "num_predict": 40}
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                out.append(int(entry))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def vllm_server_pid(engine_pid: int) -> int:
-    """The vLLM API server under an engine process (engine -> reaper -> vLLM)."""
-    (reaper,) = [p for p in children(engine_pid) if "reaper.py" in open(f"/proc/{p}/cmdline").read()]
-    (server,) = children(reaper)
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +170,7 @@ def test_a_cancelled_stream_aborts_its_vllm_request(http):
 
 def test_an_attached_vllm_is_served_and_never_stopped(store, http):
     endpoint = loaded(http, "smol")["engine"]["endpoint"]
-    vllm_pid = vllm_server_pid(loaded(http, "smol")["engine"]["pid"])
+    vllm_pid = backend_pid(loaded(http, "smol")["engine"]["pid"])
     settings = Settings(num_thread=1, vllm=VllmSettings(url=endpoint))
     with ServerThread(store, settings) as other, httpx.Client(base_url=other.url, timeout=300) as c:
         r = c.post("/api/generate", json={"model": "smol", "prompt": PROMPT, "options": GREEDY, "stream": False})
@@ -213,7 +185,7 @@ def test_an_attached_vllm_is_served_and_never_stopped(store, http):
 
 def test_a_killed_vllm_is_replaced_on_the_next_request(http):
     engine = loaded(http, "smol")["engine"]["pid"]
-    os.kill(vllm_server_pid(engine), signal.SIGKILL)
+    os.kill(backend_pid(engine), signal.SIGKILL)
     deadline = time.monotonic() + 30
     while alive(engine) and time.monotonic() < deadline:  # the engine process follows its vLLM
         time.sleep(0.5)
@@ -227,7 +199,7 @@ def test_a_request_to_a_frozen_vllm_is_served_by_its_replacement(http):
     """The request had streamed nothing when the watchdog replaced the frozen engine: it is tried once on the new
     one (issue 46), so the client sees a delay, not an error; the frozen vLLM's whole tree is stopped."""
     engine = loaded(http, "smol")["engine"]["pid"]
-    frozen = vllm_server_pid(engine)
+    frozen = backend_pid(engine)
     os.kill(frozen, signal.SIGSTOP)
     try:
         r = http.post("/api/generate", json={"model": "smol", "prompt": PROMPT, "options": GREEDY, "stream": False})
