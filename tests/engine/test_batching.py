@@ -16,7 +16,8 @@ import tests.hf_tiny_qwen35 as hf_tiny_qwen35
 from engine.batching.arbiter import BatchedModel, ForwardArbiter
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.models.loader import load_model
-from engine.contract.protocol import EngineError, LoadSpec
+from engine.contract.options import Options
+from engine.contract.protocol import EngineError, GenerateRequest, LoadSpec, TokenChunk
 from engine.runtime import ModelRuntime
 from tests.engine.speculative.test_speculation import PROMPT, generate, write_model
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
@@ -329,12 +330,16 @@ def test_a_prompt_another_sequence_evaluated_is_copied_not_evaluated_again(model
     want = generate(alone, second, temperature=0, num_predict=12)
     started, release = threading.Event(), threading.Event()
 
-    def stop() -> bool:  # the first request keeps stepping (a sequence that pauses holds up the batch) until released
-        started.set()
-        return release.is_set()
+    def first() -> None:
+        # the first request keeps stepping (a sequence that pauses holds up the batch) until released; `started`
+        # once its first token is out, so its prompt is in its slot (not merely being evaluated) when the second comes
+        req = GenerateRequest(prompt=system + "The first question", options=Options.from_map({
+            "temperature": 0, "num_predict": 300}))
+        for item in eng.generate(req, should_stop=release.is_set):
+            if isinstance(item, TokenChunk) and item.token_ids:
+                started.set()
 
-    t = threading.Thread(target=lambda: generate(eng, system + "The first question", temperature=0, num_predict=400,
-                                                 should_stop=stop))
+    t = threading.Thread(target=first)
     t.start()
     assert started.wait(60)
     try:
