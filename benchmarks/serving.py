@@ -70,6 +70,30 @@ def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[l
     return times, count or len(times), drafted
 
 
+def stream_raw(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int, tuple[int, int]]:
+    """One greedy generation streamed from tandem's /api/generate in raw mode: the very text a server's own
+    /v1/completions gets (tandem's /v1/completions applies the model's template, as Ollama's does)."""
+    body = json.dumps({"model": model, "prompt": CHATML.format(prompt), "raw": True, "stream": True,
+                       "options": {"temperature": 0, "num_predict": tokens, "seed": 1}}).encode()
+    req = urllib.request.Request(url + "/api/generate", data=body, headers={"Content-Type": "application/json"})
+    times, count, drafted = [], 0, (0, 0)
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        for raw in r:
+            event = json.loads(raw)
+            if event.get("response"):
+                times.append(time.perf_counter())
+            if event.get("done"):
+                count = int(event.get("eval_count") or 0)
+                drafted = (int(event.get("draft_n") or 0), int(event.get("draft_n_accepted") or 0))
+    return times, count or len(times), drafted
+
+
+def endpoint_of(url: str, model: str) -> str:
+    with urllib.request.urlopen(url + "/api/ps", timeout=30) as r:
+        models = json.load(r)["models"]
+    return next(m["engine"]["endpoint"] for m in models if m["name"].split(":")[0] == model)
+
+
 def run_level(url: str, model: str, clients: int, tokens: int, stream=stream_completion) -> dict:
     """``clients`` clients at once, each streaming one completion with ``stream`` (stream_completion's signature)."""
     arrivals: list[list[float]] = [[] for _ in range(clients)]

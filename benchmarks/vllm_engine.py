@@ -19,46 +19,19 @@ own ``/v1/completions``, and from tandem's ``/api/generate`` in raw mode (the sa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import time
-import urllib.request
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import CHATML, create, drafted_cell, run_level, start_server, stream_completion
+from benchmarks.serving import create, drafted_cell, endpoint_of, run_level, start_server, stream_completion, stream_raw
 
 # vLLM's CPU build otherwise sizes its KV cache from the machine's memory; its other defaults stay (it keeps one
 # core for its front end, where tandem's own work runs too). Set VLLM_CPU_* in the environment to override.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "2"}
-
-
-def stream_raw(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int, tuple[int, int]]:
-    """One greedy generation streamed from tandem's /api/generate in raw mode: the very text vLLM's own
-    /v1/completions gets (tandem's /v1/completions applies the model's template, as Ollama's does)."""
-    body = json.dumps({"model": model, "prompt": CHATML.format(prompt), "raw": True, "stream": True,
-                       "options": {"temperature": 0, "num_predict": tokens, "seed": 1}}).encode()
-    req = urllib.request.Request(url + "/api/generate", data=body, headers={"Content-Type": "application/json"})
-    times, count, drafted = [], 0, (0, 0)
-    with urllib.request.urlopen(req, timeout=1800) as r:
-        for raw in r:
-            event = json.loads(raw)
-            if event.get("response"):
-                times.append(time.perf_counter())
-            if event.get("done"):
-                count = int(event.get("eval_count") or 0)
-                drafted = (int(event.get("draft_n") or 0), int(event.get("draft_n_accepted") or 0))
-    return times, count or len(times), drafted
-
-
-def endpoint_of(url: str, model: str) -> str:
-    with urllib.request.urlopen(url + "/api/ps", timeout=30) as r:
-        models = json.load(r)["models"]
-    return next(m["engine"]["endpoint"] for m in models if m["name"].split(":")[0] == model)
 
 
 def main(argv: list[str] | None = None) -> int:

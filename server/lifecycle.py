@@ -180,6 +180,9 @@ def model_key(model: StoredModel, default_engine: str = "native") -> SlotKey:
     model's own speculation parameters count too: a plain model and an n-gram one from the same folder would
     otherwise restart vLLM for each other's requests."""
     engine: tuple = ()
+    if model.params.get("engine", default_engine) == "llamacpp":  # beside the same GGUF on the native engine
+        # llama-server's drafter is fixed when it starts, as vLLM's: the model's own choice of it counts too
+        engine = ("llamacpp", str(model.params.get("drafter", "auto")), str(model.params.get("draft_num_predict", "")))
     if model.params.get("engine", default_engine) == "vllm":
         launch = vllm_launch(model, VllmSettings())  # where vLLM comes from is the server's, the same for all
         engine = ("vllm", launch.drafter, launch.num_speculative_tokens, launch.tensor_parallel_size,

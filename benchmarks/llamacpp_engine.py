@@ -1,0 +1,103 @@
+"""The llamacpp engine measured: what tandem adds in front of llama-server, and tandem's own engine beside it.
+
+    python -m benchmarks.llamacpp_engine --model TARGET.gguf [--draft DRAFT.gguf] [--levels 1,8] [--tokens 64]
+        [--rounds 3] [--parallel 8] [--native] [--markdown out.md]
+
+Starts ``tandem serve`` on a fresh store and creates ``llamacpp`` (``PARAMETER engine llamacpp``) from the GGUF, with
+``--draft`` also ``llamacpp-spec`` (the DRAFT pair through llama-server's draft-simple, depth 4), and with
+``--native`` the same model on tandem's own engine (``native``). The ``llamacpp`` model's own llama-server (its
+``/api/ps`` endpoint) is measured directly too (``llamacpp-direct``): one process, with and without tandem in front,
+so the ratio is tandem's overhead alone (its HTTP front, the engine process relaying the stream, its rendering).
+Every level runs every target in turn, each round, every other round in reverse (the host drifts). Every client
+streams one greedy completion of the same chat-formatted text: from llama-server's own ``/v1/completions``, and from
+tandem's ``/api/generate`` in raw mode (the same tokens).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks.output import emit, host_line
+from benchmarks.serving import create, drafted_cell, endpoint_of, run_level, start_server, stream_completion, stream_raw
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.llamacpp_engine", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--draft")
+    ap.add_argument("--native", action="store_true", help="also the same GGUF on tandem's own engine")
+    ap.add_argument("--levels", default="1,8")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--parallel", type=int, default=8)
+    ap.add_argument("--markdown")
+    args = ap.parse_args(argv)
+    levels = [int(x) for x in args.levels.split(",") if x]
+    home = Path(tempfile.mkdtemp(prefix="tandem-llamacpp-bench-"))
+    shutil.copy(args.model, home / "target.gguf")
+    base = f"FROM {home / 'target.gguf'}\nPARAMETER num_ctx 2048\n"
+    models = {"llamacpp": base + "PARAMETER engine llamacpp\nPARAMETER drafter none\n"}
+    if args.draft:
+        shutil.copy(args.draft, home / "draft.gguf")
+        models["llamacpp-spec"] = (base + f"DRAFT {home / 'draft.gguf'}\nPARAMETER engine llamacpp\n"
+                                   "PARAMETER draft_num_predict 4\nPARAMETER draft_schedule fixed\n")
+    if args.native:
+        models["native"] = base + "PARAMETER engine native\nPARAMETER drafter none\n"
+    proc, url = start_server(home, args.parallel)
+    cells: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for name, modelfile in models.items():
+            create(url, name, modelfile)
+        targets = [(name, url, name, stream_raw) for name in models]
+        for _, u, name, stream in targets:  # load, and warm
+            run_level(u, name, 1, 8, stream)
+        targets.insert(1, ("llamacpp-direct", endpoint_of(url, "llamacpp"), "direct", stream_completion))
+        for rnd in range(args.rounds):
+            for c in levels:
+                for label, u, name, stream in (targets if rnd % 2 == 0 else targets[::-1]):
+                    cells.setdefault((label, c), []).append(run_level(u, name, c, args.tokens, stream))
+                    print(f"round {rnd + 1} C={c} {label} done", file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except Exception:  # noqa: BLE001 - a benchmark's cleanup
+            proc.kill()
+        if os.environ.get("TANDEM_BENCH_KEEP"):
+            print(f"kept {home}", file=sys.stderr)
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+    lines = ["# The llamacpp engine: tandem in front of llama-server", "",
+             host_line(os.cpu_count() or 1), "",
+             f"`python -m benchmarks.llamacpp_engine --model {Path(args.model).name}"
+             + (f" --draft {Path(args.draft).name}" if args.draft else "") + (" --native" if args.native else "")
+             + f" --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}`", "",
+             "× direct: the median over rounds of this target's aggregate over llama-server's own in the same round "
+             "(llamacpp and llamacpp-direct are one llama-server process). × plain: over the same engine without "
+             "speculation.", "",
+             "| target | clients | aggregate tok/s | × direct | × plain | stream tok/s (median) | inter-token ms p50 "
+             "| drafted (accepted) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for (label, c), runs in cells.items():
+        agg = statistics.median(r["aggregate"] for r in runs)
+        direct = cells.get(("llamacpp-direct", c))
+        plain = cells.get(("llamacpp", c)) if label == "llamacpp-spec" else None
+
+        def ratio(other):
+            return f"{statistics.median(r['aggregate'] / o['aggregate'] for r, o in zip(runs, other)):.3f}" \
+                if other else ""
+
+        lines.append(f"| {label} | {c} | {agg:.2f} | {ratio(direct)} | {ratio(plain)} | "
+                     f"{statistics.median(r['stream'] for r in runs):.2f} | "
+                     f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | {drafted_cell(runs)} |")
+    emit(lines, args.markdown)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
