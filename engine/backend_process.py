@@ -90,6 +90,35 @@ class BackendProcess:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+class BackendServer:
+    """A backend server this engine process started: its ``process`` (BackendProcess) and its HTTP ``api`` (with
+    ``healthy(timeout)`` and ``close()``); subclasses set both, and how often ``wait_ready`` polls."""
+
+    process: BackendProcess
+    api: Any
+    ready_poll = 0.1
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.alive()
+
+    def wait_ready(self, timeout: float | None = None) -> None:
+        """Until the server answers its health check; one that exits first (or is not up within ``timeout``) is
+        an error carrying the end of its log."""
+        self.process.wait_ready(self.api.healthy, timeout, poll=self.ready_poll)
+
+    def log_tail(self) -> str:
+        return self.process.log_tail()
+
+    def stop(self) -> None:
+        """Stop the server (the reaper stops its whole process tree) and remove the working directory."""
+        self.process.stop()
+        self.api.close()
+
+
 class HealthMonitor:
     """Pings a backend every HEALTH_INTERVAL; ends this process when a backend it started exits."""
 

@@ -143,6 +143,10 @@ class ModelRuntime:
         return all(f.packs is None or f.packs.wait(max(0.0, deadline - time.monotonic()))
                    for f in self._files())
 
+    def healthy(self) -> bool:
+        """Always: the native engine is this process, which the server's own pings and watchdog watch."""
+        return True
+
     def close(self) -> None:
         """Release the GGUF mappings (unload). The engine cannot generate afterwards."""
         for m in self._models():

@@ -15,7 +15,7 @@ from engine.contract.gguf import GGUFFile
 from engine.contract.llamacpp_launch import LlamaCppLaunch
 from engine.contract.protocol import EngineError, LoadSpec
 from engine.llamacpp.api import LlamaCppApi
-from engine.backend_process import BackendProcess, free_port
+from engine.backend_process import BackendProcess, BackendServer, free_port
 
 
 
@@ -59,7 +59,7 @@ def server_args(launch: LlamaCppLaunch, spec: LoadSpec, *, port: int, slots: int
     return args
 
 
-class LlamaCppServer:
+class LlamaCppServer(BackendServer):
     def __init__(self, launch: LlamaCppLaunch, spec: LoadSpec, *, slots: int):
         binary = launch.binary
         if not binary or not (shutil.which(binary) or os.access(binary, os.X_OK)):
@@ -70,21 +70,3 @@ class LlamaCppServer:
         self.process = BackendProcess("llama-server", [binary, *server_args(launch, spec, port=self.port, slots=slots)],
                                       self.workdir, "llama-server.log")
         self.api = LlamaCppApi(f"http://127.0.0.1:{self.port}")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.alive()
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Until llama-server answers /health (200 once the model is loaded)."""
-        self.process.wait_ready(self.api.healthy, timeout, poll=0.1)
-
-    def log_tail(self) -> str:
-        return self.process.log_tail()
-
-    def stop(self) -> None:
-        self.process.stop()
-        self.api.close()

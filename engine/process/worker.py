@@ -32,10 +32,13 @@ from multiprocessing.connection import Connection
 from typing import Iterator
 
 from engine.contract.cancel_flag import CancelFlag
-from engine.contract.protocol import EngineError, GenerateResult, LoadSpec
+from engine.contract.protocol import EngineError, GenerateResult
+from engine.contract.runtime import EngineRuntime
+from engine.process.runtimes import load_runtime
 
 
 EXIT_BEAT_SECONDS = 0.5  # how often an exiting engine that finishes a cache write says it is alive
+EXIT_IDLE_SECONDS = 5.0  # how long an exit waits for generations still ending before it releases their weights
 
 
 def _error_message(exc: BaseException) -> tuple[str, int]:
@@ -102,6 +105,12 @@ class _Busy:
     def wait(self) -> None:
         self._event.wait()
 
+    def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._event.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._event.is_set()
+
     def is_set(self) -> bool:
         return self._event.is_set()
 
@@ -117,7 +126,7 @@ class _Generations:
         self._cancels: dict[int, threading.Event] = {}
         self._embedding = False
 
-    def start(self, engine, rid: int, req) -> None:
+    def start(self, engine: EngineRuntime, rid: int, req) -> None:
         cancel = threading.Event()
         with self._lock:
             self._cancels[rid] = cancel
@@ -131,7 +140,7 @@ class _Generations:
         if event is not None:
             event.set()
 
-    def _run(self, engine, rid: int, req, cancel: threading.Event) -> None:
+    def _run(self, engine: EngineRuntime, rid: int, req, cancel: threading.Event) -> None:
         stop = lambda: cancel.is_set() or self._shared_cancel.is_set()  # noqa: E731
         try:
             for item in engine.generate(req, should_stop=stop):
@@ -150,20 +159,13 @@ class _Generations:
             self._busy.exit()
 
 
-def _healthy(engine) -> bool:
-    """Whether the loaded runtime's own health holds: a vLLM runtime answers for the vLLM server behind it, which
-    can freeze while this process runs on (engine.vllm.runtime); a native runtime is this process."""
-    check = getattr(engine, "healthy", None)
-    return check is None or check()
-
-
-def _heartbeat(out: _Sender, busy: _Busy, interval: float, loaded: list) -> None:
+def _heartbeat(out: _Sender, busy: _Busy, interval: float, loaded: list[EngineRuntime]) -> None:
     """Send ("beat",) every ``interval`` seconds while the engine is busy and its runtime healthy (``loaded``
     holds the runtime once there is one): silence makes the server's watchdog replace the engine."""
     while True:
         busy.wait()
         time.sleep(interval)
-        if busy.is_set() and (not loaded or _healthy(loaded[0])):
+        if busy.is_set() and (not loaded or loaded[0].healthy()):
             try:
                 out.send(("beat",))
             except (BrokenPipeError, ConnectionResetError, OSError):
@@ -172,11 +174,8 @@ def _heartbeat(out: _Sender, busy: _Busy, interval: float, loaded: list) -> None
 
 def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float = 0.0) -> None:
     """Entry point of the child process. ``beat_interval`` > 0 turns the generation heartbeat on."""
-    import torch  # imported here: the server process never loads torch
-
-    engine = None
-    loaded: list = []  # the runtime, for the heartbeat thread
-    loaded_spec: LoadSpec | None = None
+    engine: EngineRuntime | None = None
+    loaded: list[EngineRuntime] = []  # the runtime, for the heartbeat thread
     out = _Sender(conn)
     busy = _Busy()
     generations = _Generations(out, busy, cancel_event)
@@ -196,35 +195,23 @@ def engine_main(conn: Connection, cancel_event: CancelFlag, beat_interval: float
                 # the server sees an engine at work, not a frozen one (EngineClient.close).
                 while engine is not None and not engine.finish_writes(EXIT_BEAT_SECONDS):
                     out.send(("beat",))
-                if engine is not None and loaded_spec is not None and loaded_spec.engine in ("vllm", "llamacpp"):
-                    # stop the vLLM it started (never one it attached to), beating while it exits
-                    closer = threading.Thread(target=engine.close, name="tandem-vllm-close", daemon=True)
+                if engine is not None:
+                    # a generation still sending its last chunk reads the weights the close releases
+                    busy.wait_idle(EXIT_IDLE_SECONDS)
+                    # unload: a backend server it started stops (never one it attached to), beating while it exits
+                    closer = threading.Thread(target=engine.close, name="tandem-engine-close", daemon=True)
                     closer.start()
                     while closer.join(EXIT_BEAT_SECONDS) is None and closer.is_alive():
                         out.send(("beat",))
                 out.send(("ok", None))
                 return
             if kind == "health":
-                if engine is not None and not _healthy(engine):
+                if engine is not None and not engine.healthy():
                     out.send(("error", "the engine's backend stopped answering", 500))
                 else:
                     out.send(("ok", {"loaded": engine is not None, "pid": os.getpid()}))
             elif kind == "load":
-                spec: LoadSpec = msg[1]
-                loaded_spec = spec
-                if spec.engine == "vllm":
-                    from engine.vllm.runtime import VllmRuntime
-
-                    engine = VllmRuntime.load(spec)
-                elif spec.engine == "llamacpp":
-                    from engine.llamacpp.runtime import LlamaCppRuntime
-
-                    engine = LlamaCppRuntime.load(spec)
-                else:
-                    torch.set_num_threads(spec.num_thread if spec.num_thread > 0 else (os.cpu_count() or 1))
-                    from engine.runtime import ModelRuntime
-
-                    engine = ModelRuntime.load(spec)
+                engine = load_runtime(msg[1])
                 loaded.append(engine)
                 out.send(("ok", engine.facts))
             elif engine is None:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from engine.contract.protocol import EngineError
-from engine.backend_process import BackendProcess, free_port
+from engine.backend_process import BackendProcess, BackendServer, free_port
 from engine.vllm.api import VllmApi
 from engine.contract.vllm_launch import SERVED_NAME, VllmLaunch, server_args, speculative_config
 
@@ -48,8 +48,10 @@ def is_cpu_build(python: str) -> bool:
     return out.stdout.strip() == "1"
 
 
-class VllmServer:
+class VllmServer(BackendServer):
     """A vLLM server started for one model; ``api`` reaches it once ``wait_ready`` returned."""
+
+    ready_poll = 0.5  # vLLM takes a minute to start: no need to ask ten times a second
 
     def __init__(self, launch: VllmLaunch, *, num_ctx: int, num_parallel: int):
         if not launch.files:
@@ -72,18 +74,6 @@ class VllmServer:
         self.process = BackendProcess("vLLM", [python, *args], self.workdir, "vllm.log")
         self.api = VllmApi(f"http://127.0.0.1:{self.port}", SERVED_NAME)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.alive()
-
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Until vLLM answers /health; a vLLM that exits first (or is not up within ``timeout``) is an error
-        carrying the end of its log."""
-        self.process.wait_ready(lambda t: self.api.healthy(timeout=t), timeout, poll=0.5)
-
     def device(self) -> str:
         """The device vLLM reports in its start-up log (``cpu``, ``cuda``), else ``unknown``."""
         try:
@@ -91,14 +81,6 @@ class VllmServer:
         except OSError:
             return "unknown"
         return match.group(1) if match else "unknown"
-
-    def log_tail(self) -> str:
-        return self.process.log_tail()
-
-    def stop(self) -> None:
-        """Stop vLLM (the reaper stops its whole process tree) and remove the working directory."""
-        self.process.stop()
-        self.api.close()
 
 
 def _compiles(launch: VllmLaunch) -> bool:

@@ -70,6 +70,10 @@ class _WritingRuntime:
         time.sleep(min(timeout, 0.05))
         return self.waits >= 3
 
+    def close(self) -> None:
+        assert self.waits >= 3, "closed before its cache write finished"
+        self.closed = True
+
 
 def test_exit_waits_for_the_cache_write_and_beats_meanwhile(monkeypatch):
     import engine.runtime
@@ -89,5 +93,5 @@ def test_exit_waits_for_the_cache_write_and_beats_meanwhile(monkeypatch):
         messages.append(here.recv())
     t.join(10)
     assert not t.is_alive()
-    assert runtime.waits == 3
+    assert runtime.waits == 3 and runtime.closed  # unloaded once its write was done
     assert messages == [("beat",), ("beat",), ("ok", None)]
