@@ -4,7 +4,6 @@ builds; everything here happens once per load, never per request."""
 
 from __future__ import annotations
 
-import os
 
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from engine.models.loader import (
 from engine.models.pruned_head import prune_output_head
 from engine.models.transformer import Model
 from engine.ops.memory import model_bytes
+from engine.parallel_slots import AUTO_PARALLEL, available_memory, resolve_num_parallel
 from engine.contract.protocol import EngineError, LoadSpec, ModelFacts
 from engine.speculative.assistant import AssistantDrafter
 from engine.speculative.draft_model import DraftModelDrafter
@@ -52,32 +52,6 @@ class LoadedParts:
     draft_kind: str | None = None  # what the DRAFT layer became: "model", "mtp" (a head) or None
     owned_files: list[GGUFFile] = field(default_factory=list)  # mappings a drafter reads from
     num_parallel: int = 1  # sequence slots to build (engine.runtime: one cache and drafter state each)
-
-
-#: ``num_parallel`` 0 (auto) serves at most this many sequences at once, as Ollama's default of 4 slots...
-AUTO_PARALLEL = 4
-#: ... when their caches fit in this share of the memory available at load (else fewer, down to 1).
-AUTO_PARALLEL_MEMORY_SHARE = 0.25
-
-
-def resolve_num_parallel(asked: int, slot_bytes: int, available_bytes: int | None) -> int:
-    """The slots a load builds: ``asked`` when > 0; for 0, the most of AUTO_PARALLEL, 2 and 1 whose extra
-    slots' caches fit in AUTO_PARALLEL_MEMORY_SHARE of the available memory (1 when it is unknown)."""
-    if asked > 0:
-        return asked
-    if not available_bytes or slot_bytes <= 0:
-        return 1
-    for n in (AUTO_PARALLEL, 2):
-        if (n - 1) * slot_bytes <= AUTO_PARALLEL_MEMORY_SHARE * available_bytes:
-            return n
-    return 1
-
-
-def available_memory() -> int | None:
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def resolve_device(device: str) -> torch.device:

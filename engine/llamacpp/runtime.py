@@ -30,13 +30,14 @@ from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
 from engine.llamacpp.server import LlamaCppServer, speculative_type
 from engine.llamacpp.translate import IMAGE_TAG, completion_body, logprobs_of, multimodal_prompt, speculation_stats
 from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor
+from engine.parallel_slots import available_memory, resolve_num_parallel
 from engine.remote_prompt import prompt_tokens
 
 #: llama-server's --spec-type by the name tandem's statistics give its drafter
 DRAFTER_OF_TYPE = {"none": "none", "draft-simple": "model", "draft-eagle3": "model", "draft-dflash": "model",
                    "ngram-simple": "ngram", "draft-mtp": "mtp"}
 DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash")
-AUTO_PARALLEL = 4  # slots when TANDEM_NUM_PARALLEL does not say (the native engine's default too)
+KV_BYTES = 2  # llama-server's default cache type, f16
 CANCEL_POLL = 0.05
 
 
@@ -60,7 +61,8 @@ class LlamaCppRuntime(BackendRuntime):
     @classmethod
     def load(cls, spec: LoadSpec, timeout: float | None = None) -> "LlamaCppRuntime":
         launch = spec.llamacpp or LlamaCppLaunch()
-        slots = spec.num_parallel if spec.num_parallel > 0 else AUTO_PARALLEL
+        slot_bytes = cache_bytes(spec.model_path, spec.num_ctx)
+        slots = resolve_num_parallel(spec.num_parallel, slot_bytes, available_memory())  # as the native engine
         server = None
         if launch.attached:
             api = LlamaCppApi(str(launch.url))
@@ -74,7 +76,7 @@ class LlamaCppRuntime(BackendRuntime):
                 server.stop()
                 raise
             api = server.api
-        return cls(spec, launch, api, server, _facts(spec, launch, api, slots))
+        return cls(spec, launch, api, server, _facts(spec, launch, api, slots, slot_bytes))
 
     # -- the runtime's interface (engine.process.worker; the rest is BackendRuntime's) -----------------
     def tokenize(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -167,7 +169,23 @@ def _speculates(req: GenerateRequest) -> bool:
     return req.options.drafter != "none" and req.options.draft_num_predict > 0
 
 
-def _facts(spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, slots: int) -> ModelFacts:
+def cache_bytes(model_path: str, num_ctx: int) -> int:
+    """What one slot's KV cache of ``num_ctx`` positions costs llama-server (f16 keys and values in every layer;
+    a sliding-window layer's smaller cache is not counted: an upper bound, as a budget should be)."""
+    with GGUFFile(model_path) as f:
+        md, arch = f.metadata, f.architecture
+    layers = int(md.get(f"{arch}.block_count") or 0)
+    heads = md.get(f"{arch}.attention.head_count") or 1
+    heads = max(heads) if hasattr(heads, "__len__") else heads
+    kv_heads = md.get(f"{arch}.attention.head_count_kv", heads)
+    kv_per_layer = list(kv_heads) if hasattr(kv_heads, "__len__") else [kv_heads] * layers
+    width = int(md.get(f"{arch}.embedding_length") or 0)
+    k = int(md.get(f"{arch}.attention.key_length") or (width // max(int(heads), 1)))
+    v = int(md.get(f"{arch}.attention.value_length") or k)
+    return int(sum(int(n) for n in kv_per_layer) * (k + v) * num_ctx * KV_BYTES)
+
+
+def _facts(spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, slots: int, slot_bytes: int) -> ModelFacts:
     """What the server needs to know, from the GGUF's metadata (the server's tokenizer and template stay its own)."""
     with GGUFFile(spec.model_path) as f:
         md, architecture = f.metadata, f.architecture
@@ -179,6 +197,7 @@ def _facts(spec: LoadSpec, launch: LlamaCppLaunch, api: LlamaCppApi, slots: int)
         with GGUFFile(str(spec.draft_path)) as d:
             draft = d.architecture
     weights = os.path.getsize(spec.model_path) + (os.path.getsize(spec.draft_path) if draft else 0)
+    weights += slots * slot_bytes  # what /api/ps reports: the caches too, as for the native engine
     device = "remote" if launch.attached else ("gpu" if launch.n_gpu_layers > 0 else "cpu")
     return ModelFacts(architecture=architecture, context_length=spec.num_ctx, vocab_size=len(tokens), device=device,
                       weight_format="llama.cpp", draft_architecture=draft, draft_weight_format=None,

@@ -14,6 +14,7 @@ import pytest
 from engine.contract.llamacpp_launch import LlamaCppLaunch, plan, refusal
 from engine.contract.options import Options
 from engine.contract.protocol import LoadSpec
+from engine.llamacpp.runtime import cache_bytes
 from engine.llamacpp.server import server_args
 from engine.llamacpp.translate import multimodal_prompt
 
@@ -96,3 +97,32 @@ def test_images_go_in_at_their_tags_as_the_servers_marker() -> None:
     assert out["multimodal_data"] == [base64.b64encode(b).decode(), base64.b64encode(a).decode()]
     untagged = multimodal_prompt("say", [a], "<M>")
     assert untagged == {"prompt_string": "<M>say", "multimodal_data": [base64.b64encode(a).decode()]}
+
+
+def test_a_slots_cache_is_budgeted_from_the_gguf(tmp_path: Path) -> None:
+    """What one llama-server slot's f16 KV cache costs, as llama.cpp reports it for Qwen2.5-1.5B's shape (28 layers,
+    2 KV heads of 128): 112 MiB at 4096 positions; per-layer KV head counts (an array) are summed."""
+    w = gguf.GGUFWriter(str(tmp_path / "q.gguf"), "qwen2")
+    w.add_block_count(28)
+    w.add_embedding_length(1536)
+    w.add_head_count(12)
+    w.add_head_count_kv(2)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert cache_bytes(str(tmp_path / "q.gguf"), 4096) == 112 * 2**20
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3n")
+    w.add_block_count(3)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_array("gemma3n.attention.head_count_kv", [2, 2, 0])
+    w.add_key_length(32)
+    w.add_value_length(16)
+    w.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert cache_bytes(str(tmp_path / "g.gguf"), 100) == 4 * (32 + 16) * 100 * 2
