@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import create, drafted_cell, endpoint_of, run_level, start_server, stream_completion, stream_raw
+from benchmarks.serving import (create, drafted_cell, endpoint_of, interleaved_rounds, run_level, start_server,
+                               stop_server, stream_completion, stream_raw)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,17 +59,9 @@ def main(argv: list[str] | None = None) -> int:
         for _, u, name, stream in targets:  # load, and warm
             run_level(u, name, 1, 8, stream)
         targets.insert(1, ("llamacpp-direct", endpoint_of(url, "llamacpp"), "direct", stream_completion))
-        for rnd in range(args.rounds):
-            for c in levels:
-                for label, u, name, stream in (targets if rnd % 2 == 0 else targets[::-1]):
-                    cells.setdefault((label, c), []).append(run_level(u, name, c, args.tokens, stream))
-                    print(f"round {rnd + 1} C={c} {label} done", file=sys.stderr, flush=True)
+        cells = interleaved_rounds(targets, levels, args.rounds, args.tokens)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except Exception:  # noqa: BLE001 - a benchmark's cleanup
-            proc.kill()
+        stop_server(proc)
         if os.environ.get("TANDEM_BENCH_KEEP"):
             print(f"kept {home}", file=sys.stderr)
         else:

@@ -121,6 +121,29 @@ def run_level(url: str, model: str, clients: int, tokens: int, stream=stream_com
             "tokens": total, "drafted": sum(d for d, _ in drafted), "accepted": sum(a for _, a in drafted)}
 
 
+Target = tuple  # (label, url, model, stream function)
+
+
+def interleaved_rounds(targets: list[Target], levels: list[int], rounds: int, tokens: int) -> dict[tuple[str, int], list[dict]]:
+    """Every level runs every target in turn, each round; every other round in reverse order, so that the target
+    run right after another does not always find the host (and a backend's caches) as that one left them."""
+    cells: dict[tuple[str, int], list[dict]] = {}
+    for rnd in range(rounds):
+        for c in levels:
+            for label, u, name, stream in (targets if rnd % 2 == 0 else targets[::-1]):
+                cells.setdefault((label, c), []).append(run_level(u, name, c, tokens, stream))
+                print(f"round {rnd + 1} C={c} {label} done", file=sys.stderr, flush=True)
+    return cells
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(60)
+    except Exception:  # noqa: BLE001 - a benchmark's cleanup
+        proc.kill()
+
+
 def drafted_cell(runs: list[dict]) -> str:
     """The tokens drafted (accepted) for all of a level's streams, per round."""
     return (f"{sum(r['drafted'] for r in runs) / len(runs):.0f} "

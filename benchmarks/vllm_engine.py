@@ -22,12 +22,12 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import create, drafted_cell, endpoint_of, run_level, start_server, stream_completion, stream_raw
+from benchmarks.serving import (create, drafted_cell, endpoint_of, interleaved_rounds, run_level, start_server,
+                               stop_server, stream_completion, stream_raw)
 
 # vLLM's CPU build otherwise sizes its KV cache from the machine's memory; its other defaults stay (it keeps one
 # core for its front end, where tandem's own work runs too). Set VLLM_CPU_* in the environment to override.
@@ -82,19 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         for _, u, name, stream in targets:  # load, and warm the kernels' shapes
             run_level(u, name, 1, 8, stream)
         targets.insert(1, ("vllm-direct", endpoint_of(url, "vllm"), "tandem", stream_completion))
-        for rnd in range(args.rounds):
-            for c in levels:
-                # every other round in reverse order: the target run right after another finds the host (and vLLM's
-                # caches) as that one left them
-                for label, u, name, stream in (targets if rnd % 2 == 0 else targets[::-1]):
-                    cells.setdefault((label, c), []).append(run_level(u, name, c, args.tokens, stream))
-                    print(f"round {rnd + 1} C={c} {label} done", file=sys.stderr, flush=True)
+        cells = interleaved_rounds(targets, levels, args.rounds, args.tokens)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except Exception:  # noqa: BLE001 - a benchmark's cleanup
-            proc.kill()
+        stop_server(proc)
         shutil.rmtree(home, ignore_errors=True)
     lines = ["# The vllm engine: tandem in front of vLLM, and vLLM's speculation beside tandem's engine", "",
              host_line(int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count() or 1), "",
