@@ -18,6 +18,7 @@
 | TANDEM_ENGINE          | (tandem only)           | auto: native where it runs the model, else llamacpp |
 | TANDEM_LLAMA_SERVER    | (tandem only)           | (none): the llama-server to start (default: .venv's, then PATH) |
 | TANDEM_LLAMACPP_URL    | (tandem only)           | (none): a running llama-server to attach to instead |
+| TANDEM_LLAMACPP_ARGS   | (tandem only)           | (none): more llama-server flags, shell-quoted |
 | TANDEM_VLLM_PYTHON     | (tandem only)           | (none): the Python whose vLLM tandem starts |
 | TANDEM_VLLM_URL        | (tandem only)           | (none): a running vLLM to attach to instead |
 | TANDEM_VLLM_MODEL      | (tandem only)           | (none): the model at TANDEM_VLLM_URL (its first) |

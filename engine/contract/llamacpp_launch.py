@@ -11,6 +11,7 @@ the one ``scripts/install_llama_server.sh`` linked beside this Python, or one on
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from .options import Options
 
 ENV_BINARY = "TANDEM_LLAMA_SERVER"
 ENV_URL = "TANDEM_LLAMACPP_URL"
+ENV_ARGS = "TANDEM_LLAMACPP_ARGS"  # more llama-server flags (--flash-attn on, --cache-type-k q8_0, ...), shell-quoted
 
 #: Options only the native engine has: a request that sets one on a llama.cpp model is refused (400), as on vLLM.
 NATIVE_ONLY = {
@@ -48,6 +50,7 @@ class LlamaCppLaunch:
     drafter: str = "none"
     draft_n_max: int = 0  # the most tokens a round drafts (draft_num_predict); a request asks for fewer
     why: str = ""  # for engine auto: why llama.cpp serves this model (/api/show, /api/ps)
+    extra_args: tuple[str, ...] = ()  # TANDEM_LLAMACPP_ARGS, after tandem's own
 
     @property
     def attached(self) -> bool:
@@ -110,5 +113,5 @@ def plan(options: Options, model_options: Options, *, has_draft: bool, why: str 
         binary=find_llama_server(env), url=env.get(ENV_URL) or None,
         n_gpu_layers=ngl, main_gpu=options.main_gpu or 0,
         drafter=drafter, draft_n_max=model.draft_num_predict if drafter != "none" else 0,
-        why=why,
+        why=why, extra_args=tuple(shlex.split(env.get(ENV_ARGS, ""))),
     )

@@ -56,7 +56,7 @@ def server_args(launch: LlamaCppLaunch, spec: LoadSpec, *, port: int, slots: int
         args += ["--spec-ngram-simple-size-n", str(NGRAM_LOOKUP), "--spec-ngram-simple-size-m", str(launch.draft_n_max)]
     if kind != "none":
         args += ["--spec-type", kind, "--spec-draft-n-max", str(launch.draft_n_max)]
-    return args
+    return args + list(launch.extra_args)
 
 
 class LlamaCppServer(BackendServer):

@@ -73,6 +73,12 @@ def test_the_models_drafter_becomes_llama_servers_speculative_type(tmp_path: Pat
         assert off.drafter == "none" and "--spec-type" not in args_of(off, LoadSpec(model_path=target, draft_path=drafts["phi2"]))
 
 
+def test_the_operators_own_llama_server_flags_come_last(tmp_path: Path) -> None:
+    target = write_gguf(tmp_path / "t.gguf", "phi2")
+    launch = plan(Options(), Options(), has_draft=False, env={**ENV, "TANDEM_LLAMACPP_ARGS": "--poll 0 --cache-type-k 'q8_0'"})
+    assert args_of(launch, LoadSpec(model_path=target))[-4:] == ["--poll", "0", "--cache-type-k", "q8_0"]
+
+
 def test_a_projector_starts_llama_server_with_mmproj(tmp_path: Path) -> None:
     target = write_gguf(tmp_path / "t.gguf", "qwen2vl")
     args = args_of(LlamaCppLaunch(), LoadSpec(model_path=target, projector_path="/store/p"))
