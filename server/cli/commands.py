@@ -27,12 +27,13 @@ from importer import (
     discarding_new_blobs_on_error,
     request_from_modelfile,
 )
+from engine.contract.gguf import format_parameter_count
 from modelfile import ParseError, parse
 
 from .client import APIError, Client, ServerBlobSink
 from .bench.command import add_arguments as bench_arguments
 from .train_drafter import add_arguments as train_drafter_arguments
-from ..show import model_info, modelfile_text, parameters_text
+from ..show import model_info, modelfile_text, parameters_text, projector_info
 
 
 class CLIError(Exception):
@@ -224,7 +225,8 @@ def _local_show(store: BlobStore, name: str) -> dict:
             "template": prompting.template_text, "system": model.system or "",
             "license": "\n".join(model.licenses), "details": model.details(), "model_info": model_info(model),
             "speculation": speculation_info(model, None, prompting.facts.has_mtp_head),
-            "engine": engine_info(model, None, settings)}
+            "engine": engine_info(model, None, settings), "capabilities": prompting.capabilities(),
+            **({"projector_info": projector_info(model)} if model.projector_path is not None else {})}
 
 
 def _parameter_rows(text: str, tuning: dict) -> list[tuple[str, str]]:
@@ -262,12 +264,23 @@ def cmd_show(args: argparse.Namespace, store: BlobStore) -> None:
     rows.append(("weight format", params.get("weight_format", "auto").strip('"')))
     engine = info.get("engine") or {}
     if engine.get("backend"):
-        rows.append(("engine", engine["backend"]))
+        # for engine auto, why this one (the native engine does not run the architecture, a vision projector)
+        rows.append(("engine", engine["backend"] + (f" ({engine['why']})" if engine.get("why") else "")))
     if engine.get("backend") == "vllm":
         method = engine.get("speculative_method")
         rows.append(("speculation", f"{method}, {engine.get('num_speculative_tokens')} tokens" if method else "none"))
     print()
     _section("Model", rows)
+    if info.get("capabilities"):  # as `ollama show` lists them
+        _section("Capabilities", [(cap, "") for cap in info["capabilities"]])
+    projector = info.get("projector_info") or {}
+    if projector:  # Ollama's Projector section: the vision encoder's shape
+        arch = projector.get("general.architecture", "clip")
+        rows = [("architecture", arch), ("parameters", format_parameter_count(int(projector.get("general.parameter_count") or 0)))]
+        rows += [(label, str(projector[key])) for key, label in ((f"{arch}.vision.embedding_length", "embedding length"),
+                                                                  (f"{arch}.vision.projection_dim", "dimensions"))
+                 if key in projector]
+        _section("Projector", rows)
     draft = (info.get("speculation") or {}).get("draft")
     if draft:
         rows = [("architecture", draft.get("family", "")), ("parameters", draft.get("parameter_size", "")),

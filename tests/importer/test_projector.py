@@ -112,3 +112,19 @@ def test_engine_auto_serves_a_model_with_a_projector_through_llama_cpp(store: Bl
     monkeypatch.setattr(effective_options, "llamacpp_available", lambda: False)
     choice = effective_options.choose_engine(seeing, Options(), settings)
     assert choice.engine == "native" and "no llama-server" in choice.why
+
+
+def test_tandem_show_lists_vision_the_projector_and_why_its_engine(store: BlobStore, src: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from server.cli import main
+    from tests.server_thread import free_port
+
+    monkeypatch.setenv("TANDEM_MODELS", str(store.root))
+    monkeypatch.setenv("TANDEM_HOST", f"127.0.0.1:{free_port()}")  # no server: the local store answers
+    monkeypatch.setattr(effective_options, "llamacpp_available", lambda: True)
+    create(store, "FROM ./model.gguf\nFROM ./mmproj.gguf\n", src, "seeing")
+    assert main(["show", "seeing"]) == 0
+    out = capsys.readouterr().out
+    assert "  Capabilities\n    completion" in out and "    vision" in out
+    assert "  Projector\n    architecture        clip" in out and "dimensions          64" in out
+    assert "engine              llamacpp (the native engine does not run the model's vision projector" in out
