@@ -152,6 +152,46 @@ class HealthMonitor:
         self._stopping.set()
 
 
+def error_text(response: Any, server: str) -> str:
+    """A backend's own message for a refused request (an OpenAI-style error object, or a bare ``message``), without
+    its internals; else which status it answered. ``response`` is an httpx response whose body was read."""
+    try:
+        body = response.json()
+    except ValueError:
+        return f"{server} answered {response.status_code}"
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    if isinstance(body, dict) and "message" in body:
+        return str(body["message"])
+    return f"{server} answered {response.status_code}"
+
+
+def event_error_text(event: dict[str, Any]) -> str:
+    """The message of an error event in a backend's stream."""
+    error = event.get("error")
+    return str(error.get("message") if isinstance(error, dict) else error)
+
+
+CANCEL_POLL = 0.05  # seconds between a streamed request's checks of its cancel flag
+
+
+def close_when_cancelled(stream: Any, should_stop: Callable[[], bool], name: str) -> threading.Event:
+    """Close ``stream`` once ``should_stop()`` holds, checked every CANCEL_POLL seconds from a thread of its own: a
+    request waiting on a long prefill receives no chunk to check between, and a closed connection is how both
+    servers learn to free the slot. Set the returned event when the stream ends, to stop watching."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(CANCEL_POLL):
+            if should_stop():
+                stream.close()
+                return
+
+    threading.Thread(target=watch, name=f"tandem-{name}-cancel", daemon=True).start()
+    return done
+
+
 class BackendRuntime:
     """The parts of the runtime interface (engine.process.worker) a server-backed runtime answers the same way:
     health from its monitor, detokenizing and closing through its backend; ``name`` says which engine in errors.

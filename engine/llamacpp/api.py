@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from engine.backend_process import error_text, event_error_text
 from engine.contract.protocol import EngineError
 
 CONNECT_TIMEOUT = 5.0
@@ -17,18 +18,6 @@ CONNECT_TIMEOUT = 5.0
 class LlamaCppUnavailableError(EngineError):
     def __init__(self, message: str):
         super().__init__(message, status=500)
-
-
-def _error_text(response: httpx.Response) -> str:
-    """llama-server's own message for a refused request, without its internals."""
-    try:
-        body = response.json()
-    except ValueError:
-        return f"llama-server answered {response.status_code}"
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    return f"llama-server answered {response.status_code}"
 
 
 class LlamaCppApi:
@@ -51,7 +40,7 @@ class LlamaCppApi:
         except httpx.HTTPError as e:
             raise LlamaCppUnavailableError(f"llama-server did not answer: {type(e).__name__}") from None
         if r.status_code != 200:
-            raise EngineError(_error_text(r), 400 if r.status_code < 500 else 500)
+            raise EngineError(error_text(r, "llama-server"), 400 if r.status_code < 500 else 500)
         return r.json()
 
     def props(self) -> dict[str, Any]:
@@ -84,7 +73,7 @@ class CompletionStream:
             raise LlamaCppUnavailableError(f"llama-server did not answer: {type(e).__name__}") from None
         if self._response.status_code != 200:
             self._response.read()
-            message = _error_text(self._response)
+            message = error_text(self._response, "llama-server")
             self.close()
             raise EngineError(message, 400 if self._response.status_code < 500 else 500)
 
@@ -95,7 +84,7 @@ class CompletionStream:
                     continue
                 event = json.loads(line[6:])
                 if "error" in event:
-                    raise EngineError(_error_text_of(event), 500)
+                    raise EngineError(event_error_text(event), 500)
                 yield event
         except httpx.HTTPError:
             if not self._closed:
@@ -108,8 +97,3 @@ class CompletionStream:
                 self._cm.__exit__(None, None, None)
             except Exception:  # noqa: BLE001 - closing a connection that already broke
                 pass
-
-
-def _error_text_of(event: dict[str, Any]) -> str:
-    error = event.get("error")
-    return str(error.get("message") if isinstance(error, dict) else error)

@@ -12,7 +12,6 @@ the heartbeat so the watchdog replaces the engine; a cancelled stream closes its
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import Callable, Iterator
 
@@ -29,7 +28,7 @@ from engine.contract.protocol import (
 from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
 from engine.llamacpp.server import LlamaCppServer, speculative_type
 from engine.llamacpp.translate import IMAGE_TAG, completion_body, logprobs_of, multimodal_prompt, speculation_stats
-from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor
+from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor, close_when_cancelled
 from engine.parallel_slots import available_memory, resolve_num_parallel
 from engine.remote_prompt import prompt_tokens
 
@@ -38,7 +37,6 @@ DRAFTER_OF_TYPE = {"none": "none", "draft-simple": "model", "draft-eagle3": "mod
                    "ngram-simple": "ngram", "draft-mtp": "mtp"}
 DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash")
 KV_BYTES = 2  # llama-server's default cache type, f16
-CANCEL_POLL = 0.05
 
 
 class LlamaCppRuntime(BackendRuntime):
@@ -100,15 +98,7 @@ class LlamaCppRuntime(BackendRuntime):
         stream = self.api.stream_completion(completion_body(req, sent, n_predict,
                                                             draft_n_max=self.launch.draft_n_max))
         should_stop = should_stop or (lambda: False)
-        done = threading.Event()
-
-        def cancel_when_asked() -> None:  # a long prefill sends no chunk to check between
-            while not done.wait(CANCEL_POLL):
-                if should_stop():
-                    stream.close()
-                    return
-
-        threading.Thread(target=cancel_when_asked, name="tandem-llamacpp-cancel", daemon=True).start()
+        done = close_when_cancelled(stream, should_stop, "llamacpp")
         started = time.monotonic_ns()
         first = last = 0
         generated: list[int] = []

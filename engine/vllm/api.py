@@ -13,6 +13,7 @@ from typing import Any, Iterator
 
 import httpx
 
+from engine.backend_process import error_text, event_error_text
 from engine.contract.protocol import EngineError
 
 CONNECT_TIMEOUT = 5.0
@@ -24,20 +25,6 @@ class VllmUnavailableError(EngineError):
 
     def __init__(self, message: str):
         super().__init__(message, status=500)
-
-
-def _error_text(response: httpx.Response) -> str:
-    """vLLM's own message for a refused request (an OpenAI error object), without its internals."""
-    try:
-        body = response.json()
-    except ValueError:
-        return f"vLLM answered {response.status_code}"
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    if isinstance(body, dict) and "message" in body:
-        return str(body["message"])
-    return f"vLLM answered {response.status_code}"
 
 
 class VllmApi:
@@ -73,7 +60,7 @@ class VllmApi:
         except httpx.HTTPError as e:
             raise VllmUnavailableError(f"vLLM at {self.base_url} did not answer ({type(e).__name__})") from None
         if response.status_code != 200:
-            raise EngineError(f"vLLM refused the request: {_error_text(response)}",
+            raise EngineError(f"vLLM refused the request: {error_text(response, 'vLLM')}",
                               400 if response.status_code < 500 else 500)
         return response.json()
 
@@ -100,7 +87,7 @@ class CompletionStream:
         try:
             if self._response.status_code != 200:
                 self._response.read()
-                raise EngineError(f"vLLM refused the request: {_error_text(self._response)}",
+                raise EngineError(f"vLLM refused the request: {error_text(self._response, 'vLLM')}",
                                   400 if self._response.status_code < 500 else 500)
             for line in self._response.iter_lines():
                 if not line.startswith("data:"):
@@ -110,7 +97,7 @@ class CompletionStream:
                     return
                 event = json.loads(payload)
                 if "error" in event and not event.get("choices"):
-                    raise EngineError(f"vLLM failed the request: {_error_text_of(event)}", 500)
+                    raise EngineError(f"vLLM failed the request: {event_error_text(event)}", 500)
                 yield event
         except (httpx.HTTPError, httpx.StreamError, OSError) as e:
             if self._closed:  # closed from another thread (a cancel): the read it broke ends the stream
@@ -123,8 +110,3 @@ class CompletionStream:
         self._closed = True
         if self._response is not None:
             self._response.close()
-
-
-def _error_text_of(event: dict[str, Any]) -> str:
-    error = event.get("error")
-    return str(error.get("message") if isinstance(error, dict) else error)

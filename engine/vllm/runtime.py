@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
@@ -35,7 +34,7 @@ from engine.contract.protocol import (
     ModelFacts,
     TokenChunk,
 )
-from engine.backend_process import BackendRuntime, HealthMonitor
+from engine.backend_process import BackendRuntime, HealthMonitor, close_when_cancelled
 from engine.remote_prompt import prompt_tokens
 from engine.vllm.api import VllmApi, VllmUnavailableError
 from engine.contract.vllm_launch import VllmLaunch
@@ -43,7 +42,6 @@ from engine.vllm.server import VllmServer
 from engine.vllm.translate import completion_body, logprobs_of, refusal, speculation_stats
 
 AUTO_PARALLEL = 16  # sequences vLLM batches when TANDEM_NUM_PARALLEL does not say
-CANCEL_POLL = 0.05
 
 
 class VllmRuntime(BackendRuntime):
@@ -110,15 +108,7 @@ class VllmRuntime(BackendRuntime):
                   flush=True)
         stream = self.api.stream_completion(body)
         should_stop = should_stop or (lambda: False)
-        done = threading.Event()
-
-        def cancel_when_asked() -> None:  # a request waiting on a long prefill sends no chunk to check between
-            while not done.wait(CANCEL_POLL):
-                if should_stop():
-                    stream.close()
-                    return
-
-        threading.Thread(target=cancel_when_asked, name="tandem-vllm-cancel", daemon=True).start()
+        done = close_when_cancelled(stream, should_stop, "vllm")
         started = time.monotonic_ns()
         first = last = 0
         generated: list[int] = []
