@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from engine.backend_process import error_text, event_error_text
+from engine.backend_process import error_text, event_error_text, sse_data
 from engine.contract.protocol import EngineError
 
 CONNECT_TIMEOUT = 5.0
@@ -79,10 +79,8 @@ class CompletionStream:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         try:
-            for line in self._response.iter_lines():
-                if not line.startswith("data: "):
-                    continue
-                event = json.loads(line[6:])
+            for payload in sse_data(self._response):
+                event = json.loads(payload)
                 if "error" in event:
                     raise EngineError(event_error_text(event), 500)
                 yield event

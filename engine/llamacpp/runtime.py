@@ -28,7 +28,7 @@ from engine.contract.protocol import (
 from engine.llamacpp.api import LlamaCppApi, LlamaCppUnavailableError
 from engine.llamacpp.server import LlamaCppServer, speculative_type
 from engine.llamacpp.translate import IMAGE_TAG, completion_body, logprobs_of, multimodal_prompt, speculation_stats
-from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, HealthMonitor, close_when_cancelled
+from engine.backend_process import HEALTH_TIMEOUT, BackendRuntime, CancelWatcher, HealthMonitor
 from engine.parallel_slots import available_memory, resolve_num_parallel
 from engine.remote_prompt import prompt_tokens
 
@@ -51,6 +51,7 @@ class LlamaCppRuntime(BackendRuntime):
         self.facts = facts
         self._drafter = DRAFTER_OF_TYPE[facts.speculative_method or "none"]  # the statistics' name for it
         self.monitor = HealthMonitor("llama-server", self.api.healthy, server.process if server is not None else None)
+        self.cancels = CancelWatcher(self.name)
         # where an image goes in the prompt: llama-server's marker, random per server (None: it has no projector)
         props = api.props()
         vision = bool((props.get("modalities") or {}).get("vision"))
@@ -98,13 +99,14 @@ class LlamaCppRuntime(BackendRuntime):
         stream = self.api.stream_completion(completion_body(req, sent, n_predict,
                                                             draft_n_max=self.launch.draft_n_max))
         should_stop = should_stop or (lambda: False)
-        done = close_when_cancelled(stream, should_stop, "llamacpp")
+        unwatch = self.cancels.watch(stream, should_stop)
         started = time.monotonic_ns()
         first = last = 0
         generated: list[int] = []
         final: dict = {}
         try:
             for event in stream:
+                self.monitor.answered()
                 ids = [int(t) for t in event.get("tokens") or []]
                 text = event.get("content") or ""
                 if ids or text:
@@ -116,7 +118,7 @@ class LlamaCppRuntime(BackendRuntime):
                     final = event
                     break
         finally:
-            done.set()
+            unwatch()
             stream.close()
         if not final:
             if should_stop():

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 import httpx
 
-from engine.backend_process import error_text, event_error_text
+from engine.backend_process import error_text, event_error_text, sse_data
 from engine.contract.protocol import EngineError
 
 CONNECT_TIMEOUT = 5.0
@@ -89,11 +89,8 @@ class CompletionStream:
                 self._response.read()
                 raise EngineError(f"vLLM refused the request: {error_text(self._response, 'vLLM')}",
                                   400 if self._response.status_code < 500 else 500)
-            for line in self._response.iter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
+            for payload in sse_data(self._response):
+                if payload == b"[DONE]":
                     return
                 event = json.loads(payload)
                 if "error" in event and not event.get("choices"):

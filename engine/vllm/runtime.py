@@ -34,7 +34,7 @@ from engine.contract.protocol import (
     ModelFacts,
     TokenChunk,
 )
-from engine.backend_process import BackendRuntime, HealthMonitor, close_when_cancelled
+from engine.backend_process import BackendRuntime, CancelWatcher, HealthMonitor
 from engine.remote_prompt import prompt_tokens
 from engine.vllm.api import VllmApi, VllmUnavailableError
 from engine.contract.vllm_launch import VllmLaunch
@@ -56,6 +56,7 @@ class VllmRuntime(BackendRuntime):
         self.facts = facts
         self.method = method  # vLLM's speculative method, None without speculation
         self.monitor = HealthMonitor("vLLM", self.api.healthy, server.process if server is not None else None)
+        self.cancels = CancelWatcher(self.name)
 
     @classmethod
     def load(cls, spec: LoadSpec, timeout: float | None = None) -> "VllmRuntime":
@@ -108,13 +109,14 @@ class VllmRuntime(BackendRuntime):
                   flush=True)
         stream = self.api.stream_completion(body)
         should_stop = should_stop or (lambda: False)
-        done = close_when_cancelled(stream, should_stop, "vllm")
+        unwatch = self.cancels.watch(stream, should_stop)
         started = time.monotonic_ns()
         first = last = 0
         generated: list[int] = []
         finish, usage, metrics = None, {}, None
         try:
             for event in stream:
+                self.monitor.answered()
                 for choice in event.get("choices") or []:
                     ids = [int(t) for t in choice.get("token_ids") or []]
                     text = choice.get("text") or ""
@@ -127,7 +129,7 @@ class VllmRuntime(BackendRuntime):
                 if event.get("usage"):
                     usage, metrics = event["usage"], event.get("metrics")
         finally:
-            done.set()
+            unwatch()
             stream.close()
         first = first or time.monotonic_ns()
         cached = ((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0) if usage else 0

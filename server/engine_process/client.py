@@ -51,6 +51,18 @@ def await_exit_answer(conn, silence: float, cap: float) -> bool:
     return False
 
 
+class _Inbox:
+    """One stream's messages in arrival order, and the condition its consumer waits on: the reader wakes only the
+    stream a message is for (eight streams woken for each token of one cost the engine's cores under load)."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.messages: list[tuple] = []
+        self.ready = threading.Condition(lock)
+
+    def pop(self) -> tuple | None:
+        return self.messages.pop(0) if self.messages else None
+
+
 class EngineClient:
     def __init__(self, timeout: float | None = None) -> None:
         """``timeout``: seconds without any message from a busy engine before it counts as frozen
@@ -69,9 +81,10 @@ class EngineClient:
         child_conn.close()
         self._call_lock = threading.Lock()  # one call (not stream) in flight at a time
         self._send_lock = threading.Lock()
-        self._state = threading.Condition()  # guards what follows; notified on every routed message
+        self._lock = threading.Lock()  # guards what follows
+        self._state = threading.Condition(self._lock)  # notified on a call's answer and on failure
         self._replies: list[tuple] = []
-        self._streams: dict[int, list[tuple]] = {}
+        self._streams: dict[int, _Inbox] = {}  # each notified on its own messages and on failure
         self._next_id = 0
         self._failure: EngineCrashedError | None = None  # set once the engine died or was killed
         self._waiting = 0  # calls and streams waiting for the engine now
@@ -109,6 +122,8 @@ class EngineClient:
             if self._failure is None:
                 self._failure = error
             self._state.notify_all()
+            for inbox in self._streams.values():
+                inbox.ready.notify_all()
 
     def _start_reader(self) -> None:
         with self._state:
@@ -130,17 +145,19 @@ class EngineClient:
                 self._last_heard = time.monotonic()
                 kind = msg[0]
                 if kind in ("chunk", "done", "failed"):
-                    queue = self._streams.get(msg[1])
-                    if queue is not None:  # a stream its consumer abandoned may still send its last words
-                        queue.append(msg)
-                elif kind != "beat":
+                    inbox = self._streams.get(msg[1])
+                    if inbox is not None:  # a stream its consumer abandoned may still send its last words
+                        inbox.messages.append(msg)
+                        inbox.ready.notify()
+                elif kind != "beat":  # a beat wakes nobody: a waiter rechecks the silence at its own deadline
                     self._replies.append(msg)
-                self._state.notify_all()
+                    self._state.notify_all()
 
-    def _wait(self, ready, timeout: float | None):
-        """Wait until ``ready()`` returns a message (under the state lock), the engine fails, or it stays
-        silent past ``timeout`` (then it is killed)."""
-        with self._state:
+    def _wait(self, ready, timeout: float | None, condition: threading.Condition | None = None):
+        """Wait on ``condition`` (the calls' by default) until ``ready()`` returns a message (under the state
+        lock), the engine fails, or it stays silent past ``timeout`` (then it is killed)."""
+        condition = condition or self._state
+        with condition:
             self._waiting += 1
             try:
                 while True:
@@ -153,9 +170,9 @@ class EngineClient:
                         silent = time.monotonic() - self._last_heard
                         if silent >= timeout:
                             break
-                        self._state.wait(timeout - silent)
+                        condition.wait(timeout - silent)
                     else:
-                        self._state.wait()
+                        condition.wait()
             finally:
                 self._waiting -= 1
         raise self._unresponsive(timeout)
@@ -231,7 +248,7 @@ class EngineClient:
         with self._state:
             self._next_id += 1
             rid = self._next_id
-            self._streams[rid] = []
+            self._streams[rid] = _Inbox(self._lock)
         self._cancel.clear()
         return GenerationHandle(self, rid, req)
 
@@ -240,10 +257,10 @@ class EngineClient:
         try:
             self._start_reader()
             self._send(("generate", rid, req))
-            queue = self._streams[rid]
+            inbox = self._streams[rid]
             while True:
                 try:
-                    msg = self._wait(lambda: queue.pop(0) if queue else None, self._timeout)
+                    msg = self._wait(inbox.pop, self._timeout, inbox.ready)
                 except EngineCrashedError:
                     finished = True  # dead or killed: nothing left to drain
                     raise
@@ -260,8 +277,8 @@ class EngineClient:
             if not finished and self.alive():
                 try:
                     self._send(("cancel", rid))
-                    queue = self._streams[rid]
-                    while self._wait(lambda: queue.pop(0) if queue else None, self._timeout)[0] == "chunk":
+                    inbox = self._streams[rid]
+                    while self._wait(inbox.pop, self._timeout, inbox.ready)[0] == "chunk":
                         pass
                 except EngineError:
                     pass
