@@ -6,8 +6,9 @@
 Starts ``tandem serve`` on a fresh store and creates ``llamacpp`` (``PARAMETER engine llamacpp``) from the GGUF, with
 ``--draft`` also ``llamacpp-spec`` (the DRAFT pair through llama-server's draft-simple, depth 4), and with
 ``--native`` the same model on tandem's own engine (``native``). The ``llamacpp`` model's own llama-server (its
-``/api/ps`` endpoint) is measured directly too (``llamacpp-direct``): one process, with and without tandem in front,
-so the ratio is tandem's overhead alone (its HTTP front, the engine process relaying the stream, its rendering).
+``/api/ps`` endpoint) is measured directly too (``llamacpp-direct``; the pair's as ``llamacpp-spec-direct``): one
+process, with and without tandem in front, so the ratio is tandem's overhead alone (its HTTP front, the engine process
+relaying the stream, its rendering).
 Every level runs every target in turn, each round, every other round in reverse (the host drifts). Every client
 streams one greedy completion of the same chat-formatted text: from llama-server's own ``/v1/completions``, and from
 tandem's ``/api/generate`` in raw mode (the same tokens).
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         # beside that write measures the write (0.71x instead of 0.96x for the llamacpp target through tandem)
         time.sleep(args.settle)
         targets.insert(1, ("llamacpp-direct", endpoint_of(url, "llamacpp"), "direct", stream_completion))
+        if args.draft:
+            targets.insert(3, ("llamacpp-spec-direct", endpoint_of(url, "llamacpp-spec"), "direct", stream_completion))
         cells = interleaved_rounds(targets, levels, args.rounds, args.tokens)
     finally:
         stop_server(proc)
@@ -77,14 +80,15 @@ def main(argv: list[str] | None = None) -> int:
              + (f" --draft {Path(args.draft).name}" if args.draft else "") + (" --native" if args.native else "")
              + f" --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}`", "",
              "× direct: the median over rounds of this target's aggregate over llama-server's own in the same round "
-             "(llamacpp and llamacpp-direct are one llama-server process). × plain: over the same engine without "
-             "speculation.", "",
+             "(llamacpp and llamacpp-direct are one llama-server process, llamacpp-spec and llamacpp-spec-direct "
+             "another; native against llamacpp-direct). × plain: over the same engine without speculation.", "",
              "| target | clients | aggregate tok/s | × direct | × plain | stream tok/s (median) | inter-token ms p50 "
              "| drafted (accepted) |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for (label, c), runs in cells.items():
         agg = statistics.median(r["aggregate"] for r in runs)
-        direct = cells.get(("llamacpp-direct", c))
-        plain = cells.get(("llamacpp", c)) if label == "llamacpp-spec" else None
+        spec = label.startswith("llamacpp-spec")
+        direct = cells.get(("llamacpp-spec-direct" if spec else "llamacpp-direct", c))
+        plain = cells.get(("llamacpp-direct" if label.endswith("direct") else "llamacpp", c)) if spec else None
 
         def ratio(other):
             return f"{statistics.median(r['aggregate'] / o['aggregate'] for r, o in zip(runs, other)):.3f}" \
