@@ -752,8 +752,13 @@ class BlobStore:
                 self._unlink_manifest(r.path, self.manifests_v2_dir)
 
     def write_manifest(self, name: ModelName | str, manifest: Manifest) -> None:
+        self.write_manifest_bytes(name, manifest.to_json(), manifest)
+
+    def write_manifest_bytes(self, name: ModelName | str, data: bytes, manifest: Manifest | None = None) -> None:
+        """Write ``data`` as ``name``'s manifest, byte for byte (a pulled manifest keeps the registry's bytes, so the
+        model keeps its digest), once every blob it names is in the store."""
         name = ModelName.parse(name)
-        data = manifest.to_json()
+        manifest = manifest or Manifest.from_json(data)
         with self._lock(exclusive=False):
             for layer in manifest.all_layers():
                 if not self.has_blob(layer.digest):

@@ -24,6 +24,13 @@ if [ ! -f /usr/include/simde/x86/avx512.h ] && command -v apt-get >/dev/null 2>&
     { timeout 180 apt-get update -qq >/dev/null 2>&1 && timeout 180 apt-get install -y -qq libsimde-dev >/dev/null 2>&1; } ||
     echo "libsimde-dev not installed: the emulated AVX-512 kernel tests will skip"
 fi
+# Debian's docker-registry (the distribution registry, 2.8): the pull and push tests run against it on a loopback
+# port (tests/registry_server.py); without it they skip. Its own service is not started (no systemd in CI).
+if ! command -v docker-registry >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  timeout 300 apt-get install -y -qq docker-registry >/dev/null 2>&1 ||
+    { timeout 180 apt-get update -qq >/dev/null 2>&1 && timeout 300 apt-get install -y -qq docker-registry >/dev/null 2>&1; } ||
+    echo "docker-registry not installed: the registry pull and push tests will skip"
+fi
 # libggml-base, llama.cpp's quantization code, from llama-cpp-python's pinned source (only that one library:
 # ~15 s on 2 cores, not the ten-minute build of the whole package): the quantizer and dequantizer tests compare
 # against it byte for byte (tests/libggml.py; scripts/test.sh points TANDEM_LIBGGML_BASE at it).

@@ -24,6 +24,8 @@
 | TANDEM_VLLM_MODEL      | (tandem only)           | (none): the model at TANDEM_VLLM_URL (its first) |
 | TANDEM_VLLM_ARGS       | (tandem only)           | (none): more vLLM flags, shell-quoted |
 | TANDEM_CREATE_PATHS    | (tandem only)           | (none)                  |
+| TANDEM_REGISTRY        | (tandem only)           | (none): the registry serving names without a host (e.g. http://127.0.0.1:5000) instead of registry.ollama.ai |
+| TANDEM_REGISTRY_USER, TANDEM_REGISTRY_PASSWORD | (tandem only) | (none): credentials for a registry that asks |
 
 TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Linux, as PATH is) whose files an
 `/api/create` naming local paths may read; by default none, so files reach the server only as uploaded blobs.
@@ -295,6 +297,20 @@ class VllmSettings:
                    model=env_value(env, "TANDEM_VLLM_MODEL").strip(), args=args)
 
 
+@dataclass(frozen=True)
+class RegistrySettings:
+    """Where pulls and pushes of names without a host go (importer.registry), and with what credentials."""
+
+    url: str = ""  # TANDEM_REGISTRY; "" = registry.ollama.ai, as Ollama
+    user: str = ""  # TANDEM_REGISTRY_USER
+    password: str = ""  # TANDEM_REGISTRY_PASSWORD
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> "RegistrySettings":
+        return cls(url=env_value(env, "TANDEM_REGISTRY").strip(), user=env_value(env, "TANDEM_REGISTRY_USER"),
+                   password=env_value(env, "TANDEM_REGISTRY_PASSWORD"))
+
+
 def env_timeout(env: Mapping[str, str], key: str, default: float) -> float:
     """A timeout variable: a Go duration or integer seconds (as TANDEM_LOAD_TIMEOUT); unparseable =
     the default; zero or negative = no limit (math.inf)."""
@@ -338,6 +354,7 @@ class Settings:
     weight_format: str = "auto"  # the target's weight format when neither model nor request says
     engine: str = "auto"  # the engine when neither model nor request says (TANDEM_ENGINE)
     vllm: VllmSettings = field(default_factory=VllmSettings)
+    registry: RegistrySettings = field(default_factory=RegistrySettings)
     create_paths: tuple[Path, ...] = ()  # directories an HTTP create may read local files from
     engine_timeout: float = DEFAULT_ENGINE_TIMEOUT  # the watchdog's bound (server.lifecycle); inf = off
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
@@ -366,6 +383,7 @@ class Settings:
             weight_format=env_weight_format(env),
             engine=env_choice(env, "TANDEM_ENGINE", "engine", "auto"),
             vllm=VllmSettings.from_env(env),
+            registry=RegistrySettings.from_env(env),
             create_paths=create_paths(env),
             engine_timeout=env_timeout(env, "TANDEM_ENGINE_TIMEOUT", DEFAULT_ENGINE_TIMEOUT),
             max_request_bytes=_env_uint(env, "TANDEM_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),

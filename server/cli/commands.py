@@ -31,6 +31,7 @@ from engine.contract.gguf import format_parameter_count
 from modelfile import ParseError, parse
 
 from .client import APIError, Client, ServerBlobSink
+from .progress import TransferProgress, human_bytes
 from .bench.command import add_arguments as bench_arguments
 from .train_drafter import add_arguments as train_drafter_arguments
 from ..show import model_info, modelfile_text, parameters_text, projector_info
@@ -38,15 +39,6 @@ from ..show import model_info, modelfile_text, parameters_text, projector_info
 
 class CLIError(Exception):
     pass
-
-
-def human_bytes(n: int) -> str:
-    """Ollama's format.HumanBytes (decimal units)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
-    return f"{n} B"
 
 
 def human_time_ago(t: datetime, now: datetime | None = None) -> str:
@@ -408,22 +400,29 @@ def print_stats(final: dict, out=None) -> None:
         line("position acceptance", "  ".join(f"{i + 1}: {100 * a:.1f}%" for i, a in enumerate(by_pos)))
 
 
-def _ensure_model(client: Client, name: str) -> dict:
+def _ensure_model(client: Client, name: str, insecure: bool = False) -> dict:
     """The model's /api/show; pulled first when missing, as `ollama run` does."""
     try:
         return client.show(name)
     except APIError as e:
         if e.status != 404:
             raise
-    _pull(client, name)
+    _pull(client, name, insecure)
     return client.show(name)
 
 
-def _pull(client: Client, name: str) -> None:
-    progress = _print_progress(print)
-    for event in client.pull(name):
-        status = event.get("status", "")
-        progress(ProgressEvent(status, event.get("digest"), event.get("total"), event.get("completed")))
+def _pull(client: Client, name: str, insecure: bool = False) -> None:
+    _transfer(client.pull(name, insecure=insecure))
+
+
+def _transfer(events) -> None:
+    """Draw a pull's or a push's progress stream (server.cli.progress)."""
+    progress = TransferProgress()
+    try:
+        for event in events:
+            progress(event)
+    finally:
+        progress.close()
 
 
 class _Session:
@@ -620,7 +619,7 @@ def _show_interactive(session: _Session, client: Client, args: list[str]) -> Non
 def cmd_run(args: argparse.Namespace, store: BlobStore) -> None:
     client = Client()
     try:
-        _ensure_model(client, args.model)
+        _ensure_model(client, args.model, args.insecure)
         prompt = " ".join(args.prompt)
         piped = None if sys.stdin.isatty() else sys.stdin.read()
         if piped is not None:
@@ -739,7 +738,15 @@ def cmd_stop(args: argparse.Namespace, store: BlobStore) -> None:
 def cmd_pull(args: argparse.Namespace, store: BlobStore) -> None:
     with Client() as client:
         try:
-            _pull(client, args.model)
+            _pull(client, args.model, args.insecure)
+        except APIError as e:
+            raise CLIError(str(e)) from None
+
+
+def cmd_push(args: argparse.Namespace, store: BlobStore) -> None:
+    with Client() as client:
+        try:
+            _transfer(client.push(args.model, insecure=args.insecure))
         except APIError as e:
             raise CLIError(str(e)) from None
 
@@ -781,6 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--truncate", type=lambda v: v.lower() in ("1", "true", "yes"), nargs="?", const=True,
                    default=None, help="For embedding models: truncate inputs exceeding the context (default true)")
     r.add_argument("--dimensions", type=int, default=0, help="For embedding models: keep this many dimensions")
+    r.add_argument("--insecure", action="store_true", help="Pull a missing model from an insecure registry (http)")
     r.set_defaults(func=cmd_run)
 
     ps = sub.add_parser("ps", help="List running models")
@@ -799,9 +807,16 @@ def build_parser() -> argparse.ArgumentParser:
     train_drafter_arguments(td)
     td.set_defaults(func=cmd_train_drafter)
 
-    pl = sub.add_parser("pull", help="Pull a model from Hugging Face (hf.co/<org>/<repo>[:<quant>]): the GGUF of that quant, or a safetensors repo")
+    pl = sub.add_parser("pull", help="Pull a model from a registry (the Ollama library, host/namespace/model:tag; "
+                                     "TANDEM_REGISTRY for names without a host) or from Hugging Face (hf.co/<org>/<repo>[:<quant>])")
     pl.add_argument("model")
+    pl.add_argument("--insecure", action="store_true", help="Use an insecure registry (plain http)")
     pl.set_defaults(func=cmd_pull)
+
+    pu = sub.add_parser("push", help="Push a model to a registry (tandem cp it to host/namespace/model:tag first)")
+    pu.add_argument("model")
+    pu.add_argument("--insecure", action="store_true", help="Use an insecure registry (plain http)")
+    pu.set_defaults(func=cmd_push)
 
     c = sub.add_parser("create", help="Create a model from a Modelfile")
     c.add_argument("model")

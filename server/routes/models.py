@@ -1,5 +1,5 @@
 """Ollama's model-management endpoints: /api/create and /api/blobs, /api/tags, /api/show, /api/copy,
-/api/delete, /api/ps, /api/push (refused) and /api/version.
+/api/delete, /api/ps and /api/version.
 
 Create answers NDJSON progress like pull; the others answer one JSON object (or an empty 200).
 """
@@ -330,11 +330,6 @@ async def ps(request: Request) -> Response:
                        "num_parallel": facts.num_parallel},
         })
     return json_response({"models": models})
-
-
-@router.post("/api/push")
-async def push(request: Request) -> Response:
-    raise ApiError(400, "pushing models is not supported by tandem; share the GGUF files or the models directory")
 
 
 #: The Ollama release whose API this server mirrors, reported as /api/version's `version`: clients gate

@@ -15,7 +15,8 @@ import pytest
 from blobs import BlobStore
 from server.cli.client import Client
 from server.cli.commands import _command, _Session, main
-from tests.server_thread import ServerThread, write_pair
+from server.settings import RegistrySettings
+from tests.server_thread import ServerThread, free_port, write_pair
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -145,10 +146,15 @@ def test_cli_run_ps_stop_pull(srv: ServerThread, tmp_path: Path, monkeypatch: py
     assert "cli-model:latest" not in capsys.readouterr().out
     assert main(["stop", "cli-model"]) == 1
     assert 'couldn\'t find model "cli-model" to stop' in capsys.readouterr().err
+    down = f"http://127.0.0.1:{free_port()}"  # the registry for library names: down
+    monkeypatch.setattr(srv.app.state.ctx.settings, "registry", RegistrySettings(url=down))
     assert main(["pull", "llama3.2"]) == 1
-    assert "pulling from registry.ollama.ai is not supported" in capsys.readouterr().err
-    assert main(["run", "no-such-model", "hi"]) == 1
-    assert "Error: pulling from registry.ollama.ai is not supported" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[0] == "pulling manifest"
+    assert f'Error: pull model manifest: Get "{down}/v2/library/llama3.2/manifests/latest": connection refused' \
+        in captured.err
+    assert main(["run", "no-such-model", "hi"]) == 1  # run pulls a missing model first, as `ollama run`
+    assert "Error: pull model manifest: Get " in capsys.readouterr().err
 
 
 def test_interactive_commands(srv: ServerThread, capsys: pytest.CaptureFixture) -> None:

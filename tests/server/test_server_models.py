@@ -14,9 +14,9 @@ import ollama
 import pytest
 
 from engine.contract.gguf import GGUFFile
-from server.settings import Settings
+from server.settings import RegistrySettings, Settings
 from tests.hf_mock import HFMock
-from tests.server_thread import ServerThread, make_store, ndjson, parse_time, write_pair
+from tests.server_thread import ServerThread, free_port, make_store, ndjson, parse_time, write_pair
 from tests.tiny_gguf import CHATML_TEMPLATE, TinySpec, write_tiny_gguf
 
 
@@ -201,6 +201,10 @@ def test_pull_from_hf(http: httpx.Client, srv: ServerThread, monkeypatch: pytest
         assert r.status_code == 404 and "not found" in r.json()["error"]
     finally:
         hub.close()
-    r = http.post("/api/pull", json={"model": "llama3.2"})
-    assert r.status_code == 400
-    assert r.json() == {"error": "pulling from registry.ollama.ai is not supported; use hf.co/<org>/<repo>[:<quant>]"}
+    # a library name goes to the registry (TANDEM_REGISTRY here: one that is down)
+    down = f"http://127.0.0.1:{free_port()}"
+    monkeypatch.setattr(srv.app.state.ctx.settings, "registry", RegistrySettings(url=down))
+    r = http.post("/api/pull", json={"model": "llama3.2", "stream": False})
+    assert r.status_code == 500
+    assert r.json() == {"error": f'pull model manifest: Get "{down}/v2/library/llama3.2/manifests/latest": '
+                                 "connection refused"}

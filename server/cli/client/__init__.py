@@ -118,8 +118,11 @@ class Client:
     def create(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         return self._stream("/api/create", {**body, "stream": True})
 
-    def pull(self, name: str) -> Iterator[dict[str, Any]]:
-        return self._stream("/api/pull", {"model": name, "stream": True})
+    def pull(self, name: str, insecure: bool = False) -> Iterator[dict[str, Any]]:
+        return self._stream("/api/pull", {"model": name, "stream": True, **({"insecure": True} if insecure else {})})
+
+    def push(self, name: str, insecure: bool = False) -> Iterator[dict[str, Any]]:
+        return self._stream("/api/push", {"model": name, "stream": True, **({"insecure": True} if insecure else {})})
 
     def generate(self, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
         return self._stream("/api/generate", {**body, "stream": True})
