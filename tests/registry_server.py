@@ -28,10 +28,10 @@ def free_port() -> int:
 
 
 class Registry:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, port: int | None = None):
         folder.mkdir(parents=True, exist_ok=True)
         self.storage = folder / "storage"
-        self.port = free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = folder / "config.yml"
         config.write_text(f"""version: 0.1

@@ -113,6 +113,10 @@ async def _embed(ctx: ServerContext, endpoint: str, name: str, model: StoredMode
     if not inputs:
         lease.release()
         return _Embedded([], 0, load_ns)
+    if options.explicit_or("num_ctx", 1) <= 0:
+        # Ollama's embed handler takes an explicit num_ctx as the context, 0 included: nothing fits in it
+        lease.release()
+        raise ApiError(400, "input after truncation exceeds maximum context length")
     retried = False
     while True:
         num_ctx = options.effective_num_ctx(lease.runner.facts.context_length)

@@ -84,6 +84,10 @@ def test_truncate_false_and_too_long(srv: ServerThread) -> None:
     assert r.status_code == 400 and r.json() == {"error": "the input length exceeds the context length"}
     r = httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": long}, timeout=60)
     assert r.status_code == 200 and r.json()["prompt_eval_count"] == 64
+    for num_ctx in (0, 1, 2):  # an explicit context with no room for a token between [CLS] and [SEP], as Ollama
+        r = httpx.post(f"{srv.url}/api/embed", json={"model": "minibert", "input": "x y", "truncate": True,
+                                                     "options": {"num_ctx": num_ctx}}, timeout=60)
+        assert (r.status_code, r.json()) == (400, {"error": "input after truncation exceeds maximum context length"})
 
 
 def test_empty_inputs_and_bad_inputs(srv: ServerThread) -> None:

@@ -18,7 +18,7 @@ import httpx
 import ollama
 import pytest
 
-from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_LICENSE, BlobStore, Layer
+from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_LICENSE, MEDIA_TYPE_MESSAGES, BlobStore, Layer
 from server.cli.commands import main
 from server.settings import RegistrySettings, Settings
 from tests.registry_server import CountingProxy
@@ -41,6 +41,12 @@ def _answer(url: str, model: str) -> dict:
 def test_pushed_from_one_server_pulled_into_another_answers_the_same(registry, tmp_path: Path):
     (tmp_path / "a").mkdir()
     source = make_store(tmp_path / "a")
+    manifest = source.read_manifest("tiny")  # with layers an Ollama library model carries and tandem only keeps
+    for media_type, data in ((MEDIA_TYPE_LICENSE, b"Apache License 2.0"),
+                             (MEDIA_TYPE_MESSAGES, b'[{"role":"user","content":"hi"},{"role":"assistant","content":"hello"}]')):
+        digest, size = source.write_blob(data)
+        manifest.layers.append(Layer(media_type, digest, size))
+    source.write_manifest("tiny", manifest)
     with _server(source, registry.url) as a, _server(BlobStore(tmp_path / "b"), registry.url) as b:
         pushed = list(ollama.Client(host=a.url, timeout=120).push("tiny", stream=True))
         assert pushed[0].status == "retrieving manifest" and pushed[-1].status == "success"
@@ -51,6 +57,9 @@ def test_pushed_from_one_server_pulled_into_another_answers_the_same(registry, t
         tags = {m["name"]: m["digest"] for m in httpx.get(b.url + "/api/tags").json()["models"]}
         assert tags == {"tiny:latest": source.entry("tiny").digest}
         assert b.store.read_manifest("tiny").layer(MEDIA_TYPE_DRAFT) is not None  # the pair speculates there too
+        shown = httpx.post(b.url + "/api/show", json={"model": "tiny"}).json()
+        assert shown["license"] == "Apache License 2.0"
+        assert shown["messages"] == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
         here, there = _answer(a.url, "tiny"), _answer(b.url, "tiny")
         assert (there["response"], there["context"]) == (here["response"], here["context"])
         assert there["drafter"].startswith("model") and there["draft_n"] > 0
