@@ -5,13 +5,19 @@ Ollama's registry does."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import http.client
 import http.server
+import json
+import os
 import shutil
 import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 from typing import Iterator
@@ -27,8 +33,81 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class TokenIssuer:
+    """Distribution's token authentication, the issuing side: an RSA key and its self-signed certificate made with
+    ``openssl`` (the registry trusts the certificate's key, named by libtrust's key id), and a ``/token`` endpoint
+    that grants what the ``scope`` asks, to anyone or, with ``user`` set, to that user's basic credentials only."""
+
+    SERVICE = "tandem-test-registry"
+    ISSUER = "tandem-test-issuer"
+
+    def __init__(self, folder: Path, user: tuple[str, str] | None = None):
+        folder.mkdir(parents=True, exist_ok=True)
+        self.key, self.cert = folder / "token.key", folder / "token.crt"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(self.key),
+                        "-out", str(self.cert), "-days", "2", "-subj", "/CN=tandem-test-issuer"], check=True,
+                       capture_output=True)
+        pub = subprocess.run(["openssl", "x509", "-in", str(self.cert), "-pubkey", "-noout"], check=True,
+                             capture_output=True).stdout
+        der = subprocess.run(["openssl", "pkey", "-pubin", "-outform", "DER"], input=pub, check=True,
+                             capture_output=True).stdout
+        b32 = base64.b32encode(hashlib.sha256(der).digest()[:30]).decode().rstrip("=")
+        self.kid = ":".join(b32[i:i + 4] for i in range(0, len(b32), 4))
+        self.user = user
+        self.issued = 0
+        issuer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                if issuer.user is not None:
+                    expected = "Basic " + base64.b64encode(":".join(issuer.user).encode()).decode()
+                    if self.headers.get("Authorization") != expected:
+                        self.send_response(401)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return
+                body = json.dumps({"token": issuer.token(query.get("scope", []))}).encode()
+                issuer.issued += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def token(self, scopes: list[str]) -> str:
+        access = []
+        for scope in " ".join(scopes).split():
+            kind, name, actions = scope.split(":", 2) if scope.count(":") >= 2 else (scope, "", "")
+            access.append({"type": kind, "name": name, "actions": [a for a in actions.split(",") if a]})
+        now = int(time.time())
+        header = {"typ": "JWT", "alg": "RS256", "kid": self.kid}
+        claims = {"iss": self.ISSUER, "sub": "tester", "aud": self.SERVICE, "exp": now + 300, "nbf": now - 10,
+                  "iat": now, "jti": os.urandom(8).hex(), "access": access}
+        part = lambda obj: base64.urlsafe_b64encode(json.dumps(obj).encode()).rstrip(b"=").decode()  # noqa: E731
+        signing_input = f"{part(header)}.{part(claims)}"
+        signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.key)], input=signing_input.encode(),
+                                   check=True, capture_output=True).stdout
+        return signing_input + "." + base64.urlsafe_b64encode(signature).rstrip(b"=").decode()
+
+    def auth_config(self) -> str:
+        return (f"auth:\n  token:\n    realm: {self.realm}\n    service: {self.SERVICE}\n"
+                f"    issuer: {self.ISSUER}\n    rootcertbundle: {self.cert}\n")
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class Registry:
-    def __init__(self, folder: Path, port: int | None = None):
+    def __init__(self, folder: Path, port: int | None = None, issuer: TokenIssuer | None = None):
         folder.mkdir(parents=True, exist_ok=True)
         self.storage = folder / "storage"
         self.port = port or free_port()
@@ -44,7 +123,7 @@ storage:
     enabled: true
 http:
   addr: 127.0.0.1:{self.port}
-""")
+""" + (issuer.auth_config() if issuer else ""))
         self._log = open(folder / "registry.log", "wb")
         self.proc = subprocess.Popen([REGISTRY, "serve", str(config)], stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
@@ -53,6 +132,9 @@ http:
                 with urllib.request.urlopen(self.url + "/v2/", timeout=2) as r:
                     if r.status == 200:
                         break
+            except urllib.error.HTTPError as e:
+                if e.code == 401:  # up, and asking for a token
+                    break
             except OSError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:

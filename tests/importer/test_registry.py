@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from blobs import MEDIA_TYPE_LICENSE, MEDIA_TYPE_MESSAGES, BlobStore, Layer
-from importer.registry import Downloads, PullSettings, RegistryError, pull_model, push_model, resolve
+from importer.registry import Credentials, Downloads, PullSettings, RegistryError, pull_model, push_model, resolve
 from importer.registry.download import part_bounds
-from tests.registry_server import CountingProxy, free_port
+from tests.registry_server import REGISTRY, CountingProxy, Registry, TokenIssuer, free_port
 from tests.server_thread import make_store
 
 SMALL_PARTS = PullSettings(min_part_size=1 << 18)  # 256 KiB parts: a 4 MiB layer comes in 16
@@ -129,6 +129,32 @@ def test_bearer_challenge_is_answered_with_a_token_and_a_refused_token_is_unauth
         assert e.value.status == 401
     finally:
         proxy.close()
+
+
+def test_distribution_token_auth_pull_and_push_with_credentials(source: BlobStore, tmp_path: Path):
+    """The registry itself asks for a token (distribution's token auth, a JWT signed by a key it trusts): tandem
+    follows the challenge to the realm with the credentials it was given; without them the realm refuses it."""
+    if REGISTRY is None:
+        pytest.skip("docker-registry is not installed")
+    issuer = TokenIssuer(tmp_path / "issuer", user=("alice", "s3cret"))
+    reg = Registry(tmp_path / "registry", issuer=issuer)
+    try:
+        alice = Credentials("alice", "s3cret")
+        events = []
+        push_model(source, "big", events.append, registry=reg.url, credentials=alice, chunk_size=1 << 20)
+        assert events[-1].status == "success" and issuer.issued >= 1
+        dest = BlobStore(tmp_path / "dest")
+        pull_model(dest, "big", lambda e: None, downloads=Downloads(SMALL_PARTS), registry=reg.url, credentials=alice)
+        _same_model(source, dest, "big")
+        for who in (None, Credentials("alice", "wrong")):
+            with pytest.raises(RegistryError, match="^pull model manifest: unauthorized: access denied$"):
+                pull_model(BlobStore(tmp_path / "other"), "big", lambda e: None, downloads=Downloads(),
+                           registry=reg.url, credentials=who)
+        with pytest.raises(RegistryError, match="unauthorized: access denied"):
+            push_model(source, "tiny", lambda e: None, registry=reg.url)
+    finally:
+        reg.stop()
+        issuer.close()
 
 
 def test_a_dropped_connection_resumes_where_it_stopped(registry, source: BlobStore, tmp_path: Path):
