@@ -1,7 +1,8 @@
 """Concurrent clients against a real server: aggregate and per-stream tokens/s, inter-token latency.
 
     python -m benchmarks.serving --model target.gguf [--draft draft.gguf] [--levels 1,2,4,8] [--tokens 64]
-        [--rounds 2] [--parallel 8] [--vllm-url http://127.0.0.1:8000 --vllm-model NAME] [--markdown out.md]
+        [--rounds 2] [--parallel 8] [--widths 1,2,4,8] [--prefill-tokens 1700] [--no-anchor] [--llama-server PATH]
+        [--vllm-url http://127.0.0.1:8000 --vllm-model NAME] [--markdown out.md]
 
 Starts ``tandem serve`` on a free loopback port with a fresh store, creates the plain model (``FROM``) and,
 with ``--draft``, the speculative pair (``FROM`` + ``DRAFT``), then for each round and each concurrency level
@@ -12,6 +13,15 @@ start it yourself). Reported per (server, model, C), medians over rounds: aggreg
 tokens, as the servers' usage counts them, over the level's wall time), the median stream's tokens/s (first
 to last chunk), p50/p95 over the streams of their mean inter-token latency, and the p95 gap between two
 chunks of a stream (a speculative round streams several tokens in one chunk: what a reader sees as a stall).
+
+tandem's models are asked through ``/api/generate`` in raw mode, so they get the very text a server's own
+``/v1/completions`` gets. Beside them, unless ``--no-anchor``: llama-server on the same GGUF with ``-np
+--parallel`` (the binary the llamacpp engine uses, or ``--llama-server PATH``), started by tandem as the ``anchor``
+model and asked directly at its own ``/v1/completions``. Before the server starts, ``benchmarks.decode`` measures
+the native engine's forward at each width (``--widths``, default the levels) in the same run: a level of C clients
+can at best reach C / (forward time at width C) tokens/s, printed as the ceiling with the share reached. With
+``--prefill-tokens N`` (default 1700) every round also times one request with an N-token prompt (a fresh one each
+time, so no cache holds it) and one generated token per target: prompt tokens / seconds.
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+import uuid
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
@@ -156,10 +167,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(home: Path, parallel: int) -> tuple[subprocess.Popen, str]:
+def start_server(home: Path, parallel: int, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, TANDEM_HOST=f"127.0.0.1:{port}", TANDEM_MODELS=str(home / "models"),
-               TANDEM_NUM_PARALLEL=str(parallel), TANDEM_KEEP_ALIVE="-1", TANDEM_CREATE_PATHS=str(home))
+               TANDEM_NUM_PARALLEL=str(parallel), TANDEM_KEEP_ALIVE="-1", TANDEM_CREATE_PATHS=str(home),
+               **(extra_env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(home / "serve.log", "w"))
     url = f"http://127.0.0.1:{port}"
@@ -180,6 +192,41 @@ def create(url: str, name: str, modelfile: str) -> None:
         r.read()
 
 
+PREFILL_TEXT = ("The committee met on a grey morning to review the harbour's accounts, the state of the old pier, the "
+                "ferry timetable for the winter and a letter from the school asking for a crossing guard. ")
+
+
+def prefill_rate(url: str, model: str, tokens: int, raw: bool) -> dict:
+    """One request whose prompt is about ``tokens`` tokens (fresh text: no cache holds it) and one generated token:
+    the prompt tokens the server counted over the request's wall time. ``raw``: tandem's /api/generate in raw
+    mode, else a server's own /v1/completions."""
+    text = CHATML.format(f"Request {uuid.uuid4().hex}. Summarise the minutes below.\n\n"
+                         + PREFILL_TEXT * max(1, tokens // 40))
+    if raw:
+        path, body = "/api/generate", {"model": model, "prompt": text, "raw": True, "stream": False,
+                                        "options": {"temperature": 0, "num_predict": 1}}
+    else:
+        path, body = "/v1/completions", {"model": model, "prompt": text, "max_tokens": 1, "temperature": 0}
+    req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=3600) as r:
+        answer = json.load(r)
+    seconds = time.perf_counter() - t0
+    count = int(answer.get("prompt_eval_count") or 0) if raw else int((answer.get("usage") or {}).get("prompt_tokens") or 0)
+    return {"tokens": count, "seconds": seconds, "rate": count / seconds}
+
+
+def width_costs(model: str, widths: list[int], home: Path) -> dict[int, float]:
+    """The native engine's forward at each width, ms (median), measured by benchmarks.decode in a child process."""
+    out = home / "widths.json"
+    cmd = [sys.executable, "-m", "benchmarks.decode", model, "--formats", "auto", "--no-llama", "--reps", "2",
+           "--warmup", "1", "--tokens", "8", "--prefill", "64", "--bw-mib", "64",
+           "--widths", ",".join(str(w) for w in sorted({1, *widths})), "--json", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=open(home / "widths.log", "w"))
+    result = json.loads(out.read_text())["results"][0]
+    return {int(w): v["median"] for w, v in result["width_ms"].items() if v.get("median")}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
@@ -188,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--parallel", type=int, default=8, help="TANDEM_NUM_PARALLEL for the server")
+    ap.add_argument("--widths", help="forward widths the ceiling comes from (default: the levels); 'none' skips")
+    ap.add_argument("--prefill-tokens", type=int, default=1700, help="a long prompt's length (0: not measured)")
+    ap.add_argument("--no-anchor", action="store_true", help="do not measure llama-server beside tandem")
+    ap.add_argument("--llama-server", help="the llama-server binary (default: the one the llamacpp engine uses)")
     ap.add_argument("--vllm-url")
     ap.add_argument("--vllm-model")
     ap.add_argument("--markdown")
@@ -196,24 +247,37 @@ def main(argv: list[str] | None = None) -> int:
     home = Path(tempfile.mkdtemp(prefix="tandem-serving-"))
     for src in filter(None, (args.model, args.draft)):
         shutil.copy(src, home / Path(src).name) if not (home / Path(src).name).exists() else None
-    proc, url = start_server(home, args.parallel)
+    widths = [] if args.widths == "none" else [int(x) for x in (args.widths or args.levels).split(",") if x]
+    costs = width_costs(str(home / Path(args.model).name), widths, home) if widths else {}
+    proc, url = start_server(home, args.parallel,
+                             {"TANDEM_LLAMA_SERVER": args.llama_server} if args.llama_server else None)
     cells: dict[tuple[str, str, int], list[dict]] = {}
+    prefill: dict[tuple[str, str], list[dict]] = {}
     try:
-        models = {"plain": f"FROM {home / Path(args.model).name}\n"}
+        models = {"plain": f"FROM {home / Path(args.model).name}\nPARAMETER engine native\n"}
         if args.draft:
             models["draft"] = models["plain"] + f"DRAFT {home / Path(args.draft).name}\n"
         for name, mf in models.items():
             create(url, name, mf)
-        targets = [("tandem", url, name) for name in models]
+        targets = [("tandem", url, name, stream_raw) for name in models]
+        if not args.no_anchor:
+            create(url, "anchor", f"FROM {home / Path(args.model).name}\nPARAMETER engine llamacpp\n"
+                                  "PARAMETER drafter none\n")
+            run_level(url, "anchor", 1, 8, stream_raw)  # loads llama-server; asked directly from here on
+            targets.append(("llama-server", endpoint_of(url, "anchor"), "plain", stream_completion))
         if args.vllm_url:
-            targets.append(("vllm", args.vllm_url, args.vllm_model or "model"))
-        for server, u, name in targets:  # warm: load, compile kernel shapes
-            run_level(u, name, 1, 8)
+            targets.append(("vllm", args.vllm_url, args.vllm_model or "model", stream_completion))
+        for server, u, name, stream in targets:  # warm: load, compile kernel shapes
+            run_level(u, name, 1, 8, stream)
         for rnd in range(args.rounds):
             for c in levels:
-                for server, u, name in targets:
-                    cells.setdefault((server, name, c), []).append(run_level(u, name, c, args.tokens))
+                for server, u, name, stream in targets:
+                    cells.setdefault((server, name, c), []).append(run_level(u, name, c, args.tokens, stream))
                     print(f"round {rnd + 1} C={c} {server}/{name} done", file=sys.stderr, flush=True)
+            if args.prefill_tokens > 0:
+                for server, u, name, stream in targets:
+                    prefill.setdefault((server, name), []).append(
+                        prefill_rate(u, name, args.prefill_tokens, raw=stream is stream_raw))
     finally:
         proc.terminate()
         try:
@@ -230,20 +294,40 @@ def main(argv: list[str] | None = None) -> int:
              "× plain: the median over rounds of this model's aggregate over the plain model's in the same round "
              "(the host drifts between rounds). drafted (accepted): tokens drafted for all the level's streams, "
              "per round.", "",
-             "| server | model | clients | aggregate tok/s | × 1 client | × plain | stream tok/s (median) | "
-             "inter-token ms p50 | p95 | chunk gap p95 ms | drafted (accepted) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| server | model | clients | aggregate tok/s | × 1 client | × plain | × llama-server | ceiling tok/s "
+             "| share | stream tok/s (median) | inter-token ms p50 | p95 | chunk gap p95 ms | drafted (accepted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (server, name, c), runs in cells.items():
         agg = statistics.median(r["aggregate"] for r in runs)
         one = statistics.median(r["aggregate"] for r in cells.get((server, name, levels[0]), runs))
         plain = cells.get((server, "plain", c)) if server == "tandem" and name != "plain" else None
-        paired = f"{statistics.median(r['aggregate'] / p['aggregate'] for r, p in zip(runs, plain)):.2f}" \
-            if plain else ""
-        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | {paired} | "
-                     f"{statistics.median(r['stream'] for r in runs):.1f} | "
+        anchor = cells.get(("llama-server", "plain", c)) if server == "tandem" else None
+
+        def paired(other: list[dict] | None) -> str:
+            return f"{statistics.median(r['aggregate'] / p['aggregate'] for r, p in zip(runs, other)):.2f}" \
+                if other else ""
+
+        # the native engine's C-row forward bounds C clients' plain decoding (not a speculative pair's)
+        ceiling = c * 1e3 / costs[c] if server == "tandem" and name == "plain" and c in costs else None
+        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | {paired(plain)} | {paired(anchor)} | "
+                     + (f"{ceiling:.1f} | {agg / ceiling:.0%} | " if ceiling else " |  | ")
+                     + f"{statistics.median(r['stream'] for r in runs):.1f} | "
                      f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | "
                      f"{statistics.median(r['itl_p95_ms'] for r in runs):.0f} | "
                      f"{statistics.median(r['gap_p95_ms'] for r in runs):.0f} | {drafted_cell(runs)} |")
+    if costs:
+        lines += ["", "Forward of the native engine by width (benchmarks.decode, same run, median ms; ceiling at C "
+                  "clients = C / the width-C forward): " + ", ".join(
+                      f"w{w} {ms:.1f} ms (x{ms / costs[1]:.2f})" for w, ms in sorted(costs.items()) if 1 in costs)]
+    if prefill:
+        lines += ["", f"Prefill of a {args.prefill_tokens}-token prompt (a fresh one each round; one request alone; "
+                  "prompt tokens / seconds, median over rounds):", "",
+                  "| server | model | prompt tokens | tok/s | × llama-server |", "|---|---|---:|---:|---:|"]
+        anchor_rate = statistics.median(r["rate"] for r in prefill.get(("llama-server", "plain"), [{"rate": 0}]))
+        for (server, name), runs in prefill.items():
+            rate = statistics.median(r["rate"] for r in runs)
+            lines.append(f"| {server} | {name} | {runs[0]['tokens']} | {rate:.1f} | "
+                         + (f"{rate / anchor_rate:.2f} |" if anchor_rate else " |"))
     emit(lines, args.markdown)
     return 0
 

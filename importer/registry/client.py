@@ -3,6 +3,7 @@ a token after a 401 challenge (``auth``); failures become RegistryErrors worded 
 
 from __future__ import annotations
 
+import socket
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator
@@ -19,11 +20,17 @@ READ_TIMEOUT = 60.0
 
 
 def _reason(e: httpx.HTTPError) -> str:
-    if isinstance(e, httpx.ConnectError):
-        return "connection refused"
+    """Why a request got no answer, in Go's words (Ollama's errors end with them), never the exception's text."""
     if isinstance(e, httpx.TimeoutException):
-        return "timeout"
-    return "connection failed"
+        return "i/o timeout"
+    cause: BaseException | None = e
+    while cause is not None:  # httpx wraps httpcore's error, which wraps the socket's
+        if isinstance(cause, socket.gaierror):
+            return "no such host"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        cause = cause.__cause__ or cause.__context__
+    return "connection refused" if isinstance(e, httpx.ConnectError) else "connection reset by peer"
 
 
 def _registry_message(r: httpx.Response) -> str:

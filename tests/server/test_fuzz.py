@@ -4,8 +4,9 @@
 What counts as handled: no 5xx except where Ollama itself answers 500 (`OLLAMA_500S`), no Python
 exception text in the answer (no traceback, no `ValueError:`-style class-name prefix), errors in
 Ollama's `{"error": ...}` shape (OpenAI's under /v1), and afterwards a normal generate still works.
-Nothing here reaches the network (pull gets invalid or non-Hugging Face names only) or reads a server
-path (create gets no Modelfile FROM paths), and nothing deletes the model the checks use.
+Nothing here reaches the network (pull gets invalid names or names without a host, and the server's
+`TANDEM_REGISTRY` is a closed loopback port) or reads a server path (create gets no Modelfile FROM paths), and
+nothing deletes the model the checks use.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, Callable
 import httpx
 import pytest
 
-from server.settings import Settings
-from tests.server_thread import ServerThread, make_store
+from server.settings import RegistrySettings, Settings
+from tests.server_thread import ServerThread, free_port, make_store
 
 SEED = 15
 CASES = 360
@@ -32,6 +33,8 @@ BUDGET_S = 30.0  # the whole run; 2-15 s here (the first engine load dominates)
 #: generate/chat (`option "x" must be of type ...`, from Options.FromMap inside the handler).
 OLLAMA_500S = [
     (("/api/generate", "/api/chat"), re.compile(r'^option "[^"]*" must be (of type \w+|of an array of strings)$')),
+    # a pull whose registry does not answer (here: none listens), `stream: false`
+    (("/api/pull",), re.compile(r'^pull model manifest: Get "http://127\.0\.0\.1:\d+/v2/[^"]+": connection refused$')),
 ]
 
 #: Python exception text: a traceback or an exception class name used as a message prefix.
@@ -204,8 +207,8 @@ def gen_name_endpoint(path: str, method: str, keys: tuple[str, ...]) -> Callable
         if path == "/api/copy" and fields.get("destination") == '"tiny"':
             fields["destination"] = '"nope"'
         if path == "/api/pull":
-            fields = {"model": json.dumps(rng.choice([n for n in BAD_NAMES if n not in ("hf.co/org",)])),
-                      "stream": "false"}
+            fields = {"model": json.dumps(rng.choice([n for n in BAD_NAMES if n not in ("hf.co/org",) and
+                                                      not n.startswith("example.com")])), "stream": "false"}
         if path == "/api/show" and rng.random() < 0.3:
             fields["options"] = bad_options(rng)
         body = obj(fields)
@@ -305,7 +308,8 @@ def judge(case: Case, r: httpx.Response) -> str | None:
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory: pytest.TempPathFactory):
-    with ServerThread(make_store(tmp_path_factory.mktemp("fuzz")), Settings(num_thread=1)) as server:
+    registry = RegistrySettings(url=f"http://127.0.0.1:{free_port()}")  # closed: library names pull from nowhere
+    with ServerThread(make_store(tmp_path_factory.mktemp("fuzz")), Settings(num_thread=1, registry=registry)) as server:
         yield server
 
 
