@@ -54,12 +54,10 @@ def status_error(r: httpx.Response, what: str) -> RegistryError:
 class RegistryClient:
     """One model's repository on one registry; thread-safe (a pull reads several parts of a blob at once)."""
 
-    def __init__(self, ref: RegistryRef, credentials: Credentials | None = None,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(self, ref: RegistryRef, credentials: Credentials | None = None):
         self.ref = ref
         self._credentials = credentials
-        self._http = httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT), follow_redirects=True,
-                                  transport=transport)
+        self._http = httpx.Client(timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT), follow_redirects=True)
         self._auth: str | None = None
         self._auth_lock = threading.Lock()
 

@@ -8,21 +8,19 @@ import io
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import httpx
 import ollama
 import pytest
 
+from benchmarks.serving import start_server
 from blobs import MEDIA_TYPE_DRAFT, MEDIA_TYPE_LICENSE, MEDIA_TYPE_MESSAGES, BlobStore, Layer
 from server.cli.commands import main
 from server.settings import RegistrySettings, Settings
 from tests.registry_server import CountingProxy
-from tests.server_thread import ServerThread, free_port, make_store, ndjson
+from tests.server_thread import ServerThread, make_store, ndjson
 
 GREEDY = {"temperature": 0, "num_predict": 8, "seed": 1}
 
@@ -102,23 +100,6 @@ def test_cli_push_to_a_named_host_and_run_pulls_what_is_missing(registry, tmp_pa
         assert "Error: pull model manifest: " in capsys.readouterr().err
 
 
-def _serve(models: Path, registry_url: str, log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = dict(os.environ, TANDEM_HOST=f"127.0.0.1:{port}", TANDEM_MODELS=str(models), TANDEM_REGISTRY=registry_url)
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(log, "w"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(url + "/api/version", timeout=1)
-            return proc, url
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(log.read_text())
-
-
 def test_a_server_killed_mid_pull_resumes_without_fetching_its_parts_again(registry, tmp_path: Path):
     (tmp_path / "a").mkdir()
     source = make_store(tmp_path / "a")
@@ -130,8 +111,10 @@ def test_a_server_killed_mid_pull_resumes_without_fetching_its_parts_again(regis
         assert httpx.post(a.url + "/api/push", json={"model": "big", "stream": False}, timeout=120).status_code == 200
     proxy = CountingProxy(registry.url)
     proxy.delay = 0.02  # about 3 MB/s per connection: the kill lands mid-blob
-    models = tmp_path / "b"
-    proc, url = _serve(models, proxy.url, tmp_path / "serve1.log")
+    home = tmp_path / "b"
+    home.mkdir()
+    models = home / "models"
+    proc, url = start_server(home, 1, {"TANDEM_REGISTRY": proxy.url})
     try:
         with httpx.stream("POST", url + "/api/pull", json={"model": "big"}, timeout=120) as r:
             for line in r.iter_lines():
@@ -148,7 +131,7 @@ def test_a_server_killed_mid_pull_resumes_without_fetching_its_parts_again(regis
         proxy.delay = 0
         time.sleep(0.5)  # the proxy's threads still writing to the killed server's connections fail first
         proxy.blob_bytes = 0
-        proc, url = _serve(models, proxy.url, tmp_path / "serve2.log")
+        proc, url = start_server(home, 1, {"TANDEM_REGISTRY": proxy.url})
         r = httpx.post(url + "/api/pull", json={"model": "big", "stream": False}, timeout=120)
         assert (r.status_code, r.json()) == (200, {"status": "success"})
         assert proxy.blob_bytes <= size - kept + 200_000  # the small layers at most, besides what was missing
