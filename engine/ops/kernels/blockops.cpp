@@ -17,6 +17,9 @@
 //        softmax(q k^T * scale) v [n, H, D] where query i sees keys [0, S - n + i] (the queries are
 //        the last n key positions: causal attention, or a window when keys start later); query
 //        head h reads key head h / (H / Hkv).
+//   block_attention_segments(q [N, H, D], keys[s], values[s] [Hkv, S_s, D], lengths[s], scale)
+//        the same for several sequences at once (engine.batching): segment s is the next lengths[s]
+//        rows of q over its own keys and values, all of them in one parallel region.
 //
 // x may be a strided view (q and k inside the fused qkv projection) if its last dimension is
 // contiguous. Attention: PyTorch's flash kernel spends ~75 us a call on one query over 150 keys
@@ -207,49 +210,76 @@ at::Tensor block_silu_mul(const at::Tensor& gate_up_in) {
 }
 
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, double scale) {
+  return block_attention_segments(q, {keys}, {values}, {q.size(0)}, scale);
+}
+
+at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::Tensor>& keys,
+                                    const std::vector<at::Tensor>& values, const std::vector<int64_t>& lengths,
+                                    double scale) {
   check_f32(q, "q");
-  check_f32(keys, "keys");
-  check_f32(values, "values");
-  TORCH_CHECK(q.dim() == 3 && keys.dim() == 3 && values.sizes() == keys.sizes(), "q must be [n, H, D], keys and values [Hkv, S, D]");
-  const int64_t n = q.size(0), H = q.size(1), D = q.size(2), Hkv = keys.size(0), S = keys.size(1);
-  TORCH_CHECK(keys.size(2) == D && Hkv > 0 && H % Hkv == 0, "heads: ", H, " query heads over ", Hkv, " key heads");
-  TORCH_CHECK(S >= n, "attention: ", n, " queries over ", S, " keys");
+  const size_t segs = keys.size();
+  TORCH_CHECK(segs > 0 && values.size() == segs && lengths.size() == segs, "one keys, values and length per segment");
+  TORCH_CHECK(q.dim() == 3, "q must be [n, H, D]");
+  const int64_t N = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t Hkv = keys[0].dim() == 3 ? keys[0].size(0) : 0;
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "heads: ", H, " query heads over ", Hkv, " key heads");
+  // the segment and the row within it of every query row; the longest key range sizes the score buffers
+  std::vector<int64_t> seg_of(N), row_in(N);
+  int64_t row = 0, S_max = 0;
+  for (size_t s = 0; s < segs; ++s) {
+    check_f32(keys[s], "keys");
+    check_f32(values[s], "values");
+    TORCH_CHECK(keys[s].dim() == 3 && values[s].sizes() == keys[s].sizes() && keys[s].size(0) == Hkv &&
+                keys[s].size(2) == D, "keys and values must be [Hkv, S, D]");
+    const int64_t n = lengths[s], S = keys[s].size(1);
+    TORCH_CHECK(n > 0 && S >= n, "attention: ", n, " queries over ", S, " keys");
+    for (int64_t i = 0; i < n; ++i, ++row) {
+      TORCH_CHECK(row < N, "the segments' lengths must add up to q's rows");
+      seg_of[row] = static_cast<int64_t>(s);
+      row_in[row] = i;
+    }
+    S_max = std::max(S_max, S);
+  }
+  TORCH_CHECK(row == N, "the segments' lengths must add up to q's rows");
   const int64_t rep = H / Hkv;
-  at::Tensor out = at::empty({n, H, D}, q.options());
+  at::Tensor out = at::empty({N, H, D}, q.options());
   const float* qp = q.data_ptr<float>();
-  const float* kp = keys.data_ptr<float>();
-  const float* vp = values.data_ptr<float>();
   float* op = out.data_ptr<float>();
-  const int64_t qs0 = q.stride(0), qs1 = q.stride(1), ks0 = keys.stride(0), ks1 = keys.stride(1);
-  const int64_t vs0 = values.stride(0), vs1 = values.stride(1);
+  const int64_t qs0 = q.stride(0), qs1 = q.stride(1);
   const float fscale = static_cast<float>(scale);
-  // one task per (query, key head): the key head's rows are read once for its rep query heads
-  at::parallel_for(0, n * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(rep * S);
+  // One task per (query row, key head), over every segment at once: a batch of decoding sequences is one
+  // parallel region per layer, not one per sequence (a region's start and end cost more than a decode row's
+  // attention). Each task is computed as block_attention computes it alone, so the values are the same.
+  at::parallel_for(0, N * Hkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(rep * S_max);
     std::vector<float> acc(rep * D);
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t i = t / Hkv, g = t % Hkv, len = S - n + i + 1;
-      const float* kg = kp + g * ks0;
-      const float* vg = vp + g * vs0;
-      const float* q0 = qp + i * qs0 + g * rep * qs1;
+      const int64_t r = t / Hkv, g = t % Hkv, s = seg_of[r], i = row_in[r];
+      const at::Tensor& ks = keys[s];
+      const at::Tensor& vs = values[s];
+      const int64_t S = ks.size(1), len = S - lengths[s] + i + 1;
+      const float* kg = ks.data_ptr<float>() + g * ks.stride(0);
+      const float* vg = vs.data_ptr<float>() + g * vs.stride(0);
+      const int64_t ks1 = ks.stride(1), vs1 = vs.stride(1);
+      const float* q0 = qp + r * qs0 + g * rep * qs1;
       for (int64_t j = 0; j < len; ++j) {
         const float* kr = kg + j * ks1;
         float* sj = scores.data() + j;
         switch (D % 8 ? 0 : rep) {
-          case 1: head_dots<1>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 2: head_dots<2>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 3: head_dots<3>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 4: head_dots<4>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 5: head_dots<5>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 6: head_dots<6>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 7: head_dots<7>(q0, qs1, kr, D, fscale, sj, S); break;
-          case 8: head_dots<8>(q0, qs1, kr, D, fscale, sj, S); break;
-          default: head_dots_any(rep, q0, qs1, kr, D, fscale, sj, S); break;
+          case 1: head_dots<1>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 2: head_dots<2>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 3: head_dots<3>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 4: head_dots<4>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 5: head_dots<5>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 6: head_dots<6>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 7: head_dots<7>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          case 8: head_dots<8>(q0, qs1, kr, D, fscale, sj, S_max); break;
+          default: head_dots_any(rep, q0, qs1, kr, D, fscale, sj, S_max); break;
         }
       }
       std::vector<float> sums(rep, 0.f);
-      for (int64_t r = 0; r < rep; ++r) {
-        float* sr = scores.data() + r * S;
+      for (int64_t h = 0; h < rep; ++h) {
+        float* sr = scores.data() + h * S_max;
         float mx = sr[0];
         for (int64_t j = 1; j < len; ++j) mx = std::max(mx, sr[j]);
         v8f vsum = {};
@@ -264,23 +294,23 @@ at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at
           store_first(sr + j, exp_nonpositive(load_first(sr + j, len - j) - mx), len - j);
           for (; j < len; ++j) sum += sr[j];
         }
-        sums[r] = sum;
+        sums[h] = sum;
       }
       switch (D % 8 ? 0 : rep) {
-        case 1: head_mix<1>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 2: head_mix<2>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 3: head_mix<3>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 4: head_mix<4>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 5: head_mix<5>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 6: head_mix<6>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 7: head_mix<7>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        case 8: head_mix<8>(scores.data(), S, vg, vs1, len, D, acc.data()); break;
-        default: head_mix_any(rep, scores.data(), S, vg, vs1, len, D, acc.data()); break;
+        case 1: head_mix<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 2: head_mix<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 3: head_mix<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 4: head_mix<4>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 5: head_mix<5>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 6: head_mix<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 7: head_mix<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 8: head_mix<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        default: head_mix_any(rep, scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
       }
-      for (int64_t r = 0; r < rep; ++r) {
-        const float inv = 1.f / sums[r];
-        float* orow = op + (i * H + g * rep + r) * D;
-        const float* ar = acc.data() + r * D;
+      for (int64_t h = 0; h < rep; ++h) {
+        const float inv = 1.f / sums[h];
+        float* orow = op + (r * H + g * rep + h) * D;
+        const float* ar = acc.data() + h * D;
 #pragma omp simd
         for (int64_t d = 0; d < D; ++d) orow[d] = ar[d] * inv;
       }

@@ -150,18 +150,21 @@ class DecoderStack : public torch::CustomClassHolder {
       qk = qkv.slice(1, 0, (H + Hkv) * D).view({N, H + Hkv, D});
     }
     const at::Tensor rotated = native::block_rope(qk, cos, sin, neox_);  // contiguous [N, H + Hkv, D]
-    std::vector<at::Tensor> outs;
-    outs.reserve(starts.size());
+    std::vector<at::Tensor> keys, values;
+    keys.reserve(starts.size());
+    values.reserve(starts.size());
     int64_t row = 0;
     for (size_t s = 0; s < starts.size(); ++s) {
       const int64_t n = lengths[s], start = starts[s];
       write_cache(kcs[s], rotated.data_ptr<float>() + row * (H + Hkv) * D + H * D, (H + Hkv) * D, start, n);
       write_cache(vcs[s], v.data_ptr<float>() + row * qkv.stride(0), qkv.stride(0), start, n);
-      const at::Tensor q = rotated.slice(0, row, row + n).slice(1, 0, H);
-      outs.push_back(native::block_attention(q, kcs[s].slice(1, 0, start + n), vcs[s].slice(1, 0, start + n), scale_));
+      keys.push_back(kcs[s].slice(1, 0, start + n));
+      values.push_back(vcs[s].slice(1, 0, start + n));
       row += n;
     }
-    const at::Tensor o = outs.size() == 1 ? outs[0] : at::cat(outs, 0);
+    // every segment's attention in one parallel region (one per segment cost a batch of eight decoding
+    // sequences about a third of its step: docs/bench/serving-anchor-zen5.md)
+    const at::Tensor o = native::block_attention_segments(rotated.slice(1, 0, H), keys, values, lengths, scale_);
     const at::Tensor h = l.o(o.view({N, H * D}), x);  // x + o(...)
     const at::Tensor gate_up = l.gate_up(native::block_rms_norm(h, l.ffn_norm, eps_));
     return l.down(native::block_silu_mul(gate_up), h);  // h + down(...)

@@ -37,6 +37,9 @@ at::Tensor block_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor block_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool neox);
 at::Tensor block_silu_mul(const at::Tensor& gate_up);
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, double scale);
+at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::Tensor>& keys,
+                                    const std::vector<at::Tensor>& values, const std::vector<int64_t>& lengths,
+                                    double scale);
 
 // gguf_rows.cpp
 at::Tensor dequantize_gguf_rows(const at::Tensor& raw, int64_t type, int64_t k, const at::Tensor& ids);

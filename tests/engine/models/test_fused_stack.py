@@ -170,3 +170,25 @@ def test_captured_layers_are_the_residual_stream_the_python_blocks_see(model):
 class _Call:
     def __init__(self, tokens, cache):
         self.tokens, self.cache, self.logits_for, self.return_hidden = tokens, cache, "all", True
+
+
+def test_a_batch_of_decoding_sequences_gets_the_bits_each_gets_alone(model):
+    """Eight sequences at different lengths decoding one token each, and one verifying three drafts, in one
+    batched forward (their attention in one parallel region over every sequence's cache): each one's logits and
+    cache rows are the very bits of its own forward alone."""
+    prompts = [list(range(5, 5 + 3 * i + 2)) for i in range(8)] + [list(range(9, 40))]
+    feeds = [[7 + i] for i in range(8)] + [[11, 13, 15, 17]]
+    alone_caches, batch_caches = [], []
+    for prompt in prompts:
+        for caches in (alone_caches, batch_caches):
+            cache = model.new_cache(64)
+            model.forward(prompt, cache, logits_for="last")
+            caches.append(cache)
+    alone = [model.forward(feed, cache, logits_for="all") for feed, cache in zip(feeds, alone_caches)]
+    calls = [_Call(feed, cache) for feed, cache in zip(feeds, batch_caches)]
+    for c in calls:
+        c.return_hidden = False
+    batched = model.forward_batch(calls)
+    for a, b, ca, cb in zip(alone, batched, alone_caches, batch_caches):
+        assert torch.equal(a, b)
+        assert ca.length == cb.length and torch.equal(ca.k[:, :, :ca.length], cb.k[:, :, :cb.length])
