@@ -269,6 +269,13 @@ class Manifest:
         """Config first, then layers; entries without a digest are skipped."""
         return [x for x in [self.config, *self.layers] if x.digest]
 
+    def blobs(self) -> list[Layer]:
+        """all_layers() with each digest once (a blob two layers share is fetched or sent once)."""
+        seen: dict[str, Layer] = {}
+        for layer in self.all_layers():
+            seen.setdefault(layer.digest, layer)
+        return list(seen.values())
+
     @property
     def size(self) -> int:
         """Sum of config and layer sizes, like Ollama's Manifest.Size (shared blobs count twice)."""

@@ -33,6 +33,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def json_reply(handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes,
+               headers: dict[str, str] | None = None) -> None:
+    """Answer a test server's request with a JSON body (none for a HEAD)."""
+    handler.send_response(status)
+    for k, v in (headers or {}).items():
+        handler.send_header(k, v)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)
+
+
 class TokenIssuer:
     """Distribution's token authentication, the issuing side: an RSA key and its self-signed certificate made with
     ``openssl`` (the registry trusts the certificate's key, named by libtrust's key id), and a ``/token`` endpoint
@@ -66,17 +79,10 @@ class TokenIssuer:
                 if issuer.user is not None:
                     expected = "Basic " + base64.b64encode(":".join(issuer.user).encode()).decode()
                     if self.headers.get("Authorization") != expected:
-                        self.send_response(401)
-                        self.send_header("Content-Length", "0")
-                        self.end_headers()
-                        return
+                        return json_reply(self, 401, b"")
                 body = json.dumps({"token": issuer.token(query.get("scope", []))}).encode()
                 issuer.issued += 1
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                json_reply(self, 200, body)
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.realm = f"http://127.0.0.1:{self.server.server_address[1]}/token"
@@ -194,12 +200,12 @@ class CountingProxy:
                 body = self.rfile.read(length) if length else None
                 if self.path.startswith("/token"):
                     if not proxy.issue:
-                        return self._reply(401, b'{"errors":[{"code":"UNAUTHORIZED","message":"no token for you"}]}')
+                        return json_reply(self, 401, b'{"errors":[{"code":"UNAUTHORIZED","message":"no token for you"}]}')
                     proxy.tokens_issued += 1
-                    return self._reply(200, b'{"token":"%s"}' % proxy.token.encode())
+                    return json_reply(self, 200, b'{"token":"%s"}' % proxy.token.encode())
                 if proxy.token and self.headers.get("Authorization") != f"Bearer {proxy.token}":
                     realm = f"http://127.0.0.1:{proxy.port}/token"
-                    return self._reply(401, b'{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}',
+                    return json_reply(self, 401, b'{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}',
                                        {"WWW-Authenticate": f'Bearer realm="{realm}",service="test",'
                                                             f'scope="repository:x:pull"'})
                 conn = http.client.HTTPConnection(proxy.upstream, timeout=60)
@@ -231,16 +237,6 @@ class CountingProxy:
                         self.connection.shutdown(socket.SHUT_RDWR)
                         break
                 conn.close()
-
-            def _reply(self, status: int, body: bytes, headers: dict | None = None) -> None:
-                self.send_response(status)
-                for k, v in (headers or {}).items():
-                    self.send_header(k, v)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                if self.command != "HEAD":
-                    self.wfile.write(body)
 
             do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _any
 

@@ -59,8 +59,7 @@ def part_bounds(size: int, settings: PullSettings) -> list[tuple[int, int]]:
 
 
 class _Job:
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self) -> None:
         self.completed = 0
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -85,7 +84,7 @@ class Downloads:
         with self._lock:
             job = self._jobs.get(layer.digest)
             if job is None:
-                job = self._jobs[layer.digest] = _Job(layer.size)
+                job = self._jobs[layer.digest] = _Job()
                 threading.Thread(target=self._run, args=(job, store, client, layer), name="tandem-pull-blob",
                                  daemon=True).start()
         while not job.done.wait(REPORT_EVERY):
@@ -99,11 +98,11 @@ class Downloads:
     def commit(self, store: BlobStore, layer: Layer) -> None:
         """Store ``layer``'s blob from its fetched parts (verified: its sha256 must be its digest), and remove them."""
         folder = _parts_dir(store, layer.digest)
-        with _exclusive(folder.parent / (folder.name + ".lock")):
+        with _exclusive(folder):
             if store.has_blob(layer.digest):  # another pull of it committed first
                 shutil.rmtree(folder, ignore_errors=True)
                 return
-            paths = [folder / f"part-{i}" for i in range(len(part_bounds(layer.size, self.settings)))]
+            paths = _part_paths(folder, part_bounds(layer.size, self.settings))
             try:
                 store.write_blob(_concatenated(paths), expected_digest=layer.digest)
             except DigestMismatchError as e:
@@ -118,7 +117,7 @@ class Downloads:
     def discard(self, store: BlobStore, layer: Layer) -> None:
         """Remove the fetched parts of ``layer``'s blob (a pull that cannot complete leaves nothing)."""
         folder = _parts_dir(store, layer.digest)
-        with _exclusive(folder.parent / (folder.name + ".lock")):
+        with _exclusive(folder):
             shutil.rmtree(folder, ignore_errors=True)
 
     def _run(self, job: _Job, store: BlobStore, client: RegistryClient, layer: Layer) -> None:
@@ -136,10 +135,16 @@ def _parts_dir(store: BlobStore, digest: str) -> Path:
     return store.root / "downloads" / digest.replace(":", "-")
 
 
+def _part_paths(folder: Path, bounds: list[tuple[int, int]]) -> list[Path]:
+    return [folder / f"part-{i}" for i in range(len(bounds))]
+
+
 @contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    """Hold ``path``'s flock (another process pulling the same blob waits here); the lock file goes with the
-    holder that removes it, so a waiter that got the lock of a removed file takes the new one."""
+def _exclusive(folder: Path) -> Iterator[None]:
+    """Hold the flock of ``folder``'s lock file, beside it (another process pulling the same blob waits here); the
+    lock file goes with the holder that removes it, so a waiter that got the lock of a removed file takes the new
+    one."""
+    path = folder.parent / (folder.name + ".lock")
     while True:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         if fcntl is None:
@@ -164,12 +169,12 @@ def _exclusive(path: Path) -> Iterator[None]:
 def _download(store: BlobStore, client: RegistryClient, layer: Layer, job: _Job, settings: PullSettings) -> None:
     folder = _parts_dir(store, layer.digest)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(folder.parent / (folder.name + ".lock")):
+    with _exclusive(folder):
         if store.has_blob(layer.digest):  # another process finished it while this one waited
             return
         folder.mkdir(exist_ok=True)
         bounds = part_bounds(layer.size, settings)
-        paths = [folder / f"part-{i}" for i in range(len(bounds))]
+        paths = _part_paths(folder, bounds)
         job.add(sum(min(_size(p), end - start) for p, (start, end) in zip(paths, bounds)))
         with ThreadPoolExecutor(max(1, settings.parallel), thread_name_prefix="tandem-pull-part") as pool:
             for done in [pool.submit(_part, client, layer.digest, p, start, end, job, settings.retries)

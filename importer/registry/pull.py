@@ -40,9 +40,10 @@ def pull_model(store: BlobStore, value: str, progress: Progress, *, downloads: D
     with RegistryClient(ref, credentials) as client:
         data = client.manifest()
         manifest = parse_pulled_manifest(data)
-        missing = [layer for layer in _unique(manifest.all_layers()) if not store.has_blob(layer.digest)]
+        blobs = manifest.blobs()
+        missing = [layer for layer in blobs if not store.has_blob(layer.digest)]
         try:
-            for layer in _unique(manifest.all_layers()):
+            for layer in blobs:
                 _fetch(store, client, layer, progress, downloads)
             progress(ProgressEvent("verifying sha256 digest"))
             try:
@@ -62,13 +63,6 @@ def pull_model(store: BlobStore, value: str, progress: Progress, *, downloads: D
              ref.base_url)
     progress(ProgressEvent("success"))
     return ref.name
-
-
-def _unique(layers: list[Layer]) -> list[Layer]:
-    seen: dict[str, Layer] = {}
-    for layer in layers:
-        seen.setdefault(layer.digest, layer)
-    return list(seen.values())
 
 
 def _fetch(store: BlobStore, client: RegistryClient, layer: Layer, progress: Progress, downloads: Downloads) -> None:

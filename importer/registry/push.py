@@ -28,12 +28,9 @@ def push_model(store: BlobStore, value: str, progress: Progress, *, insecure: bo
     progress(ProgressEvent("retrieving manifest"))
     data = store.read_manifest_bytes(ref.name)
     manifest = Manifest.from_json(data)
+    mounts = _mount_sources(store, ref)
     with RegistryClient(ref, credentials) as client:
-        seen: set[str] = set()
-        for layer in manifest.all_layers():
-            if layer.digest in seen:
-                continue
-            seen.add(layer.digest)
+        for layer in manifest.blobs():
             status = f"pushing {layer.digest[7:19]}"
 
             def report(n: int, status: str = status, layer=layer) -> None:
@@ -50,25 +47,24 @@ def push_model(store: BlobStore, value: str, progress: Progress, *, insecure: bo
                     f.seek(start)
                     return f.read(n)
 
-            client.upload(layer.digest, layer.size, read, report, chunk_size, _mount_sources(store, ref, layer.digest))
+            client.upload(layer.digest, layer.size, read, report, chunk_size, mounts.get(layer.digest, []))
         progress(ProgressEvent("pushing manifest"))
         client.put_manifest(data, manifest.media_type)
     log.info("pushed %s to %s", ref.name.display(), ref.base_url)
     progress(ProgressEvent("success"))
 
 
-def _mount_sources(store: BlobStore, ref: RegistryRef, digest: str) -> list[str]:
-    """Other repositories of the same registry host, among this store's models, whose manifests hold ``digest``:
-    the registry can mount the blob from one of them instead of receiving it again."""
-    sources: list[str] = []
-    for entry in store.list_models():
+def _mount_sources(store: BlobStore, ref: RegistryRef) -> dict[str, list[str]]:
+    """For each blob, the other repositories of the same registry host, among this store's models, whose manifests
+    hold it: the registry can mount the blob from one of them instead of receiving it again."""
+    sources: dict[str, list[str]] = {}
+    for entry in store.list_models():  # each entry's manifest already read
         name: ModelName = entry.name
         repository = f"{name.namespace}/{name.model}"
-        if fold(name.host) != fold(ref.name.host) or repository == ref.repository or repository in sources:
+        if fold(name.host) != fold(ref.name.host) or repository == ref.repository:
             continue
-        try:
-            if any(layer.digest == digest for layer in store.read_manifest(name).all_layers()):
-                sources.append(repository)
-        except Exception:  # noqa: BLE001 - an unreadable manifest offers no mount
-            continue
+        for layer in entry.manifest.blobs():
+            held = sources.setdefault(layer.digest, [])
+            if repository not in held:
+                held.append(repository)
     return sources
