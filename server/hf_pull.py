@@ -16,7 +16,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from blobs import InvalidNameError, ModelName
+from blobs import ModelName
 from importer import CreateRequest, ProgressEvent, create_model, hf_source
 from importer.hf_source import HFRef, HFSourceError
 
@@ -26,18 +26,8 @@ Progress = Callable[[ProgressEvent], None]
 
 
 class PullError(HFSourceError):
-    """A name tandem cannot pull from, or a download whose digest is not the one Hugging Face listed
-    (400, like every HFSourceError unless it says otherwise)."""
-
-
-def parse_pull_name(value: str) -> HFRef:
-    try:
-        name = ModelName.parse(value)
-    except InvalidNameError:
-        raise PullError("invalid model name") from None
-    if name.host.lower() not in hf_source.HF_HOSTS:
-        raise PullError(f"pulling from {name.host} is not supported; use hf.co/<org>/<repo>[:<quant>]")
-    return hf_source.parse_hf_name(value)
+    """A download whose digest is not the one Hugging Face listed (400, like every HFSourceError unless it says
+    otherwise)."""
 
 
 def fetch_into_store(store: Any, ref: HFRef, progress: Progress) -> dict[str, str]:
@@ -64,7 +54,7 @@ def fetch_into_store(store: Any, ref: HFRef, progress: Progress) -> dict[str, st
 
 
 def pull_model(store: Any, value: str, progress: Progress) -> ModelName:
-    ref = parse_pull_name(value)
+    ref = hf_source.parse_hf_name(value)
     req = CreateRequest(model=str(ref.name), files=fetch_into_store(store, ref, progress))
     # create_model goes on with "parsing GGUF", ..., "writing manifest", "success".
     return create_model(store, req, progress)

@@ -52,23 +52,11 @@ def human_time_ago(t: datetime, now: datetime | None = None) -> str:
     return "Less than a second ago" if seconds < 1 else f"{seconds} seconds ago"
 
 
-def _print_progress(out: Callable[[str], None]) -> Callable[[ProgressEvent], None]:
-    last: list[str] = [""]
-
-    def show(ev: ProgressEvent) -> None:
-        if ev.total:
-            pct = int(100 * (ev.completed or 0) / ev.total)
-            line = f"{ev.status} {pct}%"
-            # Quantizing reports per tensor; print each whole ten percent once.
-            if pct % 10 and pct != 100:
-                return
-        else:
-            line = ev.status
-        if line != last[0]:
-            out(line)
-            last[0] = line
-
-    return show
+def _print_progress() -> Callable[[ProgressEvent], None]:
+    """A create's progress as lines: each status once, steps with a total at each whole ten percent (quantizing
+    reports per tensor)."""
+    lines = TransferProgress(tty=False)
+    return lambda ev: lines(ev.to_json())
 
 
 def cmd_create(args: argparse.Namespace, store: BlobStore) -> None:
@@ -96,7 +84,7 @@ def _read_modelfile(args: argparse.Namespace) -> tuple[Path, list]:
 def _create_remote(args: argparse.Namespace, client: Client) -> None:
     """Parse the Modelfile here, upload the blobs the server lacks (HEAD first), then POST /api/create."""
     modelfile_path, commands = _read_modelfile(args)
-    progress = _print_progress(print)
+    progress = _print_progress()
     progress(ProgressEvent("gathering model components"))
 
     def uploaded(path: Path, digest: str, sent: bool) -> None:
@@ -138,7 +126,7 @@ def _build_local(args: argparse.Namespace, store: BlobStore) -> None:
         commands = parse(modelfile_path.read_bytes())
     except ParseError as e:
         raise CLIError(str(e)) from None
-    progress = _print_progress(print)
+    progress = _print_progress()
     progress(ProgressEvent("gathering model components"))
     sink = LocalBlobSink(store, on_copy=lambda path, digest: progress(ProgressEvent(f"copying file {digest} 100%")))
     warnings: list[str] = []

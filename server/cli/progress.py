@@ -1,5 +1,6 @@
 """Transfer progress as `ollama pull` / `ollama push` draw it: on a terminal one bar per blob, redrawn in place
-(`pulling 6a0746a1ec1a: 42% ▕███████         ▏ 1.2 GB/2.9 GB  48 MB/s  35s`); piped, each whole ten percent once."""
+(`pulling 6a0746a1ec1a: 42% ▕███████         ▏ 1.2 GB/2.9 GB  48 MB/s  35s`); piped (and for `tandem create`, whose
+progress is always printed this way), each whole ten percent once."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class TransferProgress:
     def __call__(self, event: dict[str, Any]) -> None:
         status, digest = str(event.get("status") or ""), event.get("digest")
         total, completed = int(event.get("total") or 0), int(event.get("completed") or 0)
-        if digest and total:
+        if total and (digest or not self.tty):  # a piped create's quantizing steps too (no digest: no bar)
             self._bar(status, str(digest), total, completed)
         else:
             self._end_bar()

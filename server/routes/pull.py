@@ -15,7 +15,7 @@ from importer.registry import Credentials, pull_model as registry_pull, push_mod
 
 from ..context import ServerContext, ctx_of
 from ..gojson import ApiError, read_json
-from ..hf_pull import Progress, parse_pull_name, pull_model as hf_pull
+from ..hf_pull import Progress, pull_model as hf_pull
 from ..ndjson import as_api_error, merge_last, stream_or_collect, thread_progress
 
 log = logging.getLogger("tandem.pull")
@@ -23,7 +23,8 @@ log = logging.getLogger("tandem.pull")
 router = APIRouter()
 
 
-def _name_and_stream(body: dict) -> tuple[ModelName, bool]:
+def _name_and_stream(body: dict) -> tuple[str, ModelName, bool]:
+    """The model named as given, parsed, and whether to stream."""
     name = body.get("model") or body.get("name")
     if not name or not isinstance(name, str):
         raise ApiError(400, "model is required")
@@ -32,7 +33,7 @@ def _name_and_stream(body: dict) -> tuple[ModelName, bool]:
     except InvalidNameError:
         raise ApiError(400, "invalid model name") from None
     stream = body.get("stream")
-    return parsed, True if stream is None else bool(stream)
+    return name, parsed, True if stream is None else bool(stream)
 
 
 def _registry_options(ctx: ServerContext, body: dict) -> dict:
@@ -45,11 +46,10 @@ def _registry_options(ctx: ServerContext, body: dict) -> dict:
 async def pull(request: Request) -> Response:
     ctx = ctx_of(request)
     body = await read_json(request, "api.PullRequest")
-    name, stream = _name_and_stream(body)
-    value = body.get("model") or body.get("name")
+    value, name, stream = _name_and_stream(body)
     if name.host.lower() in hf_source.HF_HOSTS:
         try:
-            parse_pull_name(value)
+            hf_source.parse_hf_name(value)  # a bad name is a status, before any progress
         except CreateError as e:
             raise ApiError(e.status, str(e)) from None
 
@@ -68,7 +68,7 @@ async def pull(request: Request) -> Response:
 async def push(request: Request) -> Response:
     ctx = ctx_of(request)
     body = await read_json(request, "api.PushRequest")
-    name, stream = _name_and_stream(body)
+    _, name, stream = _name_and_stream(body)
     if name.host.lower() in hf_source.HF_HOSTS:
         raise ApiError(400, "pushing to Hugging Face is not supported; push to an OCI registry")
     try:
