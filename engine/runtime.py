@@ -35,6 +35,8 @@ from engine.contract.protocol import (
 from engine.sampling.constrain import ReasoningFirst, TokenConstraint, TokenPieces
 from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.copy_first import CopyFirstDrafter
+from engine.speculative.suffix import SuffixDrafter
+from engine.speculative.suffix_cache import SuffixCache
 from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth, WidthCosts
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
@@ -94,6 +96,8 @@ class ModelRuntime:
         self.drafters = parts.drafters
         self.facts = parts.facts
         self.draft_kind = parts.draft_kind  # what the DRAFT layer became: "model", "mtp" (a head) or None
+        # What this model generated in this process, for the suffix drafter (draft_suffix); gone with the model.
+        self.outputs = SuffixCache(parts.spec.suffix_tokens)
         self.owned_files = parts.owned_files
         # What a verification of each width costs on this target, shared by all of them (AdaptiveDepth.verify_times).
         self._verify_times = WidthCosts()
@@ -222,8 +226,11 @@ class ModelRuntime:
             raise EngineError("drafter 'mtp' was requested but this model has no MTP (NextN) head", 400)
         if kind == "none":
             return NullDrafter(), 0
+        if kind == "suffix":
+            return SuffixDrafter(self.outputs, drafters["ngram"]), plan.cap
         if plan.copy:  # the plan has copy rounds only for a draft model or MTP head
-            return CopyFirstDrafter(drafters[kind], drafters["ngram"]), plan.cap
+            return CopyFirstDrafter(drafters[kind], drafters["ngram"],
+                                    outputs=self.outputs if plan.suffix else None), plan.cap
         return drafters[kind], plan.cap
 
     def controller(self, drafter: Drafter, schedule: str, n_min: int,
@@ -352,6 +359,8 @@ class ModelRuntime:
             self.arbiter.join()
         try:
             result = yield from loop.run(prompt, should_stop)
+            if not should_stop():  # a cancelled request's text is not what the model would have ended with
+                self.outputs.add(prompt, loop.generated)
         except GeneratorExit:
             # The consumer closed the stream: every round was recorded before it was streamed, so
             # the log and the caches already agree; nothing to undo.

@@ -279,6 +279,7 @@ class ModelLifecycle:
             draft_vocab=options.draft_vocab,
             pack_dir=str(self.pack_dir) if self.pack_dir is not None else None,
             num_parallel=self.settings.num_parallel,
+            suffix_tokens=self.settings.suffix_tokens,
             device=options.device(),
         )
 

@@ -32,6 +32,7 @@ TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Lin
 | TANDEM_MAX_REQUEST_BYTES | (tandem only)         | 64 MiB (0 = no limit)   |
 | TANDEM_MAX_BLOB_BYTES  | (tandem only)           | 256 GiB (0 = no limit)  |
 | TANDEM_QUEUE_TIMEOUT   | (tandem only)           | 10m (0 = no limit)      |
+| TANDEM_SUFFIX_TOKENS   | (tandem only)           | 131072: tokens of earlier outputs each loaded model keeps for the suffix drafter (oldest dropped first; 0 = none) |
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from typing import Mapping
 
 from blobs import default_models_root
 from engine.contract.options import OPTION_CHOICES
+from engine.contract.protocol import DEFAULT_SUFFIX_TOKENS
 
 log = logging.getLogger("tandem.settings")
 
@@ -360,6 +362,8 @@ class Settings:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # request body size before 413; 0 = no limit
     max_blob_bytes: int = DEFAULT_MAX_BLOB_BYTES  # /api/blobs upload size before 413; 0 = no limit
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # seconds waiting for a busy model before 503; inf = none
+    # tokens of earlier outputs each loaded model keeps for the suffix drafter (TANDEM_SUFFIX_TOKENS)
+    suffix_tokens: int = DEFAULT_SUFFIX_TOKENS
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -389,5 +393,6 @@ class Settings:
             max_request_bytes=_env_uint(env, "TANDEM_MAX_REQUEST_BYTES", DEFAULT_MAX_REQUEST_BYTES),
             max_blob_bytes=_env_uint(env, "TANDEM_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES),
             queue_timeout=env_timeout(env, "TANDEM_QUEUE_TIMEOUT", DEFAULT_QUEUE_TIMEOUT),
+            suffix_tokens=_env_uint(env, "TANDEM_SUFFIX_TOKENS", DEFAULT_SUFFIX_TOKENS),
         )
 

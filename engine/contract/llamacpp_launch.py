@@ -33,6 +33,8 @@ NATIVE_ONLY = {
     "relaxed_scope": lambda o: o.relaxed_scope != "all",
     # llama.cpp drafts to the depth it is given: tandem's controller that prices each round is the native engine's
     "draft_schedule": lambda o: o.draft_schedule != "fixed",
+    # drafting from earlier outputs is tandem's own drafter (llama.cpp's lookup drafts from the context only)
+    "drafter": lambda o: o.drafter == "suffix",
 }
 
 

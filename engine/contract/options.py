@@ -48,7 +48,7 @@ class OptionRangeError(ParamError):
     """
 
 
-DrafterChoice = Literal["auto", "model", "mtp", "ngram", "none"]
+DrafterChoice = Literal["auto", "model", "mtp", "ngram", "suffix", "none"]
 DraftSchedule = Literal["adaptive", "fixed"]
 AcceptanceRule = Literal["strict", "match"]
 RelaxedScope = Literal["all", "thinking"]
@@ -97,6 +97,12 @@ class Options:
         elsewhere the model drafts as usual. Lossless either way. On by default: it costs nothing on a
         text that does not copy and is the largest gain on one that does (docs/measurements.md,
         ``draft_copy``); the request's statistics then name the drafter ``model+copy``.
+    ``draft_suffix``
+        Draft from what this model wrote in earlier requests (and, without a DRAFT, from the request's own text):
+        ``engine.speculative.suffix``. On by default: a model without a DRAFT then speculates with the ``suffix``
+        drafter (its depth cap 16 unless ``draft_num_predict`` is set), one with a DRAFT model or MTP head adds
+        those outputs to its copy rounds (``model+suffix``). The adaptive controller prices every source, so text
+        that matches nothing is decoded plainly. ``false``: neither (Ollama's rule: no speculation without a DRAFT).
     ``draft_p_min``
         Stop drafting when the drafter's top probability falls below this ([0, 1]).
     ``draft_vocab``
@@ -115,10 +121,11 @@ class Options:
         ``adaptive`` (pick the depth that maximises committed tokens per second, up to the cap) or
         ``fixed`` (always draft up to the cap).
     ``drafter``
-        ``auto`` = the model's DRAFT layer if it has one, else no speculation (or its MTP head when
-        draft_num_predict is set explicitly, as Ollama does); ``model`` = the DRAFT layer; ``mtp`` =
+        ``auto`` = the model's DRAFT layer if it has one, else its MTP head when draft_num_predict is set
+        explicitly (as Ollama does), else ``suffix`` (``draft_suffix``, on by default) or no speculation; ``model`` = the DRAFT layer; ``mtp`` =
         the target's multi-token-prediction head; ``ngram`` = prompt-lookup drafting, usable with
-        any model; ``none`` = never speculate.
+        any model; ``suffix`` = drafts from the model's earlier outputs and the request's own text (what
+        ``auto`` picks without a DRAFT while ``draft_suffix`` is on); ``none`` = never speculate.
     ``draft_trace``
         Record the per-position verification trace.
     ``draft_acceptance``
@@ -161,6 +168,7 @@ class Options:
     draft_n_min: int = _speculation(0, min=0)
     draft_p_min: float = _speculation(0.0, min=0, max=1)
     draft_copy: bool = _speculation(True)
+    draft_suffix: bool = _speculation(True)
     relaxed_top_n: int = _speculation(0, min=0)
     relaxed_scope: RelaxedScope = _speculation("all")
     draft_schedule: DraftSchedule = _speculation("adaptive")

@@ -16,6 +16,10 @@ from engine.contract.speculation_stats import SpeculationStats
 from engine.contract.llamacpp_launch import LlamaCppLaunch
 from engine.contract.vllm_launch import VllmLaunch
 
+#: Tokens of earlier outputs a loaded model keeps for the suffix drafter (engine.speculative.suffix_cache), unless
+#: the server says otherwise (TANDEM_SUFFIX_TOKENS): about 100 bytes a token with its index, ~13 MiB.
+DEFAULT_SUFFIX_TOKENS = 131072
+
 # Seconds an exiting engine may spend finishing a packed-weight cache write, beating meanwhile, before
 # the server kills it (the 1.5B's 1 GB takes a few seconds).
 EXIT_FINISH_CAP = 300.0
@@ -65,6 +69,8 @@ class LoadSpec:
     pack_dir: str | None = None
     # sequences served at once (one KV cache region each, engine.batching); 0 = as many as fit (up to 4)
     num_parallel: int = 1
+    # tokens of earlier outputs the suffix drafter keeps (engine.speculative.suffix_cache); 0 = keeps none
+    suffix_tokens: int = DEFAULT_SUFFIX_TOKENS
     engine: str = "native"  # native | vllm | llamacpp (the model runs on a vLLM server or a llama-server)
     vllm: VllmLaunch | None = None  # with engine "vllm": what to start or attach to
     llamacpp: LlamaCppLaunch | None = None  # with engine "llamacpp": what to start or attach to

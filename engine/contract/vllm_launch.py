@@ -53,7 +53,9 @@ def plan_launch(model_params: Mapping[str, Any], *, files: tuple[tuple[str, str]
     """The launch for a model from its own parameters (a request's options never start vLLM differently):
     the drafter and depth the native engine would plan for a request that sets nothing."""
     options = Options.merged(model_params, None)
-    plan = plan_speculation(options, has_draft_layer=bool(draft_files), has_mtp_head=has_mtp_head)
+    # vLLM's own suffix method needs Arctic Inference, which its CPU build lacks: no suffix drafting there
+    plan = plan_speculation(options, has_draft_layer=bool(draft_files), has_mtp_head=has_mtp_head,
+                            suffix_drafting=False)
     return VllmLaunch(files=files, draft_files=draft_files, drafter=plan.drafter,
                       num_speculative_tokens=plan.cap if plan.drafter != "none" else 0,
                       tensor_parallel_size=options.tensor_parallel_size,

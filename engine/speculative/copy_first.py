@@ -26,6 +26,11 @@ agreed, as many of them as ``min_streak`` times the model's estimated per-token 
 rewrite the streak soon is long, on a counting list never. (A per-token estimate compared with the
 model's let a copy that agrees for long stretches and then fails draft those failures: a counting
 list's copy is right on its commas and spaces.)
+
+With the model's earlier outputs (``outputs``, a ``SuffixCache``: ``draft_suffix``), a round whose context
+matches an earlier output over ``LONG_MATCH`` tokens or more has a third source, ``suffix``: the earlier
+output's continuation, free like the copy. It competes with the model as the weak copy does (the controller
+takes whichever it expects more tokens a second from), and the request reports ``model+suffix``.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Sequence
 
 from engine.speculative.drafter import DraftContext, Drafter, Proposal, TargetOutput, TokenAcceptance
 from engine.speculative.ngram import NgramDrafter
+from engine.speculative.suffix import LONG_MATCH, LOOKAHEAD
+from engine.speculative.suffix_cache import SuffixCache, SuffixMatch
 
 #: How far ahead the copy's shadow proposal reaches (a certain copy drafts up to the cap, at most 8 deep).
 SHADOW_TOKENS = 8
@@ -43,17 +50,22 @@ SHADOW_TOKENS = 8
 class CopyFirstDrafter(Drafter):
     """``primary`` (a draft model or MTP head), except in rounds where ``copy`` has strong evidence."""
 
-    def __init__(self, primary: Drafter, copy: NgramDrafter, weak_agreement: int = 4, min_streak: int = 16):
+    def __init__(self, primary: Drafter, copy: NgramDrafter, weak_agreement: int = 4, min_streak: int = 16,
+                 outputs: SuffixCache | None = None):
         super().__init__()
-        self.primary, self.copy = primary, copy
-        self.kind = f"{primary.kind}+copy"  # what the request reports, and its own adaptive depth state
+        self.primary, self.copy, self.outputs = primary, copy, outputs
+        # what the request reports, and its own adaptive depth state
+        self.kind = f"{primary.kind}+{'copy' if outputs is None else 'suffix'}"
         self.needs_hidden = primary.needs_hidden
         # from here (of the copy's window of 8) up to a certain copy: a weak copy, priced against the model
         self.weak_agreement = weak_agreement
         self.copied_rounds = 0
+        self.suffix_rounds = 0
         self._source: str | None = None  # the coming round's source, once decided
-        self.sources = ("copy", "copy-weak", primary.kind)
-        self.fallbacks = (("copy-weak", primary.kind),)
+        self._match: SuffixMatch | None = None  # the outputs' continuation for the coming round
+        self.sources = ("copy", "copy-weak", primary.kind) + (("suffix",) if outputs is not None else ())
+        self.fallbacks = (("copy-weak", primary.kind),) + \
+            ((("suffix", primary.kind),) if outputs is not None else ())
         self.min_streak = min_streak
         self._new_request_checks()
 
@@ -74,11 +86,22 @@ class CopyFirstDrafter(Drafter):
             certain = self.copy.round_source() == "copy"
             evidence = certain or self.copy.last_agreement >= self.weak_agreement
             self._shadow = list(self.copy.copy_from_source(SHADOW_TOKENS).tokens) if evidence else []
-            if not evidence or not self.copy_trusted():
-                self._source = self.primary.kind
-            else:
+            if evidence and self.copy_trusted():
                 self._source = "copy" if certain else "copy-weak"
+            elif self._long_match() is not None:
+                self._source = "suffix"
+            else:
+                self._source = self.primary.kind
         return self._source
+
+    def _long_match(self) -> SuffixMatch | None:
+        """The outputs' continuation of the log when it matches them over LONG_MATCH tokens or more."""
+        if self.outputs is None:
+            return None
+        if self._match is None:
+            self._match = self.outputs.match(self.tokens, LOOKAHEAD)
+        found = self._match
+        return found if found is not None and found.tokens and found.length >= LONG_MATCH else None
 
     def use_source(self, source: str) -> None:
         self._source = source
@@ -90,12 +113,12 @@ class CopyFirstDrafter(Drafter):
         super().begin(tokens)
         self.primary.begin(tokens)
         self.copy.begin(tokens)
-        self.copied_rounds = 0
-        self._source = None
+        self.copied_rounds = self.suffix_rounds = 0
+        self._source, self._match = None, None
         self._new_request_checks()
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
-        self._source = None  # the copy's evidence changes with every committed token
+        self._source, self._match = None, None  # the evidence changes with every committed token
         self.copy_acceptance.check(self._shadow, tokens_committed)
         self.model_acceptance.check(self._model_drafts, tokens_committed)
         self._shadow, self._model_drafts = [], []
@@ -111,12 +134,17 @@ class CopyFirstDrafter(Drafter):
             if copied.tokens:
                 self.copied_rounds += 1
                 return copied
+        if source == "suffix" and k > 0:
+            found = self._long_match()
+            if found is not None:
+                self.suffix_rounds += 1
+                return Proposal(found.tokens[:k], None, found.probabilities[:k])
         proposal = self.primary.propose(k, ctx)
         self._model_drafts = list(proposal.tokens)
         return proposal
 
     def reset(self) -> None:
-        self._source = None
+        self._source, self._match = None, None
         self._new_request_checks()
         super().reset()
         self.primary.reset()

@@ -20,7 +20,7 @@ from engine.speculative.depth import MAX_CONSIDERED_DEPTH, AdaptiveDepth
 @pytest.mark.parametrize("options,message", [
     ({"relaxed_top_n": -1}, "invalid relaxed_top_n value [-1]: must be >= 0"),
     ({"draft_p_min": 1.5}, "invalid draft_p_min value [1.5]: must be between 0 and 1"),
-    ({"drafter": "magic"}, 'invalid drafter value [magic]: must be one of "auto", "model", "mtp", "ngram", or "none"'),
+    ({"drafter": "magic"}, 'invalid drafter value [magic]: must be one of "auto", "model", "mtp", "ngram", "suffix", or "none"'),
     ({"draft_num_predict": 65}, "invalid draft_num_predict value [65]: must be <= 64"),
     ({"n_max": 1000000}, "invalid draft_num_predict value [1000000]: must be <= 64"),
 ])

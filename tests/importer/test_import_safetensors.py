@@ -348,7 +348,7 @@ def test_nextn_head_as_a_separate_draft_folder(store: BlobStore, tmp_path: Path)
     # The server resolves `auto` with a DRAFT layer to the DRAFT drafter: for a head, that is the head.
     for kind in ("auto", "model"):
         run = generate(engine, temperature=0, num_predict=8, drafter=kind, draft_num_predict=2)
-        assert run.spec.drafter == "mtp+copy"
+        assert run.spec.drafter == "mtp+suffix"
     engine.close()
 
 

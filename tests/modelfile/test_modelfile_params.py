@@ -174,7 +174,7 @@ def test_alias_and_canonical_last_wins():
     ("draft_schedule", "greedy", 'invalid draft_schedule value [greedy]: must be "adaptive" or "fixed"'),
     ("draft_schedule", "Fixed", 'invalid draft_schedule value [Fixed]: must be "adaptive" or "fixed"'),
     ("drafter", "eagle", 'invalid drafter value [eagle]: must be one of "auto", "model", "mtp", '
-                         '"ngram", or "none"'),
+                         '"ngram", "suffix", or "none"'),
     ("draft_trace", "on", "invalid bool value [on]"),
 ])
 def test_speculation_param_errors(name, value, message):

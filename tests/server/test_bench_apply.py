@@ -188,9 +188,11 @@ def test_plain_winning(cli, api, srv, monkeypatch) -> None:
     assert params(api, name)["drafter"] == '"none"'
     rc, out, _ = cli("show", name)
     assert "(tandem bench: plain decoding fastest (next: strict-n2 at 0.90x) on code at temperature 0" in out
-    # A model that does not speculate by default is left as it is.
+    # A model that does not speculate by default (no DRAFT, and drafting from earlier outputs turned off) is left
+    # as it is.
     target = srv.store.read_manifest("tiny").layer(MEDIA_TYPE_MODEL).digest
-    for _ in api.create({"model": "solo", "files": {"t.gguf": target}, "parameters": {"temperature": 0}}):
+    for _ in api.create({"model": "solo", "files": {"t.gguf": target},
+                         "parameters": {"temperature": 0, "draft_suffix": False}}):
         pass
     before = digest(api, "solo")
     rc, out, err = cli("bench", "solo", "--prompt-names", "code", "--num-predict", "4", "--runs", "1", "--warmup", "0",

@@ -90,7 +90,7 @@ def test_speed_report_structure(speed_run) -> None:
     assert len({next(m["order"] for m in b if m["setting"] == "plain") for b in blocks.values()}) > 1
     for m in ms:
         assert m["eval_count"] > 0 and m["tok_s"] == pytest.approx(m["eval_count"] / (m["eval_duration_ns"] / 1e9))
-        expected = {"plain": "none", "ngram-n4": "ngram", "ngram-adaptive": "ngram"}.get(m["setting"], "model+copy")
+        expected = {"plain": "none", "ngram-n4": "ngram", "ngram-adaptive": "ngram"}.get(m["setting"], "model+suffix")
         assert m["drafter"] == expected
         if m["setting"].endswith("-n2"):
             assert len(m["acceptance_by_position"]) <= 2
@@ -173,7 +173,7 @@ def test_grid_file_and_prompts_file(srv: ServerThread, tmp_path: Path) -> None:
     rep = json.loads((tmp_path / "r.json").read_text())
     assert [s["name"] for s in rep["settings"]] == ["plain", "deep-pmin", "lookup"]
     assert [s["kind"] for s in rep["settings"]] == ["plain", "strict", "ngram"]
-    assert {m["setting"]: m["drafter"] for m in rep["measurements"]} == {"plain": "none", "deep-pmin": "model+copy",
+    assert {m["setting"]: m["drafter"] for m in rep["measurements"]} == {"plain": "none", "deep-pmin": "model+suffix",
                                                                           "lookup": "ngram"}
     assert rep["best"][0]["within_noise"]  # one block: nothing can be told apart
 

@@ -71,7 +71,7 @@ def test_message(client: anthropic.Anthropic) -> None:
     assert m.stop_reason == "max_tokens" and m.stop_sequence is None
     assert m.usage.output_tokens == 6 and m.usage.input_tokens > 0
     spec = m.model_extra["speculative_decoding"]
-    assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model+copy"
+    assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model+suffix"
 
 
 def test_stream_equals_message(client: anthropic.Anthropic) -> None:

@@ -119,7 +119,7 @@ def test_create_parameters_checked_before_storing(http: httpx.Client, srv: Serve
 @pytest.mark.parametrize("options,error", [
     ({"relaxed_top_n": -1}, "invalid relaxed_top_n value [-1]: must be >= 0"),
     ({"draft_num_predict": 1000000}, "invalid draft_num_predict value [1000000]: must be <= 64"),
-    ({"drafter": "magic"}, 'invalid drafter value [magic]: must be one of "auto", "model", "mtp", "ngram", or "none"'),
+    ({"drafter": "magic"}, 'invalid drafter value [magic]: must be one of "auto", "model", "mtp", "ngram", "suffix", or "none"'),
     ({"draft_p_min": 2}, "invalid draft_p_min value [2]: must be between 0 and 1"),
     ({"relaxed_scope": "answer"}, 'invalid relaxed_scope value [answer]: must be "all" or "thinking"'),
 ])

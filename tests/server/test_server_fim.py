@@ -148,7 +148,7 @@ def test_ollama_generate_with_suffix(srv: ServerThread, http: httpx.Client) -> N
     # The same text as the rendered layout sent raw (greedy, speculation lossless), and speculation ran.
     raw = http.post("/api/generate", json={"model": "fim", "prompt": RENDERED, "raw": True, "stream": False}).json()
     assert r.response == raw["response"] and r.eval_count == raw["eval_count"]
-    assert raw["drafter"] == "model+copy" and raw["draft_rounds"] > 0
+    assert raw["drafter"] == "model+suffix" and raw["draft_rounds"] > 0
     streamed = "".join(p.response for p in client.generate(model="fim", prompt=PREFIX, suffix=SUFFIX, stream=True))
     assert streamed == r.response
 
@@ -197,5 +197,5 @@ def test_qwen_coder_fills_a_function_body(tmp_path) -> None:
     namespace: dict = {}
     exec(compile(source, "<fim>", "exec"), namespace)  # noqa: S102 - the model's own output, checked
     assert namespace["sum_of_squares"]([1, 2, 3]) == 14, source
-    assert again["drafter"] == "model+copy" and again["draft_n_accepted"] > 0  # speculation stayed on
+    assert again["drafter"] == "model+suffix" and again["draft_n_accepted"] > 0  # speculation stayed on
     assert again["response"] == middle

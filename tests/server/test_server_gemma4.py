@@ -63,7 +63,7 @@ def test_create_show_and_chat_with_the_assistant(http: httpx.Client, srv: Server
         chunks = ndjson(r)
     *parts, final = chunks
     assert final["done"] and SPEC_FIELDS <= set(final)
-    assert final["drafter"] == "mtp+copy" and final["draft_n"] > 0 and final["eval_count"] == 12
+    assert final["drafter"] == "mtp+suffix" and final["draft_n"] > 0 and final["eval_count"] == 12
     text = "".join(c["message"]["content"] for c in parts)
     plain = http.post("/api/chat", json={"model": "g4", "messages": msgs, "stream": False,
                                          "options": {"drafter": "none"}}).json()
@@ -101,4 +101,4 @@ def test_chat_with_the_ggufs_own_jinja_template(http: httpx.Client, srv: ServerT
                                  add_generation_prompt=True)[0][0]
     assert shown["_debug_info"]["rendered_template"] == want
     final = http.post("/api/chat", json={"model": "g4-jinja", "messages": msgs, "stream": False}).json()
-    assert final["drafter"] == "mtp+copy" and final["prompt_eval_count"] > 20
+    assert final["drafter"] == "mtp+suffix" and final["prompt_eval_count"] > 20

@@ -110,7 +110,7 @@ def test_generate_stream_and_not(http: httpx.Client) -> None:
         assert isinstance(final[key], int) and final[key] > 0, key
     assert final["total_duration"] >= final["eval_duration"]
     assert isinstance(final["context"], list) and len(final["context"]) >= final["prompt_eval_count"]
-    assert SPEC_FIELDS <= set(final) and final["drafter"] == "model+copy"
+    assert SPEC_FIELDS <= set(final) and final["drafter"] == "model+suffix"
     assert final["eval_count"] == 10 and final["done_reason"] == "length"
     parse_time(final["created_at"])
     streamed = "".join(c["response"] for c in parts)

@@ -34,7 +34,7 @@ def test_chat_completion(client: openai.OpenAI) -> None:
     assert isinstance(choice.message.content, str)
     assert c.usage.completion_tokens == 6 and c.usage.total_tokens == c.usage.prompt_tokens + 6
     spec = c.model_extra["speculative_decoding"]
-    assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model+copy"
+    assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model+suffix"
 
 
 def test_chat_completion_response_format(client: openai.OpenAI) -> None:
@@ -46,7 +46,7 @@ def test_chat_completion_response_format(client: openai.OpenAI) -> None:
         "type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
     assert isinstance(json.loads(c.choices[0].message.content)["ok"], bool)
     assert c.choices[0].finish_reason == "stop"
-    assert c.model_extra["speculative_decoding"]["drafter"] == "model+copy"  # constrained requests keep speculation
+    assert c.model_extra["speculative_decoding"]["drafter"] == "model+suffix"  # constrained requests keep speculation
 
 
 def test_chat_completion_stream(client: openai.OpenAI) -> None:
@@ -63,7 +63,7 @@ def test_chat_completion_stream(client: openai.OpenAI) -> None:
     assert SPEC_FIELDS <= set(finish[0].model_extra["speculative_decoding"])
     usage = chunks[-1]
     assert usage.choices == [] and usage.usage.completion_tokens == 6
-    assert usage.model_extra["speculative_decoding"]["drafter"] == "model+copy"
+    assert usage.model_extra["speculative_decoding"]["drafter"] == "model+suffix"
 
 
 def test_completions(client: openai.OpenAI) -> None:

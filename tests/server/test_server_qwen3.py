@@ -15,7 +15,7 @@ from tests.server_thread import SPEC_FIELDS, ServerThread
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 # draft_copy is on by default, so a request drafting with the model reports the model with its copy cursor
-REPORTED_DRAFTER = {"none": "none", "model": "model+copy", "ngram": "ngram"}
+REPORTED_DRAFTER = {"none": "none", "model": "model+suffix", "ngram": "ngram"}
 
 SPECS = {
     "qwen3": TinySpec(arch="qwen3", head_dim=32, seed=3, context_length=1024),

@@ -21,7 +21,7 @@ from tests.server_thread import SPEC_FIELDS, ServerThread
 from tests.tiny_gguf import write_tiny_gguf
 
 # draft_copy is on by default, so a request drafting with the model reports the model with its copy cursor
-REPORTED_DRAFTER = {"none": "none", "model": "model+copy", "ngram": "ngram"}
+REPORTED_DRAFTER = {"none": "none", "model": "model+suffix", "ngram": "ngram"}
 
 ARCHS = {"qwen35": False, "qwen35moe": True}
 
@@ -90,7 +90,7 @@ def test_the_models_own_mtp_head_drafts_without_a_draft_line(srv: ServerThread, 
                                                                  "draft_schedule": "fixed"}}) as r:
             parts = [json.loads(line) for line in r.iter_lines() if line.strip()]
     final = parts[-1]
-    assert final["done"] and final["drafter"] == "mtp+copy" and final["draft_n"] >= 3
+    assert final["done"] and final["drafter"] == "mtp+suffix" and final["draft_n"] >= 3
     assert len(final["acceptance_by_position"]) == 3
     plain = client.chat(model=name, messages=messages, options={"num_predict": 24, "drafter": "none"})
     assert "".join(p["message"]["content"] for p in parts) == plain.message.content

@@ -68,7 +68,7 @@ def test_text_streamed_and_not(client: openai.OpenAI, srv: ServerThread) -> None
     assert r.usage.output_tokens_details.reasoning_tokens == 0
     assert r.max_output_tokens == 6 and r.temperature == 0 and r.tools == [] and r.tool_choice == "auto"
     spec = r.model_extra["speculative_decoding"]
-    assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model+copy"
+    assert SPEC_FIELDS <= set(spec) and spec["drafter"] == "model+suffix"
 
     events = list(client.responses.create(**kwargs, stream=True))
     types = [e.type for e in events]

@@ -164,7 +164,7 @@ def test_native_shape_and_speculation(http: httpx.Client) -> None:
     # tools do not turn speculation off: the draft model still drafts
     r = http.post("/api/chat", json={"model": "calls", "messages": USER, "tools": [WEATHER], "stream": False})
     out = r.json()
-    assert out["drafter"] == "model+copy" and out["draft_n"] > 0 and "tool_calls" not in out["message"]
+    assert out["drafter"] == "model+suffix" and out["draft_n"] > 0 and "tool_calls" not in out["message"]
     assert out["message"]["content"]  # random text, not a call: passed through as content
 
 

@@ -49,7 +49,7 @@ def test_qwen_coder_calls_a_tool_and_uses_its_result(tmp_path) -> None:
         assert call["function"]["arguments"]["city"].lower().startswith("paris")
         assert call["id"].startswith("call_") and first["message"]["content"] == ""
         assert first["done_reason"] == "stop"
-        assert first["drafter"] == "model+copy" and first["draft_n"] > 0  # speculation stayed on
+        assert first["drafter"] == "model+suffix" and first["draft_n"] > 0  # speculation stayed on
 
         messages += [first["message"], {"role": "tool", "tool_name": "get_weather",
                                         "content": "22 degrees Celsius, sunny"}]

@@ -77,7 +77,7 @@ def test_openai_parse(srv: ServerThread, seed: int) -> None:
     assert isinstance(msg.parsed, Order) and c.choices[0].finish_reason == "stop"
     Order.model_validate_json(msg.content)
     spec = c.model_extra["speculative_decoding"]  # speculation stays on under the constraint
-    assert spec["drafter"] == "model+copy" and spec["draft_n"] > 0
+    assert spec["drafter"] == "model+suffix" and spec["draft_n"] > 0
 
 
 def test_ollama_client_format(srv: ServerThread) -> None:

@@ -40,7 +40,7 @@ def test_option_types_table():
             "draft_vocab", "tensor_parallel_size", "pipeline_parallel_size"}
     floats = {"temperature", "top_p", "min_p", "typical_p", "repeat_penalty", "presence_penalty",
               "frequency_penalty", "draft_p_min"}
-    bools = {"use_mmap", "draft_trace", "draft_copy"}
+    bools = {"use_mmap", "draft_trace", "draft_copy", "draft_suffix"}
     strs = {"draft_schedule", "drafter", "draft_acceptance", "relaxed_scope", "weight_format", "engine"}
     assert {k for k, v in OPTION_TYPES.items() if v is int} == ints
     assert {k for k, v in OPTION_TYPES.items() if v is float} == floats
@@ -67,7 +67,7 @@ def test_speculation_defaults():
     assert SPECULATION_DEFAULTS == {
         "draft_num_predict": 4, "draft_n_min": 0, "draft_p_min": 0.0, "relaxed_top_n": 0,
         "relaxed_scope": "all", "draft_schedule": "adaptive", "drafter": "auto", "draft_trace": False,
-        "draft_acceptance": "strict", "draft_copy": True, "draft_vocab": 16384}
+        "draft_acceptance": "strict", "draft_copy": True, "draft_suffix": True, "draft_vocab": 16384}
     # every default passes its own validation
     typed = coerce_options(SPECULATION_DEFAULTS)
     assert typed == SPECULATION_DEFAULTS
@@ -130,7 +130,7 @@ def test_from_map_null_and_empty():
     ({"stop": ["a", 1]}, 'option "stop" must be of an array of strings'),
     ({"drafter": 1}, 'option "drafter" must be of type string'),
     ({"draft_schedule": None, "drafter": "fast"},
-     'invalid drafter value [fast]: must be one of "auto", "model", "mtp", "ngram", or "none"'),
+     'invalid drafter value [fast]: must be one of "auto", "model", "mtp", "ngram", "suffix", or "none"'),
     ({"draft_schedule": "ADAPTIVE"},
      'invalid draft_schedule value [ADAPTIVE]: must be "adaptive" or "fixed"'),
     ({"draft_p_min": 1.5}, "invalid draft_p_min value [1.5]: must be between 0 and 1"),
@@ -169,7 +169,7 @@ def test_draft_acceptance_is_an_option():
 def test_direct_construction_is_validated():
     """Options built in-process (tests, benchmarks) get the same value checks."""
     assert perr(Options, drafter="medusa") == (
-        'invalid drafter value [medusa]: must be one of "auto", "model", "mtp", "ngram", or "none"')
+        'invalid drafter value [medusa]: must be one of "auto", "model", "mtp", "ngram", "suffix", or "none"')
     assert perr(Options, draft_p_min=math.nan) == "invalid draft_p_min value [NaN]: must be between 0 and 1"
     assert Options(stop=["a"]).stop == ("a",)
 
@@ -199,12 +199,15 @@ def plan_of(merged: dict, explicit: bool, has_draft: bool, drafter: str, has_mtp
 
 
 @pytest.mark.parametrize("merged,explicit,has_draft,drafter,has_mtp,expected", [
-    # Ollama's rule: default 4, forced to 0 without a DRAFT layer unless set explicitly
+    # default 4 with a DRAFT layer; without one an explicit cap takes the MTP head (Ollama's rule) and otherwise
+    # the suffix drafter drafts (draft_suffix), its own default cap 16 unless the cap is set
     ({}, False, True, "auto", False, ("model", 4)),
-    ({}, False, False, "auto", False, ("none", 0)),
-    ({"draft_num_predict": 4}, False, False, "auto", True, ("none", 0)),
+    ({}, False, False, "auto", False, ("suffix", 16)),
+    ({"draft_num_predict": 4}, False, False, "auto", True, ("suffix", 16)),
     ({"draft_num_predict": 6}, True, False, "auto", True, ("mtp", 6)),
-    ({"draft_num_predict": 6}, True, False, "auto", False, ("none", 0)),
+    ({"draft_num_predict": 6}, True, False, "auto", False, ("suffix", 6)),
+    ({"draft_suffix": False}, False, False, "auto", False, ("none", 0)),
+    ({"draft_num_predict": 6, "draft_suffix": False}, True, False, "auto", False, ("none", 0)),
     ({"draft_num_predict": 8}, True, True, "auto", False, ("model", 8)),
     ({"draft_num_predict": 0}, True, True, "auto", False, ("none", 0)),
     ({"draft_num_predict": -3}, True, True, "auto", False, ("none", 0)),
@@ -230,15 +233,18 @@ def test_plan_from_merged_layers():
     params, _ = format_params({"temperature": ["0.2"], "stop": ["</s>"], "n_max": ["6"]})
     plan = plan_speculation(Options.merged(params, {"temperature": 0.9}), has_draft_layer=True, has_mtp_head=False)
     assert (plan.drafter, plan.cap) == ("model", 6)
-    # no DRAFT layer, nothing set -> speculation off; the request can pick n-gram drafting
-    assert plan_speculation(Options.merged({}, {}), has_draft_layer=False, has_mtp_head=False).cap == 0
+    # no DRAFT layer, nothing set -> the suffix drafter; a PARAMETER draft_suffix false -> speculation off;
+    # the request can pick n-gram drafting
+    assert plan_speculation(Options.merged({}, {}), has_draft_layer=False, has_mtp_head=False).drafter == "suffix"
+    assert plan_speculation(Options.merged({"draft_suffix": False}, {}), has_draft_layer=False,
+                            has_mtp_head=False).cap == 0
     plan = plan_speculation(Options.merged({}, {"drafter": "ngram"}), has_draft_layer=False, has_mtp_head=False)
     assert (plan.drafter, plan.cap) == ("ngram", 4)
     plan = plan_speculation(Options.merged({}, {"n_max": 3}), has_draft_layer=False, has_mtp_head=True)
     assert (plan.drafter, plan.cap) == ("mtp", 3)
-    # an MTP head alone with the default cap: no speculation (the engine used to pick the head)
+    # an MTP head alone with the default cap: not the head (the engine used to pick it), the suffix drafter
     plan = plan_speculation(Options.merged({}, {}), has_draft_layer=False, has_mtp_head=True)
-    assert (plan.drafter, plan.cap) == ("none", 0)
+    assert (plan.drafter, plan.cap) == ("suffix", 16)
 
 
 def test_plan_carries_the_tunables():
@@ -247,11 +253,12 @@ def test_plan_carries_the_tunables():
                                 "draft_acceptance": "match", "relaxed_scope": "thinking", "draft_copy": True})
     plan = plan_speculation(options, has_draft_layer=True, has_mtp_head=False)
     assert plan == SpeculationPlan(drafter="model", cap=4, rule="match", schedule="fixed", p_min=0.5,
-                                   n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking", copy=True)
+                                   n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking", copy=True,
+                                   suffix=True)
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
         "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "model", "draft_trace": True, "draft_acceptance": "match",
-        "draft_copy": True, "draft_vocab": 16384}
+        "draft_copy": True, "draft_suffix": True, "draft_vocab": 16384}
     # only a draft model or MTP head has copy rounds: n-gram lookup already is the copy, and none drafts nothing
     for drafter in ("ngram", "none"):
         other = plan_speculation(Options.from_map({"drafter": drafter, "draft_copy": True}),

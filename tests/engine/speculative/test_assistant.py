@@ -128,7 +128,7 @@ def test_greedy_output_is_identical_with_and_without_the_assistant(engine):
         assert run.tokens == plain.tokens
         assert run.spec.drafter == "mtp" and run.spec.draft_n > 10
     auto = generate(engine, **GREEDY, drafter="auto", draft_num_predict=3)
-    assert auto.tokens == plain.tokens and auto.spec.drafter == "mtp+copy"
+    assert auto.tokens == plain.tokens and auto.spec.drafter == "mtp+suffix"
     again = generate(engine, **GREEDY, **spec_opts("mtp", 3))  # prefix reuse across requests
     assert again.tokens == plain.tokens
 

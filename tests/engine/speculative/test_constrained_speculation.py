@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from tests.engine.speculative.test_speculation import generate, load_engine, write_model
 
 # draft_copy is on by default, so a request drafting with the model reports the model with its copy cursor
-REPORTED_DRAFTER = {"none": "none", "model": "model+copy", "ngram": "ngram"}
+REPORTED_DRAFTER = {"none": "none", "model": "model+suffix", "ngram": "ngram"}
 
 
 class Pet(BaseModel):
@@ -77,7 +77,7 @@ def test_greedy_constrained_speculation_equals_plain(engines, name):
     mtp_plain = generate(engines["mtp"], request={"format": fmt}, **GREEDY, drafter="none")
     mtp = generate(engines["mtp"], request={"format": fmt}, **GREEDY, drafter="mtp", draft_num_predict=4,
                    draft_schedule="fixed")
-    assert mtp.tokens == mtp_plain.tokens and mtp.spec.drafter == "mtp+copy"
+    assert mtp.tokens == mtp_plain.tokens and mtp.spec.drafter == "mtp+suffix"
 
 
 def test_a_perfect_drafter_gets_drafts_accepted_under_the_constraint(engines):

@@ -134,8 +134,10 @@ GREEDY = dict(temperature=0, num_predict=40)
 
 
 def spec_opts(drafter: str, cap: int = 4, schedule: str = "fixed", **kw) -> dict:
-    """This drafter alone (no copy rounds, unless ``draft_copy`` is passed), at this cap and schedule."""
-    return {"drafter": drafter, "draft_num_predict": cap, "draft_schedule": schedule, "draft_copy": False, **kw}
+    """This drafter alone (no copy rounds, unless ``draft_copy`` is passed; no earlier outputs, unless
+    ``draft_suffix`` is), at this cap and schedule."""
+    return {"drafter": drafter, "draft_num_predict": cap, "draft_schedule": schedule, "draft_copy": False,
+            "draft_suffix": False, **kw}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,9 +233,11 @@ def test_adaptive_schedule_is_lossless_too(self_engine, random_engine, plain):
 
 def test_auto_picks_the_draft_model_and_unknown_drafters_are_400(self_engine, paths):
     run = generate(self_engine, temperature=0, num_predict=8, drafter="auto", draft_num_predict=3)
-    assert run.spec.drafter == "model+copy"  # draft_copy is on by default
+    assert run.spec.drafter == "model+suffix"  # draft_copy is on by default
     plain_engine = load_engine(paths["target"])
-    assert generate(plain_engine, temperature=0, num_predict=4, drafter="auto").spec.drafter == "none"
+    # without a DRAFT, auto drafts from the model's earlier outputs (draft_suffix), else nothing
+    assert generate(plain_engine, temperature=0, num_predict=4, drafter="auto").spec.drafter == "suffix"
+    assert generate(plain_engine, temperature=0, num_predict=4, draft_suffix=False).spec.drafter == "none"
     for bad in ("model", "mtp"):
         with pytest.raises(EngineError) as e:
             generate(plain_engine, temperature=0, num_predict=4, drafter=bad)
@@ -270,9 +274,11 @@ def test_engine_and_show_agree_on_an_mtp_head(paths, tmp_path):
         sent = GenerateRequest(prompt=PROMPT, options=merged_options(model, request))
         plan = engine.plan(sent)
         assert shown["drafter"] == plan.drafter and shown["draft_copy"] == plan.copy
-        assert run.spec.drafter == plan.drafter + ("+copy" if plan.copy else "")
+        assert run.spec.drafter == plan.drafter + ("+suffix" if plan.suffix else "+copy" if plan.copy else "")
         seen.append(run.spec.drafter)
-    assert seen == ["none", "mtp+copy"]  # draft_copy is on by default, and only a model or head copies
+    # draft_copy and draft_suffix are on by default, only a model or head copies, and without a cap the head
+    # waits for an explicit one: the suffix drafter drafts
+    assert seen == ["suffix", "mtp+suffix"]
 
 
 def test_draft_acceptance_from_a_modelfile_reaches_the_engine(dist_engine):
