@@ -70,8 +70,11 @@ def _mtp(n: int, **kw) -> dict:
 
 CONFIGS: list[Config] = [
     Config("plain", dict(drafter="none"), needs_draft=False),
-    # what a client that sends no speculation options gets (the DRAFT model, engine.contract.options' defaults)
-    Config("default", {}),
+    # what a client that sends no speculation options gets (the DRAFT model, engine.contract.options' defaults;
+    # without a DRAFT the suffix drafter)
+    Config("default", {}, needs_draft=False),
+    # the defaults before suffix drafting (without a DRAFT: plain decoding)
+    Config("default-no-suffix", dict(draft_suffix=False)),
     Config("default-no-copy", dict(draft_copy=False)),
     *[Config(f"strict-n{n}", _fixed(n)) for n in (1, 2, 3, 4, 8)],
     Config("strict-n16-pmin0.8", _fixed(16, draft_p_min=0.8)),
@@ -162,7 +165,9 @@ def render_prompt(tokenizer: Tokenizer, text: str, raw: bool) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def run_once(engine: ModelRuntime, prompt: str, options: dict) -> Sample:
+def run_once(engine: ModelRuntime, prompt: str, options: dict, keep_outputs: bool = False) -> Sample:
+    if not keep_outputs:
+        engine.outputs.clear()
     result = None
     for item in engine.generate(GenerateRequest(prompt=prompt, options=Options.from_map(options))):
         if isinstance(item, GenerateResult):
@@ -286,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--paired", action="store_true",
                     help="run plain decoding again right before every other configuration and report the "
                          "median of those adjacent ratios too (a shared machine's speed drifts within minutes)")
+    ap.add_argument("--keep-outputs", action="store_true",
+                    help="let each run draft from the earlier runs' outputs (suffix drafting); by default the store "
+                         "is emptied before every run, so that a prompt's repetitions measure new text, not a retry")
     ap.add_argument("--json", help="write the results as JSON to this path ('-' = stdout)")
     ap.add_argument("--markdown", help="also write the markdown table to this path")
     args = ap.parse_args(argv)
@@ -330,9 +338,9 @@ def main(argv: list[str] | None = None) -> int:
                     # num_ctx: the whole cache, as before options had a 4096 default.
                     base = dict(TEMPERATURES[temp], num_predict=args.tokens, seed=1000 + rep,
                                 num_ctx=engine.cache.capacity)
-                    before = run_once(engine, prompt, dict(base, **plain.options)) \
+                    before = run_once(engine, prompt, dict(base, **plain.options), args.keep_outputs) \
                         if args.paired and cfg.name != "plain" else None
-                    sample = run_once(engine_for(cfg), prompt, dict(base, **cfg.options))
+                    sample = run_once(engine_for(cfg), prompt, dict(base, **cfg.options), args.keep_outputs)
                     if before is not None and before.tok_s > 0:
                         sample.adjacent_ratio = sample.tok_s / before.tok_s
                     if rep >= args.warmup:

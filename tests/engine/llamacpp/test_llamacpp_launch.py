@@ -87,7 +87,8 @@ def test_a_projector_starts_llama_server_with_mmproj(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("option,value", [("relaxed_top_n", 3), ("draft_acceptance", "match"), ("draft_trace", True),
-                                          ("relaxed_scope", "thinking"), ("draft_schedule", "adaptive")])
+                                          ("relaxed_scope", "thinking"), ("draft_schedule", "adaptive"),
+                                          ("drafter", "suffix")])
 def test_an_option_only_the_native_engine_has_is_refused(option: str, value) -> None:
     why = refusal(Options.merged({}, {option: value}))
     assert why is not None and option in why and "llamacpp engine" in why

@@ -182,6 +182,9 @@ def load(path, draft=None, **spec) -> ModelRuntime:
 
 
 GREEDY = dict(temperature=0, num_predict=48)
+# Counts of drafted tokens are asserted at a fixed depth (the suffix drafter's default cap, 16): the adaptive
+# depth follows measured times, and a test must not depend on what they choose.
+FIXED = dict(GREEDY, draft_schedule="fixed")
 PROMPTS = [ts.PROMPT, "Once upon a time", "import os\nimport"]
 
 
@@ -193,7 +196,7 @@ def test_greedy_output_is_plain_output_and_a_retry_is_drafted_from_the_first(tin
     first = [generate(eng, p, **GREEDY) for p in PROMPTS]  # no options: the suffix drafter
     assert [r.tokens for r in first] == plain
     assert {r.spec.drafter for r in first} == {"suffix"}
-    again = [generate(eng, p, **GREEDY) for p in PROMPTS]
+    again = [generate(eng, p, **FIXED) for p in PROMPTS]
     assert [r.tokens for r in again] == plain
     for run in again:  # the earlier answer, drafted and accepted whole
         assert run.spec.draft_n_accepted == run.spec.draft_n > 0
@@ -220,7 +223,7 @@ def test_concurrent_requests_get_what_they_get_alone(tiny):
     results: dict[int, object] = {}
 
     def run(i):
-        results[i] = generate(eng, (PROMPTS + ["the cat"])[i], **GREEDY)
+        results[i] = generate(eng, (PROMPTS + ["the cat"])[i], **FIXED)
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
     for t in threads:
@@ -258,7 +261,7 @@ def test_constrained_and_relaxed_requests_stay_exact(tiny):
 def test_a_cancelled_request_adds_nothing(tiny):
     eng = load(tiny["llama"])
     seen = []
-    run = generate(eng, ts.PROMPT, **GREEDY, should_stop=lambda: seen.append(1) or len(seen) > 5)
+    run = generate(eng, ts.PROMPT, **GREEDY, drafter="none", should_stop=lambda: seen.append(1) or len(seen) > 5)
     assert 0 < len(run.tokens) < GREEDY["num_predict"]
     assert eng.outputs.tokens == 0
     # a consumer that stops reading mid-stream adds nothing either
@@ -276,8 +279,9 @@ def test_one_models_outputs_never_draft_for_another_and_a_reload_starts_empty(ti
     prompt_ids = a.tokenize(ts.PROMPT)
     assert a.outputs.match(prompt_ids, 8) is not None
     assert b.outputs.tokens == 0 and b.outputs.match(prompt_ids, 8) is None
-    retry = generate(b, ts.PROMPT, **GREEDY)
-    assert retry.spec.target_forwards > len(retry.tokens) / 2  # nothing to draft the answer from
+    retried, fresh = generate(a, ts.PROMPT, **FIXED), generate(b, ts.PROMPT, **FIXED)
+    assert retried.tokens == fresh.tokens
+    assert fresh.spec.target_forwards > retried.spec.target_forwards  # b had nothing to draft the answer from
     assert load(tiny["llama"]).outputs.tokens == 0  # a reload of the same file holds nothing
 
 
