@@ -85,38 +85,29 @@ class SuffixCache:
             self._serial += 1
             self._docs[serial] = doc
             self._tokens += len(doc)
-            n, cap = self.key_len, self.occurrences
-            base = serial << _OFFSET_BITS
-            index = self._index
-            for end in range(n - 1, len(doc) - 1):  # the n-gram ending at ``end`` has a successor
-                key = doc[end - n + 1:end + 1]
-                places = index.get(key)
-                if places is None:
-                    index[key] = [base | end]
-                else:
-                    places.append(base | end)
-                    if len(places) > cap:
-                        del places[0]
+            self._index_document(self._index, serial, doc)
             while self._tokens > self.max_tokens and self._docs:
                 _, old = self._docs.popitem(last=False)
                 self._tokens -= len(old)
-                self._stale += max(0, len(old) - n)
-            if self._stale > max(1024, self._tokens):
-                self._rebuild()
+                self._stale += max(0, len(old) - self.key_len)
+            if self._stale > max(1024, self._tokens):  # the live documents only
+                self._index = {}
+                for kept, doc in self._docs.items():
+                    self._index_document(self._index, kept, doc)
+                self._stale = 0
 
-    def _rebuild(self) -> None:
-        """The index of the live documents only (under the lock)."""
-        index: dict[tuple[int, ...], list[int]] = {}
+    def _index_document(self, index: dict[tuple[int, ...], list[int]], serial: int, doc: tuple[int, ...]) -> None:
+        """Every n-gram of ``doc`` that has a successor in it, as the most recent place of its key."""
         n, cap = self.key_len, self.occurrences
-        for serial, doc in self._docs.items():
-            base = serial << _OFFSET_BITS
-            for end in range(n - 1, len(doc) - 1):
-                places = index.setdefault(doc[end - n + 1:end + 1], [])
+        base = serial << _OFFSET_BITS
+        for end in range(n - 1, len(doc) - 1):
+            places = index.get(key := doc[end - n + 1:end + 1])
+            if places is None:
+                index[key] = [base | end]
+            else:
                 places.append(base | end)
                 if len(places) > cap:
                     del places[0]
-        self._index = index
-        self._stale = 0
 
     def clear(self) -> None:
         with self._lock:
