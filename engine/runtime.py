@@ -229,6 +229,9 @@ class ModelRuntime:
         if kind == "suffix":
             return SuffixDrafter(self.outputs, drafters["ngram"]), plan.cap
         if plan.copy:  # the plan has copy rounds only for a draft model or MTP head
+            if plan.suffix and plan.suffix_cap > plan.cap:  # the outputs' rounds deeper than the model's
+                return CopyFirstDrafter(drafters[kind], drafters["ngram"], outputs=self.outputs,
+                                        model_cap=plan.cap), plan.suffix_cap
             return CopyFirstDrafter(drafters[kind], drafters["ngram"],
                                     outputs=self.outputs if plan.suffix else None), plan.cap
         return drafters[kind], plan.cap
@@ -241,7 +244,8 @@ class ModelRuntime:
         kept = self.controllers if controllers is None else controllers
         if drafter.sources:  # a drafter that picks its source per round: each source priced on its own
             return PerSourceDepth({src: self._adaptive(kept, f"{drafter.kind}/{src}") for src in drafter.sources},
-                                  drafter.round_source, dict(drafter.fallbacks), drafter.use_source)
+                                  drafter.round_source, dict(drafter.fallbacks), drafter.use_source,
+                                  dict(drafter.source_caps))
         return self._adaptive(kept, drafter.kind)
 
     def _adaptive(self, kept: dict[str, AdaptiveDepth], key: str) -> AdaptiveDepth:

@@ -37,6 +37,9 @@ class SpeculationPlan:
     relaxed_scope: RelaxedScope = "all"  # where relaxed_top_n applies: everywhere or the reasoning only
     copy: bool = False  # draft_copy: rounds that copy the context draft the copy (model and mtp drafters)
     suffix: bool = False  # draft_suffix with a model or mtp drafter: earlier outputs draft too (model+suffix)
+    # with ``suffix`` and the adaptive schedule: how deep a round the earlier outputs draft may go (the suffix
+    # drafter's own cap unless draft_num_predict is set; the model's and the copy's rounds keep ``cap``)
+    suffix_cap: int = 0
     vocab: int = DEFAULT_DRAFT_VOCAB  # draft_vocab: load-time (the engine's pruned draft head), shown with the rest
 
     def as_options(self) -> dict[str, Any]:
@@ -78,15 +81,16 @@ def plan_speculation(options: Options, *, has_draft_layer: bool, has_mtp_head: b
             drafter = "suffix"
         else:
             drafter = "none"
-    if drafter == "suffix" and "draft_num_predict" not in options.explicit:
+    own_cap = "draft_num_predict" in options.explicit
+    if drafter == "suffix" and not own_cap:
         cap = SUFFIX_DEFAULT_CAP
     if drafter == "none" or cap <= 0:
         drafter, cap = "none", 0
+    suffix = suffix_drafting and options.draft_copy and options.draft_suffix and drafter in ("model", "mtp")
+    suffix_cap = cap if own_cap or options.draft_schedule == "fixed" else max(cap, SUFFIX_DEFAULT_CAP)
     return SpeculationPlan(drafter=drafter, cap=cap, rule=options.draft_acceptance,  # type: ignore[arg-type]
                            schedule=options.draft_schedule, p_min=options.draft_p_min,
                            n_min=options.draft_n_min, relaxed_top_n=options.relaxed_top_n,
                            trace=options.draft_trace, relaxed_scope=options.relaxed_scope,
                            copy=options.draft_copy and drafter in ("model", "mtp"),
-                           suffix=suffix_drafting and options.draft_copy and options.draft_suffix
-                           and drafter in ("model", "mtp"),
-                           vocab=options.draft_vocab)
+                           suffix=suffix, suffix_cap=suffix_cap if suffix else 0, vocab=options.draft_vocab)

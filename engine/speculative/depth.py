@@ -534,6 +534,10 @@ class PerSourceDepth:
     # is cheap; what earlier texts taught is its prior).
     fallbacks: dict[str, str] = field(default_factory=dict)
     use_source: Callable[[str], None] | None = None
+    # A source's own depth cap below the request's: ``model+suffix`` lets a round drafted from the earlier
+    # outputs run to the suffix drafter's cap (a repeat is accepted whole) and keeps the model's and the
+    # copy's rounds at the request's cap (``engine.runtime``).
+    caps: dict[str, int] = field(default_factory=dict)
     _current: str = ""
 
     def begin_request(self) -> None:
@@ -548,6 +552,7 @@ class PerSourceDepth:
             if self.use_source is not None:
                 self.use_source(other)
         self._current = source
+        cap = self._cap(source, cap)
         ctl = self.controllers[source]
         if source in self.fallbacks and isinstance(ctl, AdaptiveDepth) and not ctl.tried_this_request():
             # the request's one try of a competing source is a probe: one draft. At the depth earlier texts
@@ -555,13 +560,16 @@ class PerSourceDepth:
             cap = min(cap, 1)
         return ctl.choose(cap)
 
+    def _cap(self, source: str, cap: int) -> int:
+        return min(cap, self.caps.get(source, cap))
+
     def _prefers(self, other: str, source: str, cap: int) -> bool:
         mine, theirs = self.controllers[source], self.controllers[other]
         if not isinstance(mine, AdaptiveDepth) or not isinstance(theirs, AdaptiveDepth):
             return False
         if not mine.tried_this_request():
             return False
-        return theirs.value(cap) > mine.value(cap)
+        return theirs.value(self._cap(other, cap)) > mine.value(self._cap(source, cap))
 
     def observe(self, depth: int, n_drafted: int, n_accepted: int, seconds: float,
                 drafting: float = 0.0) -> None:

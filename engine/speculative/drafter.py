@@ -119,6 +119,9 @@ class Drafter:
     # A source that competes with another: the depth controller may take the other one instead
     # (``use_source``), when it expects more tokens a second from it (engine.speculative.depth.PerSourceDepth).
     fallbacks: tuple[tuple[str, str], ...] = ()
+    # Depth caps of some sources below the request's (``PerSourceDepth.caps``): a drafter whose sources differ in
+    # how deep they pay (CopyFirstDrafter with the earlier outputs) drafts those to the request's cap only.
+    source_caps: dict[str, int] = {}
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # the committed log as this drafter knows it

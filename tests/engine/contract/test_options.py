@@ -254,7 +254,7 @@ def test_plan_carries_the_tunables():
     plan = plan_speculation(options, has_draft_layer=True, has_mtp_head=False)
     assert plan == SpeculationPlan(drafter="model", cap=4, rule="match", schedule="fixed", p_min=0.5,
                                    n_min=2, relaxed_top_n=3, trace=True, relaxed_scope="thinking", copy=True,
-                                   suffix=True)
+                                   suffix=True, suffix_cap=4)
     assert plan.as_options() == {
         "draft_num_predict": 4, "draft_n_min": 2, "draft_p_min": 0.5, "relaxed_top_n": 3,
         "relaxed_scope": "thinking", "draft_schedule": "fixed", "drafter": "model", "draft_trace": True, "draft_acceptance": "match",

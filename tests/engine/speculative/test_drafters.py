@@ -690,3 +690,27 @@ def test_adaptive_recovers_from_a_slow_first_round():
         chosen.append(k)
         ctl.observe(k, k, k, real[k], drafting=0.065 * k)  # a perfect drafter
     assert chosen[-20:].count(2) >= 18
+
+
+def test_a_source_with_its_own_cap_is_chosen_within_it():
+    """PerSourceDepth.caps: a source capped below the request's cap drafts within its own, the others to the
+    request's (model+suffix: the model's rounds at 4, the earlier outputs' at 16)."""
+    from engine.speculative.depth import PerSourceDepth
+
+    def perfect(depth, n_drafted):  # every width costs the same: the deepest round pays most
+        return 0.01
+
+    source = ["model"]
+    controllers = {name: AdaptiveDepth(cost_model=perfect) for name in ("model", "suffix")}
+    for ctl in controllers.values():
+        ctl.verify_times.add(1, 0.01)
+    depth = PerSourceDepth(controllers, lambda: source[0], caps={"model": 4})
+    for name in ("model", "suffix"):
+        source[0] = name
+        depth.begin_request()
+        chosen = []
+        for _ in range(12):
+            k = depth.choose(16)
+            depth.observe(k, k, k, 0.01)
+            chosen.append(k)
+        assert max(chosen) == (4 if name == "model" else 16), (name, chosen)

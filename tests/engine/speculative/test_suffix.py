@@ -214,6 +214,19 @@ def test_with_a_draft_model_the_outputs_join_its_copy_rounds(tiny):
     assert suffix_rounds.step > 0
     assert generate(eng, ts.PROMPT, **GREEDY, draft_suffix=False).spec.drafter == "model+copy"
 
+    # under the adaptive schedule the outputs' rounds may go to the suffix drafter's cap, the model's and the
+    # copy's stay at the request's
+    plan = eng.plan(GenerateRequest(prompt=ts.PROMPT, options=Options()))
+    assert (plan.cap, plan.suffix_cap) == (4, SUFFIX_DEFAULT_CAP)
+    drafter, cap = eng.resolve_drafter(plan)
+    assert cap == SUFFIX_DEFAULT_CAP and drafter.source_caps == {"copy": 4, "copy-weak": 4, "model": 4}
+    controller = eng.controller(drafter, plan.schedule, plan.n_min)
+    assert controller.caps == drafter.source_caps
+    for options in ({"draft_schedule": "fixed"}, {"draft_num_predict": 6}):  # a fixed depth, an explicit cap
+        plan = eng.plan(GenerateRequest(prompt=ts.PROMPT, options=Options.from_map(options)))
+        drafter, cap = eng.resolve_drafter(plan)
+        assert cap == plan.cap == plan.suffix_cap and drafter.source_caps == {}
+
 
 def test_concurrent_requests_get_what_they_get_alone(tiny):
     """Four sequences at once, each a retry of a prompt another slot answered: every one the tokens it gets
