@@ -18,7 +18,8 @@ live tandem build holds it, so a leftover one is removed.
 
 No compiler, no ninja, or a failing build is not an error for the engine: ``load_qdot()`` returns
 ``None``, :func:`qdot_status` says why, and the engine keeps to torch's own kernels.
-Set ``TANDEM_NATIVE_KERNELS=0`` to never build or load them.
+Set ``TANDEM_NATIVE_KERNELS=0`` to never build or load them; ``TANDEM_KERNEL_VARIANT=avx2`` (or ``portable``) runs
+the engine on that build instead of the native one, to time the AVX2 path on an AVX-512 host.
 """
 
 from __future__ import annotations
@@ -123,12 +124,22 @@ def build_directory(name: str) -> Path:
     return Path(cpp_extension.get_default_build_root()) / f"{python}_{accelerator}" / name
 
 
+def engine_variant() -> str:
+    """The build the engine runs: ``native``, unless ``TANDEM_KERNEL_VARIANT`` names another of :data:`VARIANTS`
+    (``avx2`` on an AVX-512 host measures the AVX2 path's speed there; an unknown name keeps ``native``)."""
+    wanted = os.environ.get("TANDEM_KERNEL_VARIANT", "native")
+    return wanted if wanted in VARIANTS else "native"
+
+
 @functools.lru_cache(maxsize=None)
 def qdot_status(variant: str = "native") -> KernelStatus:
     """Build (once per process) and load one variant of the kernel library; never raises.
 
-    ``"native"`` is the engine's; the others (:data:`VARIANTS`) register under their own namespaces
-    for the tests to compare, and are reported unavailable on a CPU that cannot run them."""
+    ``"native"`` is the engine's (``TANDEM_KERNEL_VARIANT`` may name another build for it: ``engine_variant``); the
+    others (:data:`VARIANTS`) register under their own namespaces for the tests to compare, and are reported
+    unavailable on a CPU that cannot run them."""
+    if variant == "native" and engine_variant() != "native":
+        return qdot_status(engine_variant())
     spec = VARIANTS[variant]
     namespace = spec.namespace
     if os.environ.get("TANDEM_NATIVE_KERNELS", "1") == "0":

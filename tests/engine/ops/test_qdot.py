@@ -523,3 +523,23 @@ def test_a_killed_builders_lock_does_not_block_the_next_load():
     finally:
         lock.unlink(missing_ok=True)
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+def test_the_engine_runs_the_build_tandem_kernel_variant_names(monkeypatch):
+    """TANDEM_KERNEL_VARIANT=avx2 makes the engine's kernels the AVX2 build (to time that path on an AVX-512 host);
+    an unknown name keeps the native one."""
+    from engine.ops import kernels
+
+    if not qdot_status("avx2").available:
+        pytest.skip(f"no AVX2 build here: {qdot_status('avx2').detail}")
+    try:
+        monkeypatch.setenv("TANDEM_KERNEL_VARIANT", "avx2")
+        qdot_status.cache_clear()
+        assert qdot_status().namespace == "tandem_avx2" and qdot_status().isa == "avx2"
+        assert load_qdot() is torch.ops.tandem_avx2.qdot_linear and kernels.load_block_ops() is torch.ops.tandem_avx2
+        monkeypatch.setenv("TANDEM_KERNEL_VARIANT", "sse9")
+        qdot_status.cache_clear()
+        assert qdot_status().namespace == "tandem"
+    finally:
+        monkeypatch.delenv("TANDEM_KERNEL_VARIANT")
+        qdot_status.cache_clear()
