@@ -269,6 +269,14 @@ def test_constrained_and_relaxed_requests_stay_exact(tiny):
     # relaxed top-1 at temperature 0 is the strict rule
     assert generate(eng, ts.PROMPT, **GREEDY, relaxed_top_n=1).tokens == \
         generate(eng, ts.PROMPT, **GREEDY, drafter="none").tokens
+    # relaxed top-5 while sampling from the top 5: an earlier sample's tokens, drafted again, rank in the target's
+    # top 5 at the same positions, so the relaxed rule keeps them
+    sampled = dict(FIXED, temperature=0.8, top_k=5, seed=5, relaxed_top_n=5)
+    eng.outputs.clear()
+    first = generate(eng, "Once upon a time", **sampled)
+    relaxed = generate(eng, "Once upon a time", **sampled)
+    assert relaxed.spec.drafter == "suffix" and relaxed.spec.draft_n > 0
+    assert relaxed.spec.draft_n_accepted > first.spec.draft_n_accepted
 
 
 def test_a_cancelled_request_adds_nothing(tiny):
