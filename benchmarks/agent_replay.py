@@ -30,7 +30,7 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 import torch
@@ -54,6 +54,7 @@ class Turn:
     user: str
     tool_result: str = ""  # for the tools session: the result sent back after the model's call
     new_conversation: bool = False  # the retry: the conversation starts over with this turn
+    conversation: str = ""  # which of the session's conversations the turn continues (interleaved sessions)
 
 
 @dataclass(frozen=True)
@@ -110,10 +111,10 @@ BOOKSTORE = (
          "module."),
 )
 # two sessions whose turns alternate: A1 B1 A2 B2 (the turns carry which conversation they belong to)
-INTERLEAVED = ("interleaved", SYSTEM, (("a", LIBRARY[0]), ("b", BOOKSTORE[0]), ("a", LIBRARY[1]),
-                                       ("b", BOOKSTORE[1])))
+INTERLEAVED = Session("interleaved", SYSTEM, tuple(
+    replace(turn, conversation=key) for pair in zip(LIBRARY, BOOKSTORE) for key, turn in zip("ab", pair)))
 
-SESSIONS = {"coding": CODING, "tools": TOOLS, "retry": RETRY}
+SESSIONS = {s.name: s for s in (CODING, TOOLS, RETRY, INTERLEAVED)}
 
 CONFIGS = {
     "plain": {"drafter": "none"},
@@ -153,17 +154,16 @@ def generate(engine: ModelRuntime, prompt: str, options: dict) -> tuple[str, Gen
     return text, result
 
 
-def replay(engine: ModelRuntime, name: str, system: str, turns, options: dict, record) -> None:
+def replay(engine: ModelRuntime, session: Session, options: dict, record) -> None:
     """One session from an empty store of outputs; ``record(turn_index, retry, result)`` after each turn."""
     engine.outputs.clear()
     conversations: dict[str, list[tuple[str, str]]] = {}
-    for i, item in enumerate(turns):
-        key, turn = item if isinstance(item, tuple) else ("", item)
-        messages = conversations.setdefault(key, [])
+    for i, turn in enumerate(session.turns):
+        messages = conversations.setdefault(turn.conversation, [])
         if turn.new_conversation:
             messages.clear()
         messages.append(("user", turn.user))
-        answer, result = generate(engine, chatml(system, messages), options)
+        answer, result = generate(engine, chatml(session.system, messages), options)
         messages.append(("assistant", answer))
         if turn.tool_result:
             messages.append(("user", f"Tool result: {turn.tool_result}"))
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.draft, num_ctx=args.num_ctx))
     sessions = [s for s in args.sessions.split(",") if s]
     configs = [c for c in args.configs.split(",") if c]
-    unknown = [s for s in sessions if s not in SESSIONS and s != "interleaved"] + \
+    unknown = [s for s in sessions if s not in SESSIONS] + \
         [c for c in configs if c not in CONFIGS]
     if unknown:
         ap.error(f"unknown session or config: {', '.join(unknown)}")
@@ -199,8 +199,6 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for rnd in range(args.rounds):
         for sname in sessions:
-            name, system, turns = INTERLEAVED if sname == "interleaved" else \
-                (SESSIONS[sname].name, SESSIONS[sname].system, SESSIONS[sname].turns)
             for cname in configs:
                 def record(i, retry, result, sname=sname, cname=cname):
                     cell = cells.setdefault((sname, i, cname), TurnResult(sname, i, cname, retry))
@@ -210,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
                     cell.drafted.append(result.speculation.draft_n)
                     cell.accepted.append(result.speculation.draft_n_accepted)
                     cell.drafter = result.speculation.drafter
-                replay(engine, name, system, turns, dict(base, **CONFIGS[cname]), record)
+                replay(engine, SESSIONS[sname], dict(base, **CONFIGS[cname]), record)
             print(f"round {rnd + 1}/{args.rounds} {sname} done ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
 

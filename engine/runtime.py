@@ -229,11 +229,9 @@ class ModelRuntime:
         if kind == "suffix":
             return SuffixDrafter(self.outputs, drafters["ngram"]), plan.cap
         if plan.copy:  # the plan has copy rounds only for a draft model or MTP head
-            if plan.suffix and plan.suffix_cap > plan.cap:  # the outputs' rounds deeper than the model's
-                return CopyFirstDrafter(drafters[kind], drafters["ngram"], outputs=self.outputs,
-                                        model_cap=plan.cap), plan.suffix_cap
-            return CopyFirstDrafter(drafters[kind], drafters["ngram"],
-                                    outputs=self.outputs if plan.suffix else None), plan.cap
+            deeper = plan.suffix_cap > plan.cap  # the outputs' rounds may go deeper than the model's (0 without them)
+            return CopyFirstDrafter(drafters[kind], drafters["ngram"], outputs=self.outputs if plan.suffix else None,
+                                    model_cap=plan.cap if deeper else None), max(plan.cap, plan.suffix_cap)
         return drafters[kind], plan.cap
 
     def controller(self, drafter: Drafter, schedule: str, n_min: int,

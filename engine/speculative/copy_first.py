@@ -43,7 +43,7 @@ from typing import Sequence
 
 from engine.speculative.drafter import DraftContext, Drafter, Proposal, TargetOutput, TokenAcceptance
 from engine.speculative.ngram import NgramDrafter
-from engine.speculative.suffix import LONG_MATCH, LOOKAHEAD
+from engine.speculative.suffix import LONG_MATCH, RoundLookup
 from engine.speculative.suffix_cache import SuffixCache, SuffixMatch
 
 #: How far ahead the copy's shadow proposal reaches (a certain copy drafts up to the cap, at most 8 deep).
@@ -56,16 +56,15 @@ class CopyFirstDrafter(Drafter):
     def __init__(self, primary: Drafter, copy: NgramDrafter, weak_agreement: int = 4, min_streak: int = 16,
                  outputs: SuffixCache | None = None, model_cap: int | None = None):
         super().__init__()
-        self.primary, self.copy, self.outputs = primary, copy, outputs
+        self.primary, self.copy = primary, copy
+        self.outputs = RoundLookup(outputs) if outputs is not None else None
         # what the request reports, and its own adaptive depth state
         self.kind = f"{primary.kind}+{'copy' if outputs is None else 'suffix'}"
         self.needs_hidden = primary.needs_hidden
         # from here (of the copy's window of 8) up to a certain copy: a weak copy, priced against the model
         self.weak_agreement = weak_agreement
         self.copied_rounds = 0
-        self.suffix_rounds = 0
         self._source: str | None = None  # the coming round's source, once decided
-        self._match: SuffixMatch | None = None  # the outputs' continuation for the coming round
         self.sources = ("copy", "copy-weak", primary.kind) + (("suffix",) if outputs is not None else ())
         self.fallbacks = (("copy-weak", primary.kind),) + \
             ((("suffix", primary.kind),) if outputs is not None else ())
@@ -103,12 +102,8 @@ class CopyFirstDrafter(Drafter):
 
     def _long_match(self) -> SuffixMatch | None:
         """The outputs' continuation of the log when it matches them over LONG_MATCH tokens or more."""
-        if self.outputs is None:
-            return None
-        if self._match is None:
-            self._match = self.outputs.match(self.tokens, LOOKAHEAD)
-        found = self._match
-        return found if found is not None and found.tokens and found.length >= LONG_MATCH else None
+        found = self.outputs.match(self.tokens) if self.outputs is not None else None
+        return found if found is not None and found.length >= LONG_MATCH else None
 
     def use_source(self, source: str) -> None:
         self._source = source
@@ -120,12 +115,12 @@ class CopyFirstDrafter(Drafter):
         super().begin(tokens)
         self.primary.begin(tokens)
         self.copy.begin(tokens)
-        self.copied_rounds = self.suffix_rounds = 0
-        self._source, self._match = None, None
+        self.copied_rounds = 0
+        self._new_round()
         self._new_request_checks()
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
-        self._source, self._match = None, None  # the evidence changes with every committed token
+        self._new_round()  # the evidence changes with every committed token
         self.copy_acceptance.check(self._shadow, tokens_committed)
         self.model_acceptance.check(self._model_drafts, tokens_committed)
         self._shadow, self._model_drafts = [], []
@@ -141,17 +136,19 @@ class CopyFirstDrafter(Drafter):
             if copied.tokens:
                 self.copied_rounds += 1
                 return copied
-        if source == "suffix" and k > 0:
-            found = self._long_match()
-            if found is not None:
-                self.suffix_rounds += 1
-                return Proposal(found.tokens[:k], None, found.probabilities[:k])
+        if source == "suffix" and self._long_match() is not None:
+            return self.outputs.draft(self.tokens, k)
         proposal = self.primary.propose(k, ctx)
         self._model_drafts = list(proposal.tokens)
         return proposal
 
+    def _new_round(self) -> None:
+        self._source = None
+        if self.outputs is not None:
+            self.outputs.forget()
+
     def reset(self) -> None:
-        self._source, self._match = None, None
+        self._new_round()
         self._new_request_checks()
         super().reset()
         self.primary.reset()

@@ -38,6 +38,33 @@ LONG_MATCH = 8
 LOOKAHEAD = 64
 
 
+class RoundLookup:
+    """The outputs' continuation of a drafter's log, looked up once per round: the round's source is named from it
+    before the depth is chosen, and the round drafts from the same lookup. ``forget`` when the log changes."""
+
+    def __init__(self, outputs: SuffixCache, lookahead: int = LOOKAHEAD):
+        self.outputs = outputs
+        self.lookahead = lookahead
+        self._found: SuffixMatch | None = None
+        self._looked = False  # a lookup that found nothing is not repeated within the round either
+
+    def match(self, tokens: Sequence[int]) -> SuffixMatch | None:
+        """What the outputs continue ``tokens`` with (None: nothing to draft)."""
+        if not self._looked:
+            found = self.outputs.match(tokens, self.lookahead)
+            self._found = found if found is not None and found.tokens else None
+            self._looked = True
+        return self._found
+
+    def draft(self, tokens: Sequence[int], k: int) -> Proposal:
+        """Up to ``k`` of the continuation, point masses with the path probabilities as confidences."""
+        found = self.match(tokens)
+        return EMPTY if found is None else Proposal(found.tokens[:k], None, found.probabilities[:k])
+
+    def forget(self) -> None:
+        self._found, self._looked = None, False
+
+
 class SuffixDrafter(Drafter):
     kind = "suffix"
     sources = ("copy", "suffix", "suffix-short", "lookup")
@@ -45,38 +72,30 @@ class SuffixDrafter(Drafter):
     def __init__(self, outputs: SuffixCache, context: NgramDrafter, *, long_match: int = LONG_MATCH,
                  lookahead: int = LOOKAHEAD):
         super().__init__()
-        self.outputs = outputs
         self.context = context
         self.long_match = long_match
-        self.lookahead = lookahead
-        self.suffix_rounds = 0  # rounds drafted from the outputs (this request)
+        self.lookup = RoundLookup(outputs, lookahead)
         self._source: str | None = None
-        self._match: SuffixMatch | None = None
 
     def begin(self, tokens: Sequence[int]) -> None:
         super().begin(tokens)
         self.context.begin(tokens)
-        self._source, self._match = None, None
-        self.suffix_rounds = 0
+        self._source = None
+        self.lookup.forget()
 
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
-        self._source, self._match = None, None  # the evidence changes with every committed token
+        self._source = None  # the evidence changes with every committed token
+        self.lookup.forget()
         super().commit(tokens_committed, n_total, target)
         self.context.commit(tokens_committed, n_total, target)
-
-    def outputs_match(self) -> SuffixMatch | None:
-        """What the outputs continue the log with now (looked up once per round)."""
-        if self._match is None:
-            self._match = self.outputs.match(self.tokens, self.lookahead)
-        return self._match
 
     def round_source(self) -> str:
         if self._source is None:
             if self.context.round_source() == "copy":
                 self._source = "copy"
             else:
-                found = self.outputs_match()
-                if found is None or not found.tokens:
+                found = self.lookup.match(self.tokens)
+                if found is None:
                     self._source = "lookup"
                 else:
                     self._source = "suffix" if found.length >= self.long_match else "suffix-short"
@@ -88,12 +107,11 @@ class SuffixDrafter(Drafter):
         if k <= 0:
             return EMPTY
         if source.startswith("suffix"):
-            found = self.outputs_match()
-            self.suffix_rounds += 1
-            return Proposal(found.tokens[:k], None, found.probabilities[:k])
+            return self.lookup.draft(self.tokens, k)
         return self.context.propose(k, ctx)
 
     def reset(self) -> None:
-        self._source, self._match = None, None
+        self._source = None
+        self.lookup.forget()
         super().reset()
         self.context.reset()

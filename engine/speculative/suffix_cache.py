@@ -77,8 +77,8 @@ class SuffixCache:
         """Keep ``output`` (a finished request's generated tokens), after its prompt's last tokens."""
         if not output or self.max_tokens <= 0:
             return
-        doc = tuple(int(t) for t in list(prompt)[-self.prompt_tail:] if self.prompt_tail) + \
-            tuple(int(t) for t in output)
+        tail = prompt[max(0, len(prompt) - self.prompt_tail):]  # the last tokens only, not a copy of the prompt
+        doc = tuple(int(t) for t in tail) + tuple(int(t) for t in output)
         doc = doc[-self.max_tokens:]  # a document larger than the whole store keeps its end
         with self._lock:
             serial = self._serial
