@@ -26,7 +26,7 @@ docs/measurements.md ("Weight formats"):
                    6 or 8 bits, f16 group scales; IQ4_NL's and IQ4_XS's non-linear values as 8-bit codes) and is
                    multiplied by tandem's native kernel
                    (``engine/ops/kernels/qdot.cpp``, AVX512-VNNI or AVX2) against activations rounded to int8 per 32
-                   values, as llama.cpp does; other sources are requantized to 8 bits per 32 (Q8_0's
+                   values (per 256 for K-quants), as llama.cpp does; other sources are requantized to 8 bits per 32 (Q8_0's
                    rule). f32 activations. Only where the kernel builds (:func:`engine.ops.kernels.qdot_status`).
 
 Fused loading: ``names`` may list several tensors that are concatenated along the output dim
@@ -203,7 +203,8 @@ class QDotLinear(Linear):
     or for K-quants their 8-bit codes (int8 Q6_K scales, uint8 Q4_K/Q5_K scales and mins) with
     ``supers`` f16 [ceil(N/16), K/256, S, 16] (:func:`pack_supers`; empty otherwise) holding each
     super-block's d (and -dmin); ``zeros`` is empty when every group uses ``w = scale * (code - offset)``.
-    Activations and output are f32: the kernel quantizes each row to int8 per 32 values itself."""
+    Activations and output are f32: the kernel quantizes each row to int8 itself, per 32 values (per 256
+    against K-quants' 8-bit scale codes)."""
 
     format = "qdot"
 

@@ -1,18 +1,22 @@
 // Integer dot-product linear layer over GGUF quantization codes (the way llama.cpp's CPU backend
 // multiplies quantized weights): weights stay as their unsigned 4-, 5-, 6- or 8-bit codes with one
 // scale (and optionally one zero) per group of 16 or 32 along K; each activation row is quantized
-// to int8 per 32 values; every group's dot product is an integer sum (AVX512-VNNI vpdpbusd:
-// unsigned weight bytes x signed activation bytes), scaled once per group in f32.
+// to int8, per 32 values against f16-scaled weights (Q8_0's rule) and per 256 against K-quants (Q8_K's);
+// every group's dot product is an integer sum (AVX512-VNNI vpdpbusd: unsigned weight bytes x signed
+// activation bytes), scaled in f32 once per group (f16 scales) or once per super-block (K-quants, whose
+// 8-bit scale and min codes multiply the group sums as integers first).
 //
 //   w[n, k] = s[n, g] * u[n, k] + z[n, g]        (zeros given)     g = k / G
 //   w[n, k] = s[n, g] * (u[n, k] - offset)       (no zeros)
-//   x[m, k] ~ dx[m, k / 32] * q[m, k]            q int8, dx = max|x| / 127 over the 32 values
+//   x[m, k] ~ dx[m, k / B] * q[m, k]            q int8, dx = max|x| / 127 over the B values (B: 32 or 256)
 //   y[m, n] = sum_g s[n,g] * sum_{k in g} dx * u * q  +  sum_g z[n,g] * dx * sum_{k in g} q
+//   K-quants (s = d[n, j] sc[n, g], z = -dmin[n, j] m[n, g] in super-block j):
+//   y[m, n] = sum_j dx_j (d * sum_{g in j} sc * sum u q  -  dmin * sum_{g in j} m * sum q)
 //
 // Layout: weight rows in blocks of 16, so that each 32-bit lane of a register holds one row and a
 // block's 16 outputs come out of the registers with no horizontal sums; the float work (convert,
-// scale, zero term) is then once per (row block, group, activation row) instead of once per 64
-// codes, which keeps verifying a few speculative tokens nearly as cheap as decoding one.
+// scale, zero term) is then once per (row block, group or super-block, activation row) instead of once
+// per 64 codes, which keeps verifying a few speculative tokens nearly as cheap as decoding one.
 // (BITS, G) is one of (4, 32), (5, 32), (6, 16), (8, 32). Built by engine/ops/linear.py's pack_codes:
 //   codes  uint8 [N/16 (rounded up), K/8, 16 * BITS]: for each 8 values k0..k0+7 of the 16 rows, two
 //          64-byte "slots" (values k0..k0+3, then k0+4..k0+7), byte 4 r + j of a slot = row r's
@@ -50,6 +54,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 // One vector path is compiled in, chosen by the build's -march: AVX512-VNNI, else AVX2 (with FMA and
@@ -112,7 +117,8 @@ inline simde__m512 cvtph_ps(simde__m256i v) {
 
 namespace {
 
-constexpr int64_t kActGroup = 32;  // activation quantization group
+constexpr int64_t kActGroup = 32;  // activation quantization group of the f16-scaled layouts (Q8_0's rule)
+constexpr int64_t kSuper = 256;    // values per super-block along K: K-quants' activation block (Q8_K's rule)
 constexpr int kMaxRows = 4;        // activation rows sharing one pass over a weight block
 // AVX-512 has 32 vector registers: a verification of up to seven drafts (eight rows) shares one pass,
 // so the block's codes are unpacked once for all of them, and so does one of eight drafts (nine rows,
@@ -124,16 +130,21 @@ constexpr int64_t kPrefetchBytes = 2048;  // how far ahead in a block's codes th
 // One activation block quantized for the kernel.
 struct QuantizedActivations {
   int64_t m = 0, k = 0, n_groups = 0;  // n_groups: weight groups along K (K / G)
+  int64_t block = kActGroup;           // values per activation scale: 32, or kSuper for K-quants (Q8_K's rule)
   std::vector<int8_t> q;               // [m, k]
-  std::vector<float> dx;               // [m, k/32]: the scale of each 32 quantized values
+  std::vector<float> dx;               // [m, k/block]: the scale of each block of quantized values
+  std::vector<float> dx_steps;         // [k/block, m]: the same, the rows of each block side by side
   std::vector<float> group_term;       // [m, K/G]: dx * sum of q over each weight group
-  std::vector<int32_t> group_qsum;     // [m, K/G]: the sum of q itself (the AVX2 path's 8-bit codes)
+  std::vector<int32_t> group_qsum;     // [m, K/G]: the sum of q itself (the AVX2 path's 8-bit codes, K-quants' mins)
   std::vector<float> group_dx_term;    // [K/G, m, 2]: per group and row, its dx and group_term side by side
   std::vector<int8_t> q_steps;         // [K/8, m, 8]: q with the rows of each 8 values side by side
-                                       // (these two: the AVX2 path reads all rows from one pointer)
+                                       // (these: the AVX2 path reads all rows from one pointer)
   std::vector<int32_t> pair_offsets;   // [K/16, m] (groups of 16 only): two int16, kCentre times the sum
                                        // of q over the group's values k % 4 < 2, then k % 4 >= 2 (the
                                        // AVX2 path's centred 6-bit codes, one int16 lane pair per row)
+  std::vector<int32_t> qsum_pairs;     // [K/64, m] (K-quants with groups of 32): two int16, the sums of q
+                                       // over groups 2p and 2p + 1 (at most 32 x 127), for vpmaddwd with
+                                       // the two groups' min codes
 };
 
 float half_to_float(uint16_t h) {
@@ -144,12 +155,10 @@ float half_to_float(uint16_t h) {
 constexpr int kScaleF16 = 0;    // scales (and zeros) are f16 values
 constexpr int kScaleInt8 = 1;   // scales are int8 codes times the super-block's d (Q6_K)
 constexpr int kScaleUint8 = 2;  // scales and zeros are uint8 codes times d and -dmin (Q4_K, Q5_K)
-constexpr int64_t kSuper = 256;  // values per super-block along K
 // The offset of 6-bit codes with int8 scale codes (Q6_K: w = d * sc * (u - 32)). Their sums are taken
 // centred, sum (u - 32) q, which stays within int16 over a group's 16 values (8 per int16 lane, at
-// most 8 x 32 x 127) and is then scaled by the integer sc: the float steps come once per 32 values
-// (one activation scale dx) instead of twice, with the scale and offset of each 16 folded into an exact
-// integer.
+// most 8 x 32 x 127) and is then scaled by the integer sc: with the scale and offset of each 16 folded
+// into an exact integer, a super-block's sixteen groups add up before its one float step.
 constexpr int32_t kCentre = 32;
 
 // One block of 16 weight rows' group scales: pointers into scales, zeros and supers.
@@ -184,79 +193,87 @@ inline ScaleZero scale_zero(const BlockScales& b, int64_t i, int64_t offset) {
 }
 
 #if QDOT_AVX512_VNNI || QDOT_AVX2
-// One block of 32 values, as the scalar loop below quantizes it (the same amax, the same products
-// rounded half to even, so the same bytes): 8 values a step instead of one. Returns dx; the sums of q
-// over the two halves go to half_sums. Serial before every linear, the scalar loop cost a verification
-// forward of the 1.5B about a millisecond (5 x 8960 values per down projection).
-inline float quantize_block32(const float* xb, int8_t* qb, int32_t half_sums[2]) {
+// One block of n values (32 or 256), as the scalar loop below quantizes it (the same amax, the same
+// products rounded half to even, so the same bytes): 8 values a step instead of one. Returns dx; the
+// sums of q over each 16 values go to sums16. Serial before every linear, the scalar loop cost a
+// verification forward of the 1.5B about a millisecond (5 x 8960 values per down projection).
+inline float quantize_block(const float* xb, int64_t n, int8_t* qb, int32_t* sums16) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  __m256 v[4];
   __m256 mx = _mm256_setzero_ps();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_loadu_ps(xb + 8 * i);
-    mx = _mm256_max_ps(_mm256_and_ps(v[i], abs_mask), mx);  // a NaN is skipped, as std::max(amax, |x|) does
-  }
+  for (int64_t i = 0; i < n; i += 8)
+    mx = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + i), abs_mask), mx);  // a NaN is skipped, as std::max(amax, |x|) does
   __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
   m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
   m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
   const float amax = _mm_cvtss_f32(m4);
   const __m256 inv = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-  __m256i r[4];
-  for (int i = 0; i < 4; ++i)
-    r[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
-  // the packs work per 128-bit lane: put the eight 4-byte pieces back in order
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb),
-                      _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  for (int h = 0; h < 2; ++h) {
-    const __m256i s8 = _mm256_add_epi32(r[2 * h], r[2 * h + 1]);
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    half_sums[h] = _mm_cvtsi128_si32(s4);
+  for (int64_t b = 0; b < n; b += 32) {
+    __m256i r[4];
+    for (int i = 0; i < 4; ++i)
+      r[i] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(xb + b + 8 * i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+    // the packs work per 128-bit lane: put the eight 4-byte pieces back in order
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + b),
+                        _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+    for (int h = 0; h < 2; ++h) {
+      const __m256i s8 = _mm256_add_epi32(r[2 * h], r[2 * h + 1]);
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+      sums16[b / 16 + h] = _mm_cvtsi128_si32(s4);
+    }
   }
   return amax / 127.f;
 }
 #endif
 
-QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, int64_t group) {
+// x [m, k] quantized to int8 per `block` values (32: Q8_0's rule, for f16-scaled weights; kSuper: Q8_K's,
+// for K-quants, whose integer sums then run over a whole super-block before one float step), with the sums
+// the kernels for weight groups of `group` values read.
+QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, int64_t group, int64_t block) {
   QuantizedActivations a;
   a.m = m;
   a.k = k;
   a.n_groups = k / group;
+  a.block = block;
+  const int64_t blocks = k / block;
   a.q.resize(m * k);
-  a.dx.resize(m * (k / kActGroup));
+  a.dx.resize(m * blocks);
   a.group_term.resize(m * a.n_groups);
   a.group_qsum.resize(m * a.n_groups);
+  std::vector<int32_t> sums16(block / 16);  // of q over each 16 values of a block
   for (int64_t r = 0; r < m; ++r) {
     const float* xr = x + r * k;
     int8_t* qr = a.q.data() + r * k;
-    for (int64_t b = 0; b < k / kActGroup; ++b) {
-      const float* xb = xr + b * kActGroup;
-      int8_t* qb = qr + b * kActGroup;
-      int32_t half_sums[2];  // of q over values 0-15 and 16-31
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = xr + b * block;
+      int8_t* qb = qr + b * block;
 #if QDOT_AVX512_VNNI || QDOT_AVX2
-      const float dx = quantize_block32(xb, qb, half_sums);
+      const float dx = quantize_block(xb, block, qb, sums16.data());
 #else
       float amax = 0.f;
-      for (int i = 0; i < kActGroup; ++i) amax = std::max(amax, std::fabs(xb[i]));
+      for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
       const float dx = amax / 127.f;
       const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      for (int i = 0; i < kActGroup; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
-      for (int h = 0; h < 2; ++h) {
-        half_sums[h] = 0;
-        for (int i = 16 * h; i < 16 * h + 16; ++i) half_sums[h] += qb[i];
+      for (int64_t i = 0; i < block; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
+      for (int64_t h = 0; h < block / 16; ++h) {
+        sums16[h] = 0;
+        for (int64_t i = 16 * h; i < 16 * h + 16; ++i) sums16[h] += qb[i];
       }
 #endif
-      a.dx[r * (k / kActGroup) + b] = dx;
-      const int64_t per = kActGroup / group;  // weight groups in this block: 1 (G = 32) or 2 (G = 16)
+      a.dx[r * blocks + b] = dx;
+      const int64_t per = block / group;  // weight groups in this block
       for (int64_t j = 0; j < per; ++j) {
-        const int32_t sum = per == 1 ? half_sums[0] + half_sums[1] : half_sums[j];
+        const int32_t sum = group == 16 ? sums16[j] : sums16[2 * j] + sums16[2 * j + 1];
         a.group_term[r * a.n_groups + b * per + j] = dx * static_cast<float>(sum);
         a.group_qsum[r * a.n_groups + b * per + j] = sum;
       }
     }
   }
+  a.dx_steps.resize(m * blocks);
+  for (int64_t b = 0; b < blocks; ++b)
+    for (int64_t r = 0; r < m; ++r) a.dx_steps[b * m + r] = a.dx[r * blocks + b];
   a.q_steps.resize(m * k);
   for (int64_t s = 0; s < k / 8; ++s) {
     for (int64_t r = 0; r < m; ++r) std::memcpy(a.q_steps.data() + (s * m + r) * 8, a.q.data() + r * k + s * 8, 8);
@@ -274,12 +291,23 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
         a.pair_offsets[g * m + r] = static_cast<int32_t>(packed);
       }
     }
+  } else if (block == kSuper) {
+    a.qsum_pairs.resize(a.n_groups / 2 * m);
+    for (int64_t p = 0; p < a.n_groups / 2; ++p) {
+      for (int64_t r = 0; r < m; ++r) {
+        const int32_t* qs = a.group_qsum.data() + r * a.n_groups + 2 * p;
+        a.qsum_pairs[p * m + r] = static_cast<int32_t>(static_cast<uint16_t>(static_cast<int16_t>(qs[0])) |
+                                                       static_cast<uint32_t>(static_cast<uint16_t>(static_cast<int16_t>(qs[1]))) << 16);
+      }
+    }
   }
-  a.group_dx_term.resize(a.n_groups * m * 2);
-  for (int64_t g = 0; g < a.n_groups; ++g) {
-    for (int64_t r = 0; r < m; ++r) {
-      a.group_dx_term[(g * m + r) * 2] = a.dx[r * (k / kActGroup) + g * group / kActGroup];
-      a.group_dx_term[(g * m + r) * 2 + 1] = a.group_term[r * a.n_groups + g];
+  if (block == kActGroup) {
+    a.group_dx_term.resize(a.n_groups * m * 2);
+    for (int64_t g = 0; g < a.n_groups; ++g) {
+      for (int64_t r = 0; r < m; ++r) {
+        a.group_dx_term[(g * m + r) * 2] = a.dx[r * blocks + g * group / kActGroup];
+        a.group_dx_term[(g * m + r) * 2 + 1] = a.group_term[r * a.n_groups + g];
+      }
     }
   }
   return a;
@@ -329,31 +357,14 @@ inline __m512i broadcast4(const int8_t* x) {
   return _mm512_set1_epi32(v);
 }
 
-// The 16 rows' scale and zero of group g: vector form of scale_zero (int8 scale codes take
-// block_dots_centred instead).
+// The 16 rows' f16 scale and zero of group g: vector form of scale_zero (K-quants' 8-bit codes take
+// block_dots_kquant and block_dots_centred instead).
 template <int SC, int G>
 inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offset, __m512& sv, __m512& zv) {
-  static_assert(SC != kScaleInt8, "int8 scale codes are summed centred");
-  if constexpr (SC == kScaleF16) {
-    sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.s) + g * 16)));
-    if (b.z) {
-      zv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.z) + g * 16)));
-      return;
-    }
-  } else {
-    const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride;
-    const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + g * 16));
-    const __m512i wide = _mm512_cvtepu8_epi32(codes);
-    sv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup))),
-                       _mm512_cvtepi32_ps(wide));
-    if (b.z) {
-      const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.z) + g * 16));
-      zv = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 16))),
-                         _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)));
-      return;
-    }
-  }
-  zv = _mm512_mul_ps(sv, neg_offset);
+  static_assert(SC == kScaleF16, "8-bit scale codes are summed per super-block");
+  sv = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.s) + g * 16)));
+  zv = b.z ? _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(b.z) + g * 16)))
+           : _mm512_mul_ps(sv, neg_offset);
 }
 
 // The integer sums of one weight group (values k_begin .. k_end of the block's 16 rows) against MB
@@ -421,41 +432,93 @@ inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t of
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * 16, acc[i]);
 }
 
+// K-quants' activation scales: one dx per super-block of 256 values (Q8_K's rule), so that a row's
+// integer sums run over the whole super-block and the float steps come once per 256 values instead of
+// once per group (docs/bench/kernel-paths-zen5.md: those steps were most of the cost of a wide forward).
+//
+// Q4_K, Q5_K (uint8 scale and min codes sc, m; w = d sc u - dmin m): per super-block and row,
+//   isum = sum_g sc_g sum_{k in g} u q,   msum = sum_g m_g sum_{k in g} q   (exact int32)
+//   y += isum * (d dx) + msum * (-dmin dx)
+template <int BITS, int MB>
+inline void block_dots_kquant(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
+                              int64_t m0, float* out) {
+  constexpr int64_t kGroups = kSuper / 32;  // groups of 32 per super-block
+  const int64_t supers = a.k / kSuper;
+  __m512 acc[MB];
+  const int8_t* xq[MB];
+  for (int i = 0; i < MB; ++i) {
+    acc[i] = _mm512_setzero_ps();
+    xq[i] = a.q.data() + (m0 + i) * a.k;
+  }
+  const uint8_t* sc_codes = static_cast<const uint8_t*>(bs.s);
+  const uint8_t* m_codes = static_cast<const uint8_t*>(bs.z);
+  for (int64_t sb = 0; sb < supers; ++sb) {
+    __m512i isum[MB];
+    for (int i = 0; i < MB; ++i) isum[i] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < kGroups; ++j) {
+      const int64_t g = sb * kGroups + j;
+      __m512i sums[MB];
+      group_sums<BITS, MB>(w_block, xq, g * 32, (g + 1) * 32, sums);
+      const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_codes + g * 16)));
+      for (int i = 0; i < MB; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(sums[i], sc));
+    }
+    const uint16_t* sup = bs.sup + sb * bs.sup_stride;
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup)));
+    const __m512 zd = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sup + 16)));
+    __m512i mins[kGroups / 2];  // the min codes of groups 2p, 2p + 1 as the two int16 of each lane
+    for (int64_t p = 0; p < kGroups / 2; ++p) {
+      const int64_t g = sb * kGroups + 2 * p;
+      const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_codes + g * 16)));
+      const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m_codes + g * 16 + 16)));
+      mins[p] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+    }
+    const int32_t* qpairs = a.qsum_pairs.data() + sb * (kGroups / 2) * a.m + m0;
+    const float* dxs = a.dx_steps.data() + sb * a.m + m0;
+    for (int i = 0; i < MB; ++i) {
+      __m512i msum = _mm512_setzero_si512();
+      for (int64_t p = 0; p < kGroups / 2; ++p)
+        msum = _mm512_dpwssd_epi32(msum, mins[p], _mm512_set1_epi32(qpairs[p * a.m + i]));
+      const __m512 dxv = _mm512_set1_ps(dxs[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, dxv), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(zd, dxv), acc[i]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * 16, acc[i]);
+}
+
 // 6-bit codes with int8 scale codes (Q6_K; see kCentre): each group's centred integer sum
-// sc * (sum u q - 32 sum q), the two groups of 32 values added exactly, then one float step per
-// 32 values: y += (sum as f32) * (d * dx).
+// sc * (sum u q - 32 sum q), a super-block's sixteen groups added exactly, then one float step per
+// 256 values: y += (sum as f32) * (d * dx).
 template <int MB>
 inline void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
                                int64_t m0, float* out) {
-  const int64_t dx_per_row = a.k / kActGroup;
+  constexpr int64_t kGroups = kSuper / 16;
   __m512 acc[MB];
   const int8_t* xq[MB];
-  const float* dx[MB];
   const int32_t* qsum[MB];
   for (int i = 0; i < MB; ++i) {
     acc[i] = _mm512_setzero_ps();
     xq[i] = a.q.data() + (m0 + i) * a.k;
-    dx[i] = a.dx.data() + (m0 + i) * dx_per_row;
     qsum[i] = a.group_qsum.data() + (m0 + i) * a.n_groups;
   }
-  for (int64_t b = 0; b < dx_per_row; ++b) {
+  for (int64_t sb = 0; sb < a.k / kSuper; ++sb) {
     __m512i isum[MB];
-    for (int j = 0; j < 2; ++j) {
-      const int64_t g = 2 * b + j;
+    for (int i = 0; i < MB; ++i) isum[i] = _mm512_setzero_si512();
+    for (int64_t j = 0; j < kGroups; ++j) {
+      const int64_t g = sb * kGroups + j;
       __m512i sums[MB];
       group_sums<6, MB>(w_block, xq, g * 16, (g + 1) * 16, sums);
       const __m512i sc = _mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(bs.s) + g * 16)));
       for (int i = 0; i < MB; ++i) {
         const __m512i centred = _mm512_sub_epi32(sums[i], _mm512_set1_epi32(kCentre * qsum[i][g]));
-        const __m512i t = _mm512_mullo_epi32(centred, sc);
-        isum[i] = j == 0 ? t : _mm512_add_epi32(isum[i], t);
+        isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(centred, sc));
       }
     }
-    const __m512 d = _mm512_cvtph_ps(
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs.sup + (b * kActGroup / kSuper) * bs.sup_stride)));
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bs.sup + sb * bs.sup_stride)));
+    const float* dxs = a.dx_steps.data() + sb * a.m + m0;
     for (int i = 0; i < MB; ++i)
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dx[i][b])), acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, _mm512_set1_ps(dxs[i])), acc[i]);
   }
   for (int i = 0; i < MB; ++i) _mm512_storeu_ps(out + i * 16, acc[i]);
 }
@@ -534,34 +597,16 @@ inline __m256i pair_products(const __m256i& w, const __m256i& x) {
   }
 }
 
-// The 8 rows' scale and zero of group g in half h: vector form of scale_zero (int8 scale codes take
-// block_dots_centred instead).
+// The 8 rows' f16 scale and zero of group g in half h: vector form of scale_zero (K-quants' 8-bit codes take
+// block_dots_kquant and block_dots_centred instead).
 template <int BITS, int SC, int G>
 inline void half_group_scales(const BlockScales& b, int64_t g, int h, const __m256& neg_offset, __m256& sv,
                               __m256& zv) {
-  static_assert(SC != kScaleInt8, "int8 scale codes are summed centred");
+  static_assert(SC == kScaleF16, "8-bit scale codes are summed per super-block");
   const int64_t i = g * 16 + 8 * h;
-  bool have_zero = false;
-  if constexpr (SC == kScaleF16) {
-    sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(b.s) + i)));
-    if (b.z) {
-      zv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(b.z) + i)));
-      have_zero = true;
-    }
-  } else {
-    const uint16_t* sup = b.sup + (g * G / kSuper) * b.sup_stride + 8 * h;
-    const __m128i codes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.s) + i));
-    const __m256i wide = _mm256_cvtepu8_epi32(codes);
-    sv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup))),
-                       _mm256_cvtepi32_ps(wide));
-    if (b.z) {
-      const __m128i m = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const uint8_t*>(b.z) + i));
-      zv = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16))),
-                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
-      have_zero = true;
-    }
-  }
-  if (!have_zero) zv = _mm256_mul_ps(sv, neg_offset);
+  sv = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(b.s) + i)));
+  zv = b.z ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(b.z) + i)))
+           : _mm256_mul_ps(sv, neg_offset);
 }
 
 // MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
@@ -665,75 +710,155 @@ template <int BITS, int G, int SC, int MB>
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, _mm256_load_ps(acc[i][h]));
 }
 
+// One weight group's int16 sums (the block's 16 rows, as two halves of 8) over 8 kI16Steps values from
+// k_begin, against MB activation rows (q_steps at xq): the inner step of the K-quant kernels below,
+// where each run's sums are then multiplied by the rows' scale codes (vpmaddwd) and added in int32.
+template <int BITS, int MB, int kI16Steps>
+inline void run_sums16(const uint8_t* w_block, const int8_t* xq, int64_t m, int64_t k_begin, __m256i (&s16)[MB][2]) {
+  constexpr int64_t slot_bytes = 16 * BITS;
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int step = 0; step < kI16Steps; ++step) {
+    const int64_t k = k_begin + 8 * step;
+    const uint8_t* p = w_block + (k / 8) * slot_bytes;
+    const int8_t* xs = xq + (k / 8) * 8 * m;
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+    if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
+    __m256i w00, w10, w01, w11;  // w{slot}{half}
+    load_half_slots<BITS>(p, 0, w00, w10);
+    load_half_slots<BITS>(p, 1, w01, w11);
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) {
+      const __m256i x0 = broadcast4_avx2(xs + 8 * i);
+      const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
+      if constexpr (MB >= 4) {  // each product into its sum as it is formed (see block_dots)
+        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_maddubs_epi16(w00, x0));
+        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_maddubs_epi16(w01, x0));
+        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_maddubs_epi16(w10, x1));
+        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_maddubs_epi16(w11, x1));
+      } else {
+        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(_mm256_maddubs_epi16(w00, x0),
+                                                                 _mm256_maddubs_epi16(w10, x1)));
+        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(_mm256_maddubs_epi16(w01, x0),
+                                                                 _mm256_maddubs_epi16(w11, x1)));
+      }
+    }
+    // as in block_dots: a step's products are added before the next step's are formed
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
+  }
+}
+
+// Eight 8-bit scale codes (one half of a group's 16 rows) in both int16 of each row's lane, for
+// vpmaddwd: the sum of a lane's two int16 sums times its row's code, in int32.
+template <typename T>
+inline __m256i codes_in_pairs(const T* codes) {
+  const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(codes));
+  const __m256i v = std::is_signed_v<T> ? _mm256_cvtepi8_epi32(raw) : _mm256_cvtepu8_epi32(raw);
+  return _mm256_or_si256(_mm256_slli_epi32(v, 16), _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)));
+}
+
+// Q4_K and Q5_K (see the AVX-512 block_dots_kquant): the same integers, in int16 runs of 32 (4-bit) or
+// 16 (5-bit) values times the rows' scale codes by vpmaddwd, and the same float steps, once per 256 values.
+// The integer and float accumulators are touched once per run and super-block: kept in memory.
+template <int BITS, int MB>
+[[gnu::noinline]] void block_dots_kquant(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
+                                         int64_t m0, float* out) {
+  constexpr int kI16Steps = BITS == 4 ? 4 : 2;  // 8-value steps summed in int16 (at most 2 x 31 x 127 a pair)
+  constexpr int kRuns = 32 / (8 * kI16Steps);
+  constexpr int64_t kGroups = kSuper / 32;
+  const int8_t* xq = a.q_steps.data() + m0 * 8;
+  const uint8_t* sc_codes = static_cast<const uint8_t*>(bs.s);
+  const uint8_t* m_codes = static_cast<const uint8_t*>(bs.z);
+  alignas(32) float acc[MB][2][8] = {};
+  for (int64_t sb = 0; sb < a.k / kSuper; ++sb) {
+    alignas(32) int32_t isum[MB][2][8] = {};
+    for (int64_t j = 0; j < kGroups; ++j) {
+      const int64_t g = sb * kGroups + j;
+      const __m256i sc16[2] = {codes_in_pairs(sc_codes + g * 16), codes_in_pairs(sc_codes + g * 16 + 8)};
+#pragma GCC unroll 2
+      for (int run = 0; run < kRuns; ++run) {
+        __m256i s16[MB][2];
+        run_sums16<BITS, MB, kI16Steps>(w_block, xq, a.m, g * 32 + run * 8 * kI16Steps, s16);
+#pragma GCC unroll 8
+        for (int i = 0; i < MB; ++i) {
+          for (int h = 0; h < 2; ++h) {
+            __m256i* t = reinterpret_cast<__m256i*>(isum[i][h]);
+            _mm256_store_si256(t, _mm256_add_epi32(_mm256_load_si256(t), _mm256_madd_epi16(s16[i][h], sc16[h])));
+          }
+        }
+      }
+    }
+    const uint16_t* sup = bs.sup + sb * bs.sup_stride;
+    const int32_t* qpairs = a.qsum_pairs.data() + sb * (kGroups / 2) * a.m + m0;
+    const float* dxs = a.dx_steps.data() + sb * a.m + m0;
+    for (int h = 0; h < 2; ++h) {
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 8 * h)));
+      const __m256 zd = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 16 + 8 * h)));
+      __m256i mins[kGroups / 2];  // the min codes of groups 2p, 2p + 1 as the two int16 of each lane
+      for (int64_t p = 0; p < kGroups / 2; ++p) {
+        const uint8_t* mc = m_codes + (sb * kGroups + 2 * p) * 16 + 8 * h;
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mc)));
+        const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mc + 16)));
+        mins[p] = _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16));
+      }
+      for (int i = 0; i < MB; ++i) {
+        __m256i msum = _mm256_setzero_si256();
+        for (int64_t p = 0; p < kGroups / 2; ++p)
+          msum = _mm256_add_epi32(msum, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(qpairs[p * a.m + i])));
+        const __m256 dxv = _mm256_broadcast_ss(dxs + i);
+        __m256 acc_v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(isum[i][h]))),
+                                       _mm256_mul_ps(d, dxv), _mm256_load_ps(acc[i][h]));
+        acc_v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(zd, dxv), acc_v);
+        _mm256_store_ps(acc[i][h], acc_v);
+      }
+    }
+  }
+  for (int i = 0; i < MB; ++i)
+    for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, _mm256_load_ps(acc[i][h]));
+}
+
 // 6-bit codes with int8 scale codes (Q6_K; see kCentre), the AVX-512 path's integers and float steps:
 // a group's two steps are added in int16 (wrapping: only the centred total must fit, and it does), the
 // centring taken away per int16 lane (pair_offsets), then vpmaddwd by the rows' scale codes gives
-// sc * sum (u - 32) q in int32.
+// sc * sum (u - 32) q in int32, added over the super-block's sixteen groups before its one float step.
 template <int MB>
 [[gnu::noinline]] void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, const QuantizedActivations& a,
                                           int64_t m0, float* out) {
-  constexpr int64_t slot_bytes = 16 * 6;
+  constexpr int64_t kGroups = kSuper / 16;
   const int8_t* xq = a.q_steps.data() + m0 * 8;             // step s, row i: [s * 8 m + 8 i]
   const int32_t* offsets = a.pair_offsets.data() + m0;      // group g, row i: [g * m + i]
-  const float* dx_term = a.group_dx_term.data() + m0 * 2;   // group g, row i: [g * 2 m + 2 i]: its dx
+  const int8_t* sc_codes = static_cast<const int8_t*>(bs.s);
   alignas(32) float acc[MB][2][8] = {};
-  for (int64_t b = 0; b < a.k / kActGroup; ++b) {
-    __m256i isum[MB][2];
-#pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) {
-      const int64_t g = 2 * b + j;
+  for (int64_t sb = 0; sb < a.k / kSuper; ++sb) {
+    alignas(32) int32_t isum[MB][2][8] = {};
+    for (int64_t j = 0; j < kGroups; ++j) {
+      const int64_t g = sb * kGroups + j;
       __m256i s16[MB][2];
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-      for (int step = 0; step < 2; ++step) {
-        const int64_t k = g * 16 + 8 * step;
-        const uint8_t* p = w_block + (k / 8) * slot_bytes;
-        const int8_t* xs = xq + (k / 8) * 8 * a.m;
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-        __m256i w00, w10, w01, w11;  // w{slot}{half}
-        load_half_slots<6>(p, 0, w00, w10);
-        load_half_slots<6>(p, 1, w01, w11);
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const __m256i x0 = broadcast4_avx2(xs + 8 * i);
-          const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
-          s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(_mm256_maddubs_epi16(w00, x0),
-                                                                   _mm256_maddubs_epi16(w10, x1)));
-          s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(_mm256_maddubs_epi16(w01, x0),
-                                                                   _mm256_maddubs_epi16(w11, x1)));
-        }
-        // as in block_dots: a step's products are added before the next step's are formed
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
-      }
-      __m256i sc16[2];  // each row's scale code in both int16 of its lane
-      for (int h = 0; h < 2; ++h) {
-        const __m256i v = _mm256_cvtepi8_epi32(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(bs.s) + g * 16 + 8 * h)));
-        sc16[h] = _mm256_or_si256(_mm256_slli_epi32(v, 16), _mm256_and_si256(v, _mm256_set1_epi32(0xFFFF)));
-      }
+      run_sums16<6, MB, 2>(w_block, xq, a.m, g * 16, s16);
+      const __m256i sc16[2] = {codes_in_pairs(sc_codes + g * 16), codes_in_pairs(sc_codes + g * 16 + 8)};
 #pragma GCC unroll 8
       for (int i = 0; i < MB; ++i) {
         const __m256i centre = _mm256_set1_epi32(offsets[g * a.m + i]);
         for (int h = 0; h < 2; ++h) {
-          const __m256i t = _mm256_madd_epi16(_mm256_sub_epi16(s16[i][h], centre), sc16[h]);
-          isum[i][h] = j == 0 ? t : _mm256_add_epi32(isum[i][h], t);
+          __m256i* t = reinterpret_cast<__m256i*>(isum[i][h]);
+          const __m256i v = _mm256_madd_epi16(_mm256_sub_epi16(s16[i][h], centre), sc16[h]);
+          _mm256_store_si256(t, _mm256_add_epi32(_mm256_load_si256(t), v));
         }
       }
     }
-    const uint16_t* sup = bs.sup + (b * kActGroup / kSuper) * bs.sup_stride;
+    const uint16_t* sup = bs.sup + sb * bs.sup_stride;
     const __m256 d[2] = {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup))),
                          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sup + 8)))};
-    const float* gd = dx_term + 2 * b * a.m * 2;
+    const float* dxs = a.dx_steps.data() + sb * a.m + m0;
 #pragma GCC unroll 8
     for (int i = 0; i < MB; ++i) {
-      const __m256 dxv = _mm256_broadcast_ss(gd + 2 * i);
+      const __m256 dxv = _mm256_broadcast_ss(dxs + i);
       for (int h = 0; h < 2; ++h) {
-        const __m256 acc_v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][h]), _mm256_mul_ps(d[h], dxv),
-                                             _mm256_load_ps(acc[i][h]));
-        _mm256_store_ps(acc[i][h], acc_v);
+        const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(isum[i][h]));
+        _mm256_store_ps(acc[i][h], _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(d[h], dxv),
+                                                   _mm256_load_ps(acc[i][h])));
       }
     }
   }
@@ -745,37 +870,51 @@ template <int MB>
 
 #if QDOT_AVX512_VNNI || QDOT_AVX2
 
+// The kernel of a layout for mb activation rows (templates by row count: each keeps its rows' sums in
+// registers).
+template <template <int> class K, typename... Args>
+inline void by_rows(int mb, Args&&... args) {
+  switch (mb) {
+#if QDOT_AVX512_VNNI
+    case 9: K<9>::call(args...); return;
+    case 8: K<8>::call(args...); return;
+    case 7: K<7>::call(args...); return;
+    case 6: K<6>::call(args...); return;
+#endif
+    case 5: K<5>::call(args...); return;
+    case 4: K<4>::call(args...); return;
+    case 3: K<3>::call(args...); return;
+    case 2: K<2>::call(args...); return;
+    default: K<1>::call(args...); return;
+  }
+}
+
+template <int BITS, int G, int SC>
+struct Kernels {
+  template <int MB>
+  struct F16 {  // f16 group scales: activation scales per 32
+    static void call(const uint8_t* w, const BlockScales& bs, int64_t offset, const QuantizedActivations& a, int64_t m0,
+                     float* out) {
+      block_dots<BITS, G, SC, MB>(w, bs, offset, a, m0, out);
+    }
+  };
+  template <int MB>
+  struct KQuant {  // K-quants: activation scales per 256
+    static void call(const uint8_t* w, const BlockScales& bs, int64_t, const QuantizedActivations& a, int64_t m0,
+                     float* out) {
+      if constexpr (SC == kScaleInt8) block_dots_centred<MB>(w, bs, a, m0, out);
+      else if constexpr (SC == kScaleUint8 && (BITS == 4 || BITS == 5)) block_dots_kquant<BITS, MB>(w, bs, a, m0, out);
+    }
+  };
+};
+
 template <int BITS, int G, int SC>
 inline void dispatch_rows(int mb, const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                           const QuantizedActivations& a, int64_t m0, float* out) {
-  if constexpr (SC == kScaleInt8) {
-    switch (mb) {
-#if QDOT_AVX512_VNNI
-      case 9: block_dots_centred<9>(w_block, bs, a, m0, out); return;
-      case 8: block_dots_centred<8>(w_block, bs, a, m0, out); return;
-      case 7: block_dots_centred<7>(w_block, bs, a, m0, out); return;
-      case 6: block_dots_centred<6>(w_block, bs, a, m0, out); return;
-#endif
-      case 5: block_dots_centred<5>(w_block, bs, a, m0, out); return;
-      case 4: block_dots_centred<4>(w_block, bs, a, m0, out); return;
-      case 3: block_dots_centred<3>(w_block, bs, a, m0, out); return;
-      case 2: block_dots_centred<2>(w_block, bs, a, m0, out); return;
-      default: block_dots_centred<1>(w_block, bs, a, m0, out); return;
-    }
+  if constexpr (SC == kScaleF16) {
+    by_rows<Kernels<BITS, G, SC>::template F16>(mb, w_block, bs, offset, a, m0, out);
   } else {
-    switch (mb) {
-#if QDOT_AVX512_VNNI
-      case 9: block_dots<BITS, G, SC, 9>(w_block, bs, offset, a, m0, out); break;
-      case 8: block_dots<BITS, G, SC, 8>(w_block, bs, offset, a, m0, out); break;
-      case 7: block_dots<BITS, G, SC, 7>(w_block, bs, offset, a, m0, out); break;
-      case 6: block_dots<BITS, G, SC, 6>(w_block, bs, offset, a, m0, out); break;
-#endif
-      case 5: block_dots<BITS, G, SC, 5>(w_block, bs, offset, a, m0, out); break;
-      case 4: block_dots<BITS, G, SC, 4>(w_block, bs, offset, a, m0, out); break;
-      case 3: block_dots<BITS, G, SC, 3>(w_block, bs, offset, a, m0, out); break;
-      case 2: block_dots<BITS, G, SC, 2>(w_block, bs, offset, a, m0, out); break;
-      default: block_dots<BITS, G, SC, 1>(w_block, bs, offset, a, m0, out); break;
-    }
+    by_rows<Kernels<BITS, G, SC>::template KQuant>(mb, w_block, bs, offset, a, m0, out);
   }
 }
 
@@ -807,33 +946,36 @@ void block_dots_scalar(const uint8_t* w_block, const BlockScales& bs, int64_t of
                        const QuantizedActivations& a, int64_t m0, int mb, float* out) {
   for (int i = 0; i < mb; ++i) {
     const int8_t* xq = a.q.data() + (m0 + i) * a.k;
-    const float* dx = a.dx.data() + (m0 + i) * (a.k / kActGroup);
-    if constexpr (SC == kScaleInt8) {  // centred sums, as the vector paths take them (see kCentre)
-      const int32_t* qsum = a.group_qsum.data() + (m0 + i) * a.n_groups;
-      for (int64_t r = 0; r < kBlockRows; ++r) {
-        float acc = 0.f;
-        for (int64_t b = 0; b < a.k / kActGroup; ++b) {
-          int32_t isum = 0;
-          for (int64_t g = 2 * b; g < 2 * b + 2; ++g) {
-            int32_t sum = 0;
-            for (int64_t k = g * G; k < (g + 1) * G; ++k) sum += code_at<BITS>(w_block, r, k) * xq[k];
-            isum += static_cast<const int8_t*>(bs.s)[g * 16 + r] * (sum - kCentre * qsum[g]);
-          }
-          const float d = half_to_float(bs.sup[(b * kActGroup / kSuper) * bs.sup_stride + r]);
-          acc = std::fma(static_cast<float>(isum), d * dx[b], acc);
-        }
-        out[i * 16 + r] = acc;
-      }
-      continue;
-    }
+    const float* dx = a.dx.data() + (m0 + i) * (a.k / a.block);
+    const int32_t* qsum = a.group_qsum.data() + (m0 + i) * a.n_groups;
     for (int64_t r = 0; r < kBlockRows; ++r) {
-      float acc = 0.f;
-      for (int64_t g = 0; g < a.n_groups; ++g) {
+      const auto group_sum = [&](int64_t g) {
         int32_t sum = 0;
         for (int64_t k = g * G; k < (g + 1) * G; ++k) sum += code_at<BITS>(w_block, r, k) * xq[k];
-        const ScaleZero sz = scale_zero<SC, G>(bs, g * 16 + r, offset);
-        acc += sz.scale * dx[g * G / kActGroup] * static_cast<float>(sum);
-        acc += sz.zero * a.group_term[(m0 + i) * a.n_groups + g];
+        return sum;
+      };
+      float acc = 0.f;
+      if constexpr (SC == kScaleF16) {
+        for (int64_t g = 0; g < a.n_groups; ++g) {
+          const ScaleZero sz = scale_zero<SC, G>(bs, g * 16 + r, offset);
+          acc += sz.scale * dx[g * G / kActGroup] * static_cast<float>(group_sum(g));
+          acc += sz.zero * a.group_term[(m0 + i) * a.n_groups + g];
+        }
+      } else {  // K-quants: exact integer sums over each super-block, then its float steps (see block_dots_kquant)
+        for (int64_t sb = 0; sb < a.k / kSuper; ++sb) {
+          int32_t isum = 0, msum = 0;
+          for (int64_t g = sb * kSuper / G; g < (sb + 1) * kSuper / G; ++g) {
+            if constexpr (SC == kScaleInt8) {  // centred (see kCentre)
+              isum += static_cast<const int8_t*>(bs.s)[g * 16 + r] * (group_sum(g) - kCentre * qsum[g]);
+            } else {
+              isum += static_cast<const uint8_t*>(bs.s)[g * 16 + r] * group_sum(g);
+              msum += static_cast<const uint8_t*>(bs.z)[g * 16 + r] * qsum[g];
+            }
+          }
+          const uint16_t* sup = bs.sup + sb * bs.sup_stride;
+          acc = std::fma(static_cast<float>(isum), half_to_float(sup[r]) * dx[sb], acc);
+          if constexpr (SC == kScaleUint8) acc = std::fma(static_cast<float>(msum), half_to_float(sup[16 + r]) * dx[sb], acc);
+        }
       }
       out[i * 16 + r] = acc;
     }
@@ -1054,6 +1196,7 @@ at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& p
     BlockRunner run = nullptr;
     const float* bias = nullptr;
     int64_t offset = 0, n = 0, col0 = 0, block0 = 0, blocks = 0, group = 0;
+    bool k_quant = false;  // 8-bit scale codes: activations per 256
   };
   std::vector<Prepared> prep;
   prep.reserve(parts.size());
@@ -1071,6 +1214,7 @@ at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& p
       q.bias = p.bias->data_ptr<float>();
     }
     dispatch_layout<RunnerOf>(p.bits, sc, q.run);
+    q.k_quant = sc != kScaleF16;
     q.offset = p.offset;
     q.n = p.n;
     q.group = p.group;
@@ -1092,11 +1236,12 @@ at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& p
   }
   at::Tensor y = at::empty({m, total_n}, x.options());
   if (m == 0 || total_n == 0) return y;
-  // x quantized once per group size the parts use (16: Q6_K, 32: the rest)
-  QuantizedActivations a16, a32;
-  for (const int group : {16, 32}) {
-    if (std::any_of(prep.begin(), prep.end(), [&](const Prepared& q) { return q.group == group; }))
-      (group == 16 ? a16 : a32) = quantize_activations(x.data_ptr<float>(), m, k, group);
+  // x quantized once per (group size, activation block) the parts use: groups of 16 (Q6_K) or 32, per 32
+  // values (f16-scaled layouts) or per 256 (K-quants)
+  QuantizedActivations acts[2][2];  // [group == 16][block == kSuper]
+  for (const Prepared& q : prep) {
+    QuantizedActivations& a = acts[q.group == 16][q.k_quant];
+    if (a.m == 0) a = quantize_activations(x.data_ptr<float>(), m, k, q.group, q.k_quant ? kSuper : kActGroup);
   }
   float* yp = y.data_ptr<float>();
   // One pass over every part's blocks: the parts of a split projection (q/k/v of different
@@ -1106,7 +1251,7 @@ at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& p
       const int64_t b0 = std::max(begin, q.block0), b1 = std::min(end, q.block0 + q.blocks);
       if (b0 >= b1) continue;
       const OutputRows out{yp + q.col0, total_n, res ? res + q.col0 : nullptr, ldr};
-      q.run(q.group == 16 ? a16 : a32, q.w, q.offset, q.bias, q.n, out, b0 - q.block0, b1 - q.block0);
+      q.run(acts[q.group == 16][q.k_quant], q.w, q.offset, q.bias, q.n, out, b0 - q.block0, b1 - q.block0);
     }
   });
   return y;
