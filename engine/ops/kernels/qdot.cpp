@@ -367,11 +367,11 @@ inline void group_scales(const BlockScales& b, int64_t g, const __m512& neg_offs
            : _mm512_mul_ps(sv, neg_offset);
 }
 
-// The integer sums of one weight group (values k_begin .. k_end of the block's 16 rows) against MB
-// activation rows: one int32 per row and lane, sum u q over the group.
-template <int BITS, int MB>
-inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t k_begin, int64_t k_end,
-                       __m512i* sums) {
+// The integer sums of one weight group (the G values from k_begin of the block's 16 rows) against MB
+// activation rows: one int32 per row and lane, sum u q over the group. G a template parameter: the group's
+// steps unrolled (a loop of two or four steps per group, with its exit, cost more than its work at eight rows).
+template <int BITS, int MB, int G>
+inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t k_begin, __m512i* sums) {
   constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
   // One row keeps two sums, two independent dot chains in flight. From two rows on the rows give the
   // independent chains, and one sum a row measured faster at two to four rows for 4- and 6-bit codes
@@ -383,7 +383,9 @@ inline void group_sums(const uint8_t* w_block, const int8_t* const* xq, int64_t 
     sum0[i] = _mm512_setzero_si512();
     if constexpr (kTwoChains) sum1[i] = _mm512_setzero_si512();
   }
-  for (int64_t k0 = k_begin; k0 < k_end; k0 += 8) {
+#pragma GCC unroll 4
+  for (int step = 0; step < G / 8; ++step) {
+    const int64_t k0 = k_begin + 8 * step;
     const uint8_t* p = w_block + (k0 / 8) * slot_bytes;
     _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
     if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
@@ -420,7 +422,7 @@ inline void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t of
   const __m512 neg_offset = _mm512_set1_ps(-static_cast<float>(offset));
   for (int64_t g = 0; g < a.n_groups; ++g) {
     __m512i sums[MB];
-    group_sums<BITS, MB>(w_block, xq, g * G, (g + 1) * G, sums);
+    group_sums<BITS, MB, G>(w_block, xq, g * G, sums);
     __m512 sv, zv;
     group_scales<SC, G>(bs, g, neg_offset, sv, zv);
     for (int i = 0; i < MB; ++i) {
@@ -458,7 +460,7 @@ inline void block_dots_kquant(const uint8_t* w_block, const BlockScales& bs, con
     for (int64_t j = 0; j < kGroups; ++j) {
       const int64_t g = sb * kGroups + j;
       __m512i sums[MB];
-      group_sums<BITS, MB>(w_block, xq, g * 32, (g + 1) * 32, sums);
+      group_sums<BITS, MB, 32>(w_block, xq, g * 32, sums);
       const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc_codes + g * 16)));
       for (int i = 0; i < MB; ++i) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(sums[i], sc));
     }
@@ -507,7 +509,7 @@ inline void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, co
     for (int64_t j = 0; j < kGroups; ++j) {
       const int64_t g = sb * kGroups + j;
       __m512i sums[MB];
-      group_sums<6, MB>(w_block, xq, g * 16, (g + 1) * 16, sums);
+      group_sums<6, MB, 16>(w_block, xq, g * 16, sums);
       const __m512i sc = _mm512_cvtepi8_epi32(
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const int8_t*>(bs.s) + g * 16)));
       for (int i = 0; i < MB; ++i) {
