@@ -70,6 +70,61 @@ inline void head_dots(const float* q0, int64_t q_stride, const float* key, int64
   for (int r = 0; r < R; ++r) scores[r * S] = hsum(acc[r]) * scale;
 }
 
+// scores[r * S + j] for every key j < len: head_dots over the keys. Where the build has 512-bit registers,
+// two keys at a time: each half of a register runs one key's 8-lane sums exactly as head_dots does (the
+// same products added in the same order, then the same horizontal sum), so both builds give the same
+// scores, and a prompt's attention, most of it these dot products, takes half the instructions.
+template <int R>
+inline void head_scores(const float* q0, int64_t q_stride, const float* keys, int64_t k_stride, int64_t len,
+                        int64_t D, float scale, float* scores, int64_t S, float* q_pairs) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (len >= 2) {
+    // q_pairs [R, D/8, 16]: each 8 values of each head twice, one copy per key of a pair
+    for (int r = 0; r < R; ++r)
+      for (int64_t d = 0; d < D; d += 8) {
+        const v8f v = *reinterpret_cast<const v8f*>(q0 + r * q_stride + d);
+        *reinterpret_cast<v16f*>(q_pairs + (r * D + d) * 2) = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
+      }
+    for (; j + 2 <= len; j += 2) {
+      const float* k0 = keys + j * k_stride;
+      const float* k1 = k0 + k_stride;
+      v16f acc[R] = {};
+      for (int64_t d = 0; d < D; d += 8) {
+        const v8f a = *reinterpret_cast<const v8f*>(k0 + d), b = *reinterpret_cast<const v8f*>(k1 + d);
+        const v16f k = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        for (int r = 0; r < R; ++r) acc[r] += *reinterpret_cast<const v16f*>(q_pairs + (r * D + d) * 2) * k;
+      }
+      for (int r = 0; r < R; ++r) {
+        const v8f lo = __builtin_shufflevector(acc[r], acc[r], 0, 1, 2, 3, 4, 5, 6, 7);
+        const v8f hi = __builtin_shufflevector(acc[r], acc[r], 8, 9, 10, 11, 12, 13, 14, 15);
+        scores[r * S + j] = hsum(lo) * scale;
+        scores[r * S + j + 1] = hsum(hi) * scale;
+      }
+    }
+  }
+#else
+  (void)q_pairs;
+#endif
+  for (; j < len; ++j) head_dots<R>(q0, q_stride, keys + j * k_stride, D, scale, scores + j, S);
+}
+
+// head_mix for D a multiple of 16: 16 values of d at a time. Each lane is one d's sum over the keys in order,
+// the same products added in the same order as head_mix's: the same values in half the instructions where
+// registers are 512 bits wide (two 256-bit halves elsewhere).
+template <int R>
+inline void head_mix16(const float* p, int64_t S, const float* values, int64_t v_stride, int64_t len, int64_t D,
+                       float* acc) {
+  for (int64_t d = 0; d < D; d += 16) {
+    v16f sum[R] = {};
+    for (int64_t j = 0; j < len; ++j) {
+      const v16f v = *reinterpret_cast<const v16f*>(values + j * v_stride + d);
+      for (int r = 0; r < R; ++r) sum[r] += p[r * S + j] * v;
+    }
+    for (int r = 0; r < R; ++r) *reinterpret_cast<v16f*>(acc + r * D + d) = sum[r];
+  }
+}
+
 // acc[r * D + d] = sum_j p[r * S + j] * values[j * v_stride + d] for R heads, 8 values of d at a time
 // with the R heads' sums side by side in registers.
 template <int R>
@@ -253,6 +308,7 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
   at::parallel_for(0, N * Hkv, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(rep * S_max);
     std::vector<float> acc(rep * D);
+    std::vector<float> q_pairs(2 * rep * D);
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r = t / Hkv, g = t % Hkv, s = seg_of[r], i = row_in[r];
       const at::Tensor& ks = keys[s];
@@ -262,20 +318,18 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
       const float* vg = vs.data_ptr<float>() + g * vs.stride(0);
       const int64_t ks1 = ks.stride(1), vs1 = vs.stride(1);
       const float* q0 = qp + r * qs0 + g * rep * qs1;
-      for (int64_t j = 0; j < len; ++j) {
-        const float* kr = kg + j * ks1;
-        float* sj = scores.data() + j;
-        switch (D % 8 ? 0 : rep) {
-          case 1: head_dots<1>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 2: head_dots<2>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 3: head_dots<3>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 4: head_dots<4>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 5: head_dots<5>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 6: head_dots<6>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 7: head_dots<7>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          case 8: head_dots<8>(q0, qs1, kr, D, fscale, sj, S_max); break;
-          default: head_dots_any(rep, q0, qs1, kr, D, fscale, sj, S_max); break;
-        }
+      switch (D % 8 ? 0 : rep) {
+        case 1: head_scores<1>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 2: head_scores<2>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 3: head_scores<3>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 4: head_scores<4>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 5: head_scores<5>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 6: head_scores<6>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 7: head_scores<7>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        case 8: head_scores<8>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+        default:
+          for (int64_t j = 0; j < len; ++j) head_dots_any(rep, q0, qs1, kg + j * ks1, D, fscale, scores.data() + j, S_max);
+          break;
       }
       std::vector<float> sums(rep, 0.f);
       for (int64_t h = 0; h < rep; ++h) {
@@ -296,7 +350,8 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
         }
         sums[h] = sum;
       }
-      switch (D % 8 ? 0 : rep) {
+      // 1-8: head_mix<R>, 9-16: head_mix16<R - 8> (D a multiple of 16), 0: the general loop
+      switch (D % 8 || rep > 8 ? 0 : D % 16 ? rep : 8 + rep) {
         case 1: head_mix<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         case 2: head_mix<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         case 3: head_mix<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
@@ -305,6 +360,14 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
         case 6: head_mix<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         case 7: head_mix<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         case 8: head_mix<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 9: head_mix16<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 10: head_mix16<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 11: head_mix16<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 12: head_mix16<4>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 13: head_mix16<5>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 14: head_mix16<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 15: head_mix16<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+        case 16: head_mix16<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         default: head_mix_any(rep, scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
       }
       for (int64_t h = 0; h < rep; ++h) {

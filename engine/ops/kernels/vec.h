@@ -13,6 +13,9 @@ typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
 
+// Sixteen floats (one 512-bit register where the build has them, else two 256-bit halves).
+typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
+
 inline float hsum(v8f v) {
   return ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]));
 }

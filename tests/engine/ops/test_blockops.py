@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.models.layers import RotaryEmbedding
-from engine.ops.kernels import qdot_status
+from engine.ops.kernels import load_block_ops, qdot_status
 
 pytestmark = pytest.mark.skipif(not qdot_status().available,
                                 reason=f"native kernels not available here: {qdot_status().detail}")
@@ -103,16 +103,21 @@ def test_attention_softmax_holds_over_a_wide_range_of_scores(block_ops):
     torch.testing.assert_close(out.double(), _attention_reference(q, keys, values, 1.0), rtol=1e-5, atol=1e-5)
 
 
-def test_attention_rows_do_not_depend_on_the_batch(block_ops):
-    """A prompt attended in one call gives the values it gives token by token (prefix reuse relies on it)."""
-    g = torch.Generator().manual_seed(7)
-    n, H, Hkv, D = 9, 4, 2, 64
+@pytest.mark.parametrize("n,past,H,Hkv,D", [(9, 0, 4, 2, 64), (70, 0, 12, 2, 128), (45, 29, 6, 2, 20)])
+def test_attention_rows_do_not_depend_on_the_batch(block_ops, n, past, H, Hkv, D):
+    """A prompt attended in one call gives the values it gives token by token (prefix reuse relies on it):
+    rows attended in blocks that share key reads (8 rows, 32 keys at a time), after earlier positions or not,
+    on the paths by query heads per key head and the general one."""
+    g = torch.Generator().manual_seed(7 + n)
+    S = past + n
     q = torch.randn(n, H, D, generator=g)
-    keys = torch.randn(Hkv, n, D, generator=g)
-    values = torch.randn(Hkv, n, D, generator=g)
+    keys = torch.randn(Hkv, S, D, generator=g)
+    values = torch.randn(Hkv, S, D, generator=g)
     whole = block_ops.block_attention(q, keys, values, 0.125)
-    rows = torch.cat([block_ops.block_attention(q[i:i + 1], keys[:, :i + 1], values[:, :i + 1], 0.125) for i in range(n)])
+    rows = torch.cat([block_ops.block_attention(q[i:i + 1], keys[:, :past + i + 1], values[:, :past + i + 1], 0.125)
+                      for i in range(n)])
     assert torch.equal(whole, rows)
+    torch.testing.assert_close(whole.double(), _attention_reference(q, keys, values, 0.125), rtol=1e-5, atol=1e-5)
 
 
 def test_attention_refuses_bad_shapes(block_ops):
@@ -121,3 +126,21 @@ def test_attention_refuses_bad_shapes(block_ops):
         block_ops.block_attention(q, torch.randn(3, 8, 64), torch.randn(3, 8, 64), 1.0)
     with pytest.raises(RuntimeError, match="queries over"):
         block_ops.block_attention(q, torch.randn(2, 1, 64), torch.randn(2, 1, 64), 1.0)
+
+
+def test_attention_is_the_same_on_every_build():
+    """The AVX-512 build takes two keys per register and sixteen values of d at a time; each lane adds the same
+    products in the same order as the 256-bit code, so a model attends the same on every host with FMA (the
+    portable x86-64-v2 build has none: its products round before they are added)."""
+    ops = {v: load_block_ops(v) for v in ("native", "avx2")}
+    ops = {v: o for v, o in ops.items() if o is not None}
+    if len(ops) < 2:
+        pytest.skip("one build only")
+    g = torch.Generator().manual_seed(3)
+    for n, S, H, Hkv, D in [(5, 77, 12, 2, 128), (3, 40, 8, 4, 64), (2, 19, 6, 2, 24), (1, 1, 4, 2, 64)]:
+        q = torch.randn(n, H, D, generator=g)
+        keys, values = torch.randn(Hkv, S, D, generator=g), torch.randn(Hkv, S, D, generator=g)
+        outs = {v: o.block_attention(q, keys, values, D ** -0.5) for v, o in ops.items()}
+        first = next(iter(outs.values()))
+        for v, out in outs.items():
+            assert torch.equal(out, first), (v, n, S, H, Hkv, D)
