@@ -242,35 +242,39 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
   a.dx.resize(m * blocks);
   a.group_term.resize(m * a.n_groups);
   a.group_qsum.resize(m * a.n_groups);
-  std::vector<int32_t> sums16(block / 16);  // of q over each 16 values of a block
-  for (int64_t r = 0; r < m; ++r) {
-    const float* xr = x + r * k;
-    int8_t* qr = a.q.data() + r * k;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const float* xb = xr + b * block;
-      int8_t* qb = qr + b * block;
+  // Rows on their own (the same bytes whichever thread rounds them), in parallel from 32 rows on: a prompt
+  // chunk's quantization, serial, was 5 % of its forward.
+  at::parallel_for(0, m, 32, [&](int64_t r_begin, int64_t r_end) {
+    std::vector<int32_t> sums16(block / 16);  // of q over each 16 values of a block
+    for (int64_t r = r_begin; r < r_end; ++r) {
+      const float* xr = x + r * k;
+      int8_t* qr = a.q.data() + r * k;
+      for (int64_t b = 0; b < blocks; ++b) {
+        const float* xb = xr + b * block;
+        int8_t* qb = qr + b * block;
 #if QDOT_AVX512_VNNI || QDOT_AVX2
-      const float dx = quantize_block(xb, block, qb, sums16.data());
+        const float dx = quantize_block(xb, block, qb, sums16.data());
 #else
-      float amax = 0.f;
-      for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
-      const float dx = amax / 127.f;
-      const float inv = amax > 0.f ? 127.f / amax : 0.f;
-      for (int64_t i = 0; i < block; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
-      for (int64_t h = 0; h < block / 16; ++h) {
-        sums16[h] = 0;
-        for (int64_t i = 16 * h; i < 16 * h + 16; ++i) sums16[h] += qb[i];
-      }
+        float amax = 0.f;
+        for (int64_t i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+        const float dx = amax / 127.f;
+        const float inv = amax > 0.f ? 127.f / amax : 0.f;
+        for (int64_t i = 0; i < block; ++i) qb[i] = static_cast<int8_t>(std::nearbyint(xb[i] * inv));
+        for (int64_t h = 0; h < block / 16; ++h) {
+          sums16[h] = 0;
+          for (int64_t i = 16 * h; i < 16 * h + 16; ++i) sums16[h] += qb[i];
+        }
 #endif
-      a.dx[r * blocks + b] = dx;
-      const int64_t per = block / group;  // weight groups in this block
-      for (int64_t j = 0; j < per; ++j) {
-        const int32_t sum = group == 16 ? sums16[j] : sums16[2 * j] + sums16[2 * j + 1];
-        a.group_term[r * a.n_groups + b * per + j] = dx * static_cast<float>(sum);
-        a.group_qsum[r * a.n_groups + b * per + j] = sum;
+        a.dx[r * blocks + b] = dx;
+        const int64_t per = block / group;  // weight groups in this block
+        for (int64_t j = 0; j < per; ++j) {
+          const int32_t sum = group == 16 ? sums16[j] : sums16[2 * j] + sums16[2 * j + 1];
+          a.group_term[r * a.n_groups + b * per + j] = dx * static_cast<float>(sum);
+          a.group_qsum[r * a.n_groups + b * per + j] = sum;
+        }
       }
     }
-  }
+  });
   a.dx_steps.resize(m * blocks);
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t r = 0; r < m; ++r) a.dx_steps[b * m + r] = a.dx[r * blocks + b];
