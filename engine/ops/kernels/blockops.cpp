@@ -109,6 +109,12 @@ inline void head_scores(const float* q0, int64_t q_stride, const float* keys, in
   for (; j < len; ++j) head_dots<R>(q0, q_stride, keys + j * k_stride, D, scale, scores + j, S);
 }
 
+#if defined(__AVX512F__)
+constexpr bool kWideVectors = true;  // 512-bit registers: v16f is one register
+#else
+constexpr bool kWideVectors = false;
+#endif
+
 // head_mix for D a multiple of 16: 16 values of d at a time. Each lane is one d's sum over the keys in order,
 // the same products added in the same order as head_mix's: the same values in half the instructions where
 // registers are 512 bits wide (two 256-bit halves elsewhere).
@@ -350,8 +356,9 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
         }
         sums[h] = sum;
       }
-      // 1-8: head_mix<R>, 9-16: head_mix16<R - 8> (D a multiple of 16), 0: the general loop
-      switch (D % 8 || rep > 8 ? 0 : D % 16 ? rep : 8 + rep) {
+      // 1-8: head_mix<R>, 9-16: head_mix16<R - 8> (D a multiple of 16, 512-bit builds: on 256-bit ones its
+      // pairs of halves spill and ran 2.7x slower), 0: the general loop
+      switch (D % 8 || rep > 8 ? 0 : D % 16 || !kWideVectors ? rep : 8 + rep) {
         case 1: head_mix<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         case 2: head_mix<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         case 3: head_mix<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
