@@ -4,8 +4,9 @@
         [--rounds 2] [--parallel 8] [--widths 1,2,4,8] [--prefill-tokens 1700] [--no-anchor] [--llama-server PATH]
         [--vllm-url http://127.0.0.1:8000 --vllm-model NAME] [--markdown out.md]
 
-Starts ``tandem serve`` on a free loopback port with a fresh store, creates the plain model (``FROM``) and,
-with ``--draft``, the speculative pair (``FROM`` + ``DRAFT``), then for each round and each concurrency level
+Starts ``tandem serve`` on a free loopback port with a fresh store, creates the plain model (``FROM``, no
+speculation: ``drafter none``) and, with ``--draft``, the speculative pair (``FROM`` + ``DRAFT``, without suffix
+drafting: each round repeats the prompts, which the earlier rounds' outputs would draft whole), then for each round and each concurrency level
 C runs C clients at once, each streaming one greedy completion of ``--tokens`` tokens through
 ``/v1/completions`` (a different prompt each: code, prose, lists). With ``--vllm-url`` the same requests go
 to that server too, in the same round, right after tandem's (vLLM's CPU build runs in its own virtualenv:
@@ -254,9 +255,13 @@ def main(argv: list[str] | None = None) -> int:
     cells: dict[tuple[str, str, int], list[dict]] = {}
     prefill: dict[tuple[str, str], list[dict]] = {}
     try:
-        models = {"plain": f"FROM {home / Path(args.model).name}\nPARAMETER engine native\n"}
+        # Every round asks the same prompts again: the suffix drafter (on by default) would draft them whole from
+        # the earlier rounds' outputs, which measures the store, not batching (benchmarks.agent_replay does that).
+        # So plain is no speculation at all, and the pair drafts from its draft model and the request alone.
+        base = f"FROM {home / Path(args.model).name}\nPARAMETER engine native\n"
+        models = {"plain": base + "PARAMETER drafter none\n"}
         if args.draft:
-            models["draft"] = models["plain"] + f"DRAFT {home / Path(args.draft).name}\n"
+            models["draft"] = base + f"DRAFT {home / Path(args.draft).name}\nPARAMETER draft_suffix false\n"
         for name, mf in models.items():
             create(url, name, mf)
         targets = [("tandem", url, name, stream_raw) for name in models]

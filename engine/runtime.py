@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import replace
 from typing import Callable, Iterator
 
 from engine.batching.arbiter import BatchedModel, ForwardArbiter
@@ -66,9 +65,11 @@ def generation_limit(num_predict: int, num_ctx: int) -> int:
     return num_predict
 
 
-#: With several sequences in flight, a prompt is evaluated this many tokens a step: its chunk shares each
-#: forward with the other sequences' decode rows, and a larger one would stall their streams for its length.
-PARALLEL_PREFILL_CHUNK = 64
+#: A prompt is evaluated at most this many tokens a forward, whatever num_batch asks (llama.cpp's physical batch,
+#: n_ubatch, beside its logical num_batch): on Zen 5 a 1,700-token prompt 1.19x faster in chunks of 256 than of 512
+#: and a 4,000-token one 1.12x (a chunk's activations and f32 gate/up rows stay nearer the core); 384 as fast, 64
+#: and 128 0.94-0.99x (docs/bench/prompt-chunks-zen5.md).
+PROMPT_CHUNK_ROWS = 256
 
 #: An embedding batch holds at most this many padded token positions (sequences x longest).
 EMBED_BATCH_TOKENS = 8192
@@ -301,7 +302,7 @@ class ModelRuntime:
             trace=plan.trace or trace_from_env(),
             stops=o.stop,
             eog_ids=frozenset(eog),
-            prefill_chunk=max(1, o.num_batch),
+            prefill_chunk=max(1, min(o.num_batch, PROMPT_CHUNK_ROWS)),
         )
 
     def generate(self, req: GenerateRequest,
@@ -335,8 +336,6 @@ class ModelRuntime:
         plan = self.plan(req)
         drafter, cap = self.resolve_drafter(plan, slot.drafters)
         s = self.settings(req, plan, cap, num_ctx, num_keep if num_keep >= 0 else len(prompt))
-        if self.arbiter is not None:
-            s = replace(s, prefill_chunk=min(s.prefill_chunk, PARALLEL_PREFILL_CHUNK))
         constraint = None
         if node is not None:
             if self.pieces is None:

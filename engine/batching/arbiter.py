@@ -175,9 +175,21 @@ def _decoding(call: ForwardCall) -> bool:
     return len(call.tokens) == 1 or call.logits_for == "all"
 
 
+#: With other sequences in flight, a prompt is evaluated at most this many tokens a step: its chunk shares each
+#: forward with their decode rows, and a larger one would stall their streams for its length. Alone, a prompt
+#: takes the whole chunk it asked for (no stream waits on it; a request that arrives meanwhile joins the next
+#: step): a lone 1,700-token prompt 1.07x faster in chunks of 256 than of 64 (docs/bench/prompt-chunks-zen5.md).
+SHARED_PROMPT_CHUNK = 64
+
+
 class BatchedModel:
     """What a sequence's decode loop calls ``forward`` on: the shared model, through the arbiter. Everything
     else (config, caches, output head) is the model's own."""
+
+    def prompt_chunk(self, requested: int) -> int:
+        """How many of a prompt's tokens the next step evaluates: all ``requested`` when this sequence is the only
+        one the arbiter serves, else at most :data:`SHARED_PROMPT_CHUNK`."""
+        return requested if self._arbiter.active <= 1 else min(requested, SHARED_PROMPT_CHUNK)
 
     def __init__(self, model: Any, arbiter: ForwardArbiter, draft: bool):
         self._model = model

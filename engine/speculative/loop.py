@@ -228,11 +228,16 @@ class DecodeLoop:
         tail = log[n:]
         hidden, captured = [], []
         logits = None
-        step = self.s.prefill_chunk
-        for i in range(0, len(tail), step):
+        # A batched target sizes each chunk by who else is in flight (engine.batching.arbiter); a lone model takes
+        # the settings' chunk
+        chunk_rows = getattr(self.target, "prompt_chunk", lambda requested: requested)
+        i = 0
+        while i < len(tail):
+            step = chunk_rows(self.s.prefill_chunk)
             last = i + step >= len(tail)
             out = self.target.forward(tail[i:i + step], self.cache, logits_for="last" if last else "none",
                                       return_hidden=need_hidden)
+            i += step
             if need_hidden:
                 hidden.append(out.prenorm_hidden)
                 if out.captured is not None:

@@ -13,12 +13,12 @@ import torch
 
 import tests.hf_tiny as hf_tiny
 import tests.hf_tiny_qwen35 as hf_tiny_qwen35
-from engine.batching.arbiter import BatchedModel, ForwardArbiter
+from engine.batching.arbiter import SHARED_PROMPT_CHUNK, BatchedModel, ForwardArbiter
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.models.loader import load_model
 from engine.contract.options import Options
 from engine.contract.protocol import EngineError, GenerateRequest, LoadSpec, TokenChunk
-from engine.runtime import ModelRuntime
+from engine.runtime import PROMPT_CHUNK_ROWS, ModelRuntime
 from tests.engine.speculative.test_speculation import PROMPT, generate, write_model
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -309,17 +309,46 @@ def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_stream
 
     def run(i):
         if i == 2:
+            # it arrives once both streams run (alone, a prompt takes its whole chunk: the next test)
+            deadline = time.monotonic() + 60
+            while (eng.arbiter.active < 2 or eng.arbiter.steps < 2) and time.monotonic() < deadline:
+                time.sleep(0.001)
             return generate(eng, long_prompt, temperature=0, num_predict=8, drafter="none").tokens
         return generate(eng, PROMPTS[i], temperature=0, num_predict=60, drafter="none").tokens
 
-    alone = [run(i) for i in range(3)]
+    alone = [generate(eng, long_prompt if i == 2 else PROMPTS[i], temperature=0, num_predict=8 if i == 2 else 60,
+                      drafter="none").tokens for i in range(3)]
     eng = engine(models["llama"], n=3, num_ctx=256)  # a fresh one: the long prompt is not cached in any slot
     run_batch = eng.arbiter.run_batch
     eng.arbiter.run_batch = recording
     assert concurrently(run, 3) == alone
     shared = [r for r in rows if len(r) > 1]
-    assert shared and max(max(r) for r in shared) <= 64
-    assert sum(1 for r in rows if 64 in r) >= 3  # the long prompt went in chunks, beside the others
+    assert shared and max(max(r) for r in shared) <= SHARED_PROMPT_CHUNK
+    assert sum(1 for r in rows if SHARED_PROMPT_CHUNK in r) >= 3  # the long prompt went in chunks, beside the others
+
+
+def test_a_prompt_alone_is_evaluated_in_whole_chunks(models):
+    """With no other sequence in flight a prompt takes the whole chunk it asks for (num_batch, at most
+    PROMPT_CHUNK_ROWS a forward): nobody's stream waits on it, and wider chunks run the prompt faster."""
+    eng = engine(models["llama"], n=3, num_ctx=512)
+    rows: list[list[int]] = []
+    run_batch = eng.arbiter.run_batch
+
+    def recording(model, calls):
+        rows.append([len(c.tokens) for c in calls])
+        return run_batch(model, calls)
+
+    eng.arbiter.run_batch = recording
+    prompt = " ".join(["word"] * 60)  # ~300 tokens, a token a byte
+    n = len(eng.tokenize(prompt))
+    assert PROMPT_CHUNK_ROWS < n < 2 * PROMPT_CHUNK_ROWS, n
+    generate(eng, prompt, temperature=0, num_predict=1, drafter="none")
+    assert rows == [[PROMPT_CHUNK_ROWS], [n - PROMPT_CHUNK_ROWS]]
+    rows.clear()
+    other = " ".join(["thing"] * 50)  # nothing in common with the first: evaluated whole
+    m = len(eng.tokenize(other))
+    generate(eng, other, temperature=0, num_predict=1, drafter="none", num_batch=100)
+    assert rows == [[100]] * (m // 100) + ([[m % 100]] if m % 100 else [])
 
 
 def test_a_prompt_another_sequence_evaluated_is_copied_not_evaluated_again(models):
