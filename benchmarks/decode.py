@@ -870,6 +870,14 @@ def _feed(prompt: list[int], generated: Sequence[int], n: int) -> list[int]:
 
 
 def run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
+    """The whole measurement on the process's compute thread (engine.batching.compute), where the engine runs its
+    forwards: tandem's and llama.cpp's parallel work then share one OpenMP team, as each would alone."""
+    from engine.batching.compute import ComputeThread
+
+    return ComputeThread.shared().run(lambda: _run(settings, command, log))
+
+
+def _run(settings: Settings, command: str, log: Callable[[str], None]) -> Report:
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     load_start = os.getloadavg()
     torch.set_num_threads(settings.threads)

@@ -30,6 +30,13 @@ def time_prompt(model, cache, ids: list[int], chunk: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> str:
+    from engine.batching.compute import ComputeThread
+
+    # on the thread the engine runs its forwards on (engine.batching.compute)
+    return ComputeThread.shared().run(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> str:
     from engine.contract.protocol import LoadSpec
     from engine.runtime import ModelRuntime
 

@@ -18,7 +18,10 @@ import os
 import time
 from typing import Callable, Iterator
 
+import torch
+
 from engine.batching.arbiter import BatchedModel, ForwardArbiter
+from engine.batching.compute import ComputeThread
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.load import LoadedParts, load_parts
 from engine.contract.protocol import (
@@ -88,7 +91,9 @@ def _embed_batches(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
 
 
 class ModelRuntime:
-    def __init__(self, parts: LoadedParts):
+    def __init__(self, parts: LoadedParts, compute: ComputeThread | None = None):
+        # The thread every forward and the load run on (engine.batching.compute: one OpenMP team per process)
+        self.compute = compute or ComputeThread.shared()
         self.spec = parts.spec
         self.target = parts.target
         self.gguf = parts.gguf
@@ -107,7 +112,7 @@ class ModelRuntime:
         self.arbiter: ForwardArbiter | None = None
         slots = [SequenceSlot(0, parts.cache, parts.drafters)] if parts.cache is not None else []
         if parts.num_parallel > 1 and parts.cache is not None:
-            self.arbiter = ForwardArbiter(run_batch=lambda model, calls: model.forward_batch(calls),
+            self.arbiter = ForwardArbiter(run_batch=self._run_batch,
                                           on_step=self._verify_times.add)
             for i in range(1, parts.num_parallel):
                 cache = self.target.new_cache(parts.cache.capacity)
@@ -124,9 +129,15 @@ class ModelRuntime:
         self.last_breakdown: TimeBreakdown | None = None
         self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily
 
+    def _run_batch(self, model, calls: list) -> list:
+        """A step's batched forward, on the compute thread."""
+        return self.compute.run(lambda: model.forward_batch(calls))
+
     @classmethod
     def load(cls, spec: LoadSpec) -> "ModelRuntime":
-        return cls(load_parts(spec))
+        compute = ComputeThread.shared()
+        compute.set_threads(spec.num_thread if spec.num_thread > 0 else torch.get_num_threads())
+        return cls(compute.run(lambda: load_parts(spec)), compute)
 
     @property
     def num_parallel(self) -> int:
@@ -175,6 +186,9 @@ class ModelRuntime:
     # embeddings (an encoder model)
     # ------------------------------------------------------------------------------------------
     def embed(self, req: EmbedRequest) -> EmbedResult:
+        return self.compute.run(lambda: self._embed(req))
+
+    def _embed(self, req: EmbedRequest) -> EmbedResult:
         """Each input's pooled vector, as the model's pooling type says. Inputs are tokenized as Ollama
         does: the text's tokens cut to ``num_ctx`` minus the two special tokens (or refused when
         ``truncate`` is off), then wrapped in [CLS] ... [SEP]; they run in batches of similar length."""
@@ -307,6 +321,15 @@ class ModelRuntime:
 
     def generate(self, req: GenerateRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
+        """The request's chunks and result. One sequence at a time runs whole on the compute thread; with several
+        slots each sequence runs in its caller's thread and only the batched steps (and the copies of shared
+        prefixes) go to the compute thread."""
+        if self.arbiter is None:
+            return self.compute.iterate(lambda: self._generate(req, should_stop))
+        return self._generate(req, should_stop)
+
+    def _generate(self, req: GenerateRequest,
+                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
         if req.images:
             raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
         should_stop = should_stop or (lambda: False)
@@ -324,7 +347,7 @@ class ModelRuntime:
         slot = self.slots.acquire(prompt)
         try:
             if self.arbiter is not None:  # a prefix another sequence evaluated is copied, not evaluated again
-                self.arbiter.run_exclusive(lambda: self.slots.share_prefix(slot, prompt))
+                self.arbiter.run_exclusive(lambda: self.compute.run(lambda: self.slots.share_prefix(slot, prompt)))
             yield from self._generate_in(slot, req, prompt, node, num_ctx, num_keep, should_stop)
         finally:
             self.slots.release(slot)

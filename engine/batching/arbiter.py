@@ -15,7 +15,8 @@ its draft model) is a ``BatchedModel``, whose ``forward`` does not run at once: 
 So a sequence's verification rows and a plain sequence's single row share one forward, and a new request's
 prefill chunk joins the next step. Sequences join when their request starts and leave when it ends (or
 fails); a leaving sequence can complete a step the others were waiting for, and runs it. The thread whose
-arrival completes a step runs it (there is no coordinator thread). A batched forward that raises is run
+arrival completes a step runs it (there is no coordinator thread); the runtime's ``run_batch`` hands the forward
+itself to the process's compute thread (engine.batching.compute), where every parallel region of the model opens. A batched forward that raises is run
 again one sequence at a time, so that only the sequence whose forward fails alone gets the error.
 """
 

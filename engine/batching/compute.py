@@ -1,0 +1,107 @@
+"""The one thread that runs a loaded model's parallel work.
+
+libgomp (the OpenMP runtime torch and the native kernels parallelise with) keeps a team of worker threads per
+thread that opens a parallel region. When a process holds more such workers than it has CPUs, every team stops
+spinning between regions and sleeps on a futex instead, and a forward opens a few hundred regions: measured on
+Zen 5 (2 cores), one decode forward of the 1.5B took 21 ms from the thread that loaded the model and 26 ms from any
+other (benchmarks/thread_forward.py), and the engine process ran every generation in a thread of its own, so
+every request the server streamed paid it (37 against 47 tok/s). So the load, every forward and every other
+heavy tensor operation of a model run on one long-lived thread: its team is the only one there is. That thread is
+one per process (``ComputeThread.shared()``), like the OpenMP runtime it stands for: two models loaded in one
+process (a test's, a benchmark's llama.cpp beside tandem) share it rather than bring back a second team.
+
+``run(fn)`` runs ``fn`` there and returns its result (or raises its exception) to the caller; called from that
+thread it just calls ``fn``. ``iterate(make)`` is a generator whose every step runs on it: a whole generation moves
+there while its caller only relays what it yields.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class _Call:
+    """One function waiting for the compute thread, and what it gave."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class ComputeThread:
+    """A daemon thread that runs the functions handed to it, one at a time, in order (see the module doc)."""
+
+    _shared: "ComputeThread | None" = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self, name: str = "tandem-compute"):
+        self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def shared(cls) -> "ComputeThread":
+        """This process's compute thread (started on first use)."""
+        with cls._shared_lock:
+            if cls._shared is None or not cls._shared._thread.is_alive():
+                cls._shared = cls()
+            return cls._shared
+
+    def set_threads(self, n: int) -> None:
+        """The OpenMP team size of the compute thread's parallel work from now on (a load's ``num_thread``)."""
+        if n > 0:
+            import torch
+
+            self.run(lambda: torch.set_num_threads(n))
+
+    def _serve(self) -> None:
+        while True:
+            call = self._calls.get()
+            if call is None:
+                return
+            try:
+                call.result = call.fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+                call.error = e
+            call.done.set()
+
+    @property
+    def here(self) -> bool:
+        """Whether the calling thread is the compute thread."""
+        return threading.current_thread() is self._thread
+
+    def run(self, fn: Callable[[], T]) -> T:
+        if self.here:
+            return fn()
+        if not self._thread.is_alive():
+            raise RuntimeError("the model's compute thread has stopped")
+        call = _Call(fn)
+        self._calls.put(call)
+        call.done.wait()
+        if call.error is not None:
+            raise call.error
+        return call.result
+
+    def iterate(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
+        """The items of ``make()``, each step of it (and its close, when the consumer stops early) run here."""
+        inner = self.run(make)
+        try:
+            while True:
+                try:
+                    item = self.run(lambda: next(inner))
+                except StopIteration:
+                    return
+                yield item
+        finally:
+            self.run(inner.close)
+
+    def stop(self) -> None:
+        """Let the thread end once the calls already handed to it are done (never the shared one's)."""
+        if self is not ComputeThread._shared:
+            self._calls.put(None)
