@@ -117,7 +117,9 @@ constexpr bool kWideVectors = false;
 
 // head_mix for D a multiple of 16: 16 values of d at a time. Each lane is one d's sum over the keys in order,
 // the same products added in the same order as head_mix's: the same values in half the instructions where
-// registers are 512 bits wide (two 256-bit halves elsewhere).
+// registers are 512 bits wide (two 256-bit halves elsewhere). Not head_mix with the vector type as a template
+// parameter: GCC drops a typedef's attributes there (aligned(4), may_alias), and the loads of unaligned rows then
+// assume 64-byte alignment (it crashed the tests).
 template <int R>
 inline void head_mix16(const float* p, int64_t S, const float* values, int64_t v_stride, int64_t len, int64_t D,
                        float* acc) {

@@ -615,19 +615,70 @@ inline void half_group_scales(const BlockScales& b, int64_t g, int h, const __m2
            : _mm256_mul_ps(sv, neg_offset);
 }
 
-// MB activation rows against one block of 16 weight rows: out[i * 16 + r] = y[m0 + i, block row r]
-// without bias. Each 8-value step unpacks both halves of the block once and every row takes its two
-// activation broadcasts against all four (each broadcast serves 16 rows, and the block is read as one
-// stream). A run's steps are unrolled, with an empty asm between them (below): without it GCC formed
-// all of a run's products first and spilled most of them, and how many depended on the caller it was
-// inlined into (the same source ran 0.81 or 1.3 TSC cycles per 32 weights and row). Not inlined, so
-// that its code does not depend on where it is called from. The activations come interleaved by step
-// (q_steps) and a group's dx and term of every row side by side (group_dx_term): all rows are reached
-// from one pointer each. The float steps per group are those of the AVX-512 path, in its order.
+// One run of a weight group's sums (the block's 16 rows, as two halves of 8) over kI16Steps 8-value steps from
+// k_begin, against MB activation rows (q_steps at xq): int16 lane pairs (int32 for 8-bit codes, whose runs are
+// one step). Each 8-value step unpacks both halves of the block once and every row takes its two activation
+// broadcasts against all four (each broadcast serves 16 rows, and the block is read as one stream). The steps
+// are unrolled, with an empty asm between them (below): without it GCC formed all of a run's products first and
+// spilled most of them, and how many depended on the caller it was inlined into (the same source ran 0.81 or
+// 1.3 TSC cycles per 32 weights and row).
+template <int BITS, int MB, int kI16Steps>
+inline void run_sums16(const uint8_t* w_block, const int8_t* xq, int64_t m, int64_t k_begin, __m256i (&s16)[MB][2]) {
+  constexpr int64_t slot_bytes = 16 * BITS;
+  const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 8
+  for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4
+  for (int step = 0; step < kI16Steps; ++step) {
+    const int64_t k = k_begin + 8 * step;
+    const uint8_t* p = w_block + (k / 8) * slot_bytes;
+    const int8_t* xs = xq + (k / 8) * 8 * m;
+    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+    if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
+    __m256i w00, w10, w01, w11;  // w{slot}{half}
+    load_half_slots<BITS>(p, 0, w00, w10);
+    load_half_slots<BITS>(p, 1, w01, w11);
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) {
+      const __m256i x0 = broadcast4_avx2(xs + 8 * i);
+      const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
+      if constexpr (BITS == 8) {
+        const auto widened = [&](const __m256i& wa, const __m256i& wb) {
+          return _mm256_add_epi32(_mm256_madd_epi16(pair_products<8>(wa, x0), ones),
+                                  _mm256_madd_epi16(pair_products<8>(wb, x1), ones));
+        };
+        s16[i][0] = _mm256_add_epi32(s16[i][0], widened(w00, w10));  // int32 already
+        s16[i][1] = _mm256_add_epi32(s16[i][1], widened(w01, w11));
+      } else if constexpr (MB >= 4) {
+        // each product into its sum as it is formed: one register less per row than adding the two
+        // products first, which at four and five rows spilled sums (the same integers: int16 sums
+        // that never overflow add in any order)
+        s16[i][0] = _mm256_add_epi16(s16[i][0], pair_products<BITS>(w00, x0));
+        s16[i][1] = _mm256_add_epi16(s16[i][1], pair_products<BITS>(w01, x0));
+        s16[i][0] = _mm256_add_epi16(s16[i][0], pair_products<BITS>(w10, x1));
+        s16[i][1] = _mm256_add_epi16(s16[i][1], pair_products<BITS>(w11, x1));
+      } else {
+        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(pair_products<BITS>(w00, x0),
+                                                                 pair_products<BITS>(w10, x1)));
+        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(pair_products<BITS>(w01, x0),
+                                                                 pair_products<BITS>(w11, x1)));
+      }
+    }
+    // An empty asm that takes and gives back every sum: a step's products are then added before the
+    // next step's are formed, instead of a run's products being formed first and spilled
+#pragma GCC unroll 8
+    for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
+  }
+}
+
+// MB activation rows against one block of 16 weight rows (f16 group scales): out[i * 16 + r] = y[m0 + i,
+// block row r] without bias, a group's runs from run_sums16. Not inlined, so that its code does not depend
+// on where it is called from. The activations come interleaved by step (q_steps) and a group's dx and term
+// of every row side by side (group_dx_term): all rows are reached from one pointer each. The float steps per
+// group are those of the AVX-512 path, in its order.
 template <int BITS, int G, int SC, int MB>
 [[gnu::noinline]] void block_dots(const uint8_t* w_block, const BlockScales& bs, int64_t offset,
                                   const QuantizedActivations& a, int64_t m0, float* out) {
-  constexpr int64_t slot_bytes = 16 * BITS;  // per 8 values of the 16 rows
   constexpr int kI16Steps = BITS == 4 ? 4 : BITS == 5 ? 2 : 1;  // 8-value steps summed in int16
   constexpr int kRuns = G / (8 * kI16Steps);                     // int16 runs per group
   static_assert(G % (8 * kI16Steps) == 0, "a group holds whole int16 runs");
@@ -641,49 +692,7 @@ template <int BITS, int G, int SC, int MB>
 #pragma GCC unroll 4
     for (int run = 0; run < kRuns; ++run) {
       __m256i s16[MB][2];
-#pragma GCC unroll 8
-      for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-      for (int step = 0; step < kI16Steps; ++step) {
-        const int64_t k = g * G + 8 * (run * kI16Steps + step);
-        const uint8_t* p = w_block + (k / 8) * slot_bytes;
-        const int8_t* xs = xq + (k / 8) * 8 * a.m;
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-        if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-        __m256i w00, w10, w01, w11;  // w{slot}{half}
-        load_half_slots<BITS>(p, 0, w00, w10);
-        load_half_slots<BITS>(p, 1, w01, w11);
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) {
-          const __m256i x0 = broadcast4_avx2(xs + 8 * i);
-          const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
-          if constexpr (BITS == 8) {
-            const auto widened = [&](const __m256i& wa, const __m256i& wb) {
-              return _mm256_add_epi32(_mm256_madd_epi16(pair_products<8>(wa, x0), ones),
-                                      _mm256_madd_epi16(pair_products<8>(wb, x1), ones));
-            };
-            s16[i][0] = _mm256_add_epi32(s16[i][0], widened(w00, w10));  // int32 already: 8-bit runs are one step
-            s16[i][1] = _mm256_add_epi32(s16[i][1], widened(w01, w11));
-          } else if constexpr (MB >= 4) {
-            // each product into its sum as it is formed: one register less per row than adding the two
-            // products first, which at four and five rows spilled sums (the same integers: int16 sums
-            // that never overflow add in any order)
-            s16[i][0] = _mm256_add_epi16(s16[i][0], pair_products<BITS>(w00, x0));
-            s16[i][1] = _mm256_add_epi16(s16[i][1], pair_products<BITS>(w01, x0));
-            s16[i][0] = _mm256_add_epi16(s16[i][0], pair_products<BITS>(w10, x1));
-            s16[i][1] = _mm256_add_epi16(s16[i][1], pair_products<BITS>(w11, x1));
-          } else {
-            s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(pair_products<BITS>(w00, x0),
-                                                                     pair_products<BITS>(w10, x1)));
-            s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(pair_products<BITS>(w01, x0),
-                                                                     pair_products<BITS>(w11, x1)));
-          }
-        }
-        // An empty asm that takes and gives back every sum: a step's products are then added before the
-        // next step's are formed, instead of a run's products being formed first and spilled
-#pragma GCC unroll 8
-        for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
-      }
+      run_sums16<BITS, MB, kI16Steps>(w_block, xq, a.m, g * G + 8 * run * kI16Steps, s16);
 #pragma GCC unroll 8
       for (int i = 0; i < MB; ++i) {
         for (int h = 0; h < 2; ++h) {
@@ -714,46 +723,6 @@ template <int BITS, int G, int SC, int MB>
   }
   for (int i = 0; i < MB; ++i)
     for (int h = 0; h < 2; ++h) _mm256_storeu_ps(out + i * 16 + 8 * h, _mm256_load_ps(acc[i][h]));
-}
-
-// One weight group's int16 sums (the block's 16 rows, as two halves of 8) over 8 kI16Steps values from
-// k_begin, against MB activation rows (q_steps at xq): the inner step of the K-quant kernels below,
-// where each run's sums are then multiplied by the rows' scale codes (vpmaddwd) and added in int32.
-template <int BITS, int MB, int kI16Steps>
-inline void run_sums16(const uint8_t* w_block, const int8_t* xq, int64_t m, int64_t k_begin, __m256i (&s16)[MB][2]) {
-  constexpr int64_t slot_bytes = 16 * BITS;
-#pragma GCC unroll 8
-  for (int i = 0; i < MB; ++i) s16[i][0] = s16[i][1] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-  for (int step = 0; step < kI16Steps; ++step) {
-    const int64_t k = k_begin + 8 * step;
-    const uint8_t* p = w_block + (k / 8) * slot_bytes;
-    const int8_t* xs = xq + (k / 8) * 8 * m;
-    _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
-    if constexpr (BITS > 4) _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes + 64), _MM_HINT_T0);
-    __m256i w00, w10, w01, w11;  // w{slot}{half}
-    load_half_slots<BITS>(p, 0, w00, w10);
-    load_half_slots<BITS>(p, 1, w01, w11);
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) {
-      const __m256i x0 = broadcast4_avx2(xs + 8 * i);
-      const __m256i x1 = broadcast4_avx2(xs + 8 * i + 4);
-      if constexpr (MB >= 4) {  // each product into its sum as it is formed (see block_dots)
-        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_maddubs_epi16(w00, x0));
-        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_maddubs_epi16(w01, x0));
-        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_maddubs_epi16(w10, x1));
-        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_maddubs_epi16(w11, x1));
-      } else {
-        s16[i][0] = _mm256_add_epi16(s16[i][0], _mm256_add_epi16(_mm256_maddubs_epi16(w00, x0),
-                                                                 _mm256_maddubs_epi16(w10, x1)));
-        s16[i][1] = _mm256_add_epi16(s16[i][1], _mm256_add_epi16(_mm256_maddubs_epi16(w01, x0),
-                                                                 _mm256_maddubs_epi16(w11, x1)));
-      }
-    }
-    // as in block_dots: a step's products are added before the next step's are formed
-#pragma GCC unroll 8
-    for (int i = 0; i < MB; ++i) __asm__("" : "+x"(s16[i][0]), "+x"(s16[i][1]));
-  }
 }
 
 // Eight 8-bit scale codes (one half of a group's 16 rows) in both int16 of each row's lane, for
