@@ -16,8 +16,6 @@ import argparse
 import statistics
 import time
 
-import torch
-
 from benchmarks.output import emit, host_line
 
 
@@ -50,7 +48,6 @@ def _main(argv: list[str] | None) -> str:
     args = ap.parse_args(argv)
     lengths = [int(x) for x in args.lengths.split(",")]
     chunks = [int(x) for x in args.chunks.split(",")]
-    torch.set_num_threads(args.threads)
     runtime = ModelRuntime.load(LoadSpec(model_path=args.model, num_ctx=max(lengths) + 16, num_thread=args.threads,
                                          device="cpu"))
     model = runtime.target

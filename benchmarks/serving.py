@@ -6,9 +6,9 @@
 
 Starts ``tandem serve`` on a free loopback port with a fresh store, creates the plain model (``FROM``, no
 speculation: ``drafter none``) and, with ``--draft``, the speculative pair (``FROM`` + ``DRAFT``, without suffix
-drafting: each round repeats the prompts, which the earlier rounds' outputs would draft whole), then for each round and each concurrency level
-C runs C clients at once, each streaming one greedy completion of ``--tokens`` tokens through
-``/v1/completions`` (a different prompt each: code, prose, lists). With ``--vllm-url`` the same requests go
+drafting: each round repeats the prompts, which the earlier rounds' outputs would draft whole), then for each
+round and each concurrency level C runs C clients at once, each streaming one greedy completion of ``--tokens``
+tokens through ``/v1/completions`` (a different prompt each: code, prose, lists). With ``--vllm-url`` the same requests go
 to that server too, in the same round, right after tandem's (vLLM's CPU build runs in its own virtualenv:
 start it yourself). Reported per (server, model, C), medians over rounds: aggregate tokens/s (all clients'
 tokens, as the servers' usage counts them, over the level's wall time), the median stream's tokens/s (first

@@ -91,9 +91,9 @@ def _embed_batches(order: list[int], lengths: list[int]) -> Iterator[list[int]]:
 
 
 class ModelRuntime:
-    def __init__(self, parts: LoadedParts, compute: ComputeThread | None = None):
+    def __init__(self, parts: LoadedParts):
         # The thread every forward and the load run on (engine.batching.compute: one OpenMP team per process)
-        self.compute = compute or ComputeThread.shared()
+        self.compute = ComputeThread.shared()
         self.spec = parts.spec
         self.target = parts.target
         self.gguf = parts.gguf
@@ -137,7 +137,7 @@ class ModelRuntime:
     def load(cls, spec: LoadSpec) -> "ModelRuntime":
         compute = ComputeThread.shared()
         compute.set_threads(spec.num_thread if spec.num_thread > 0 else torch.get_num_threads())
-        return cls(compute.run(lambda: load_parts(spec)), compute)
+        return cls(compute.run(lambda: load_parts(spec)))
 
     @property
     def num_parallel(self) -> int:

@@ -16,8 +16,9 @@ So a sequence's verification rows and a plain sequence's single row share one fo
 prefill chunk joins the next step. Sequences join when their request starts and leave when it ends (or
 fails); a leaving sequence can complete a step the others were waiting for, and runs it. The thread whose
 arrival completes a step runs it (there is no coordinator thread); the runtime's ``run_batch`` hands the forward
-itself to the process's compute thread (engine.batching.compute), where every parallel region of the model opens. A batched forward that raises is run
-again one sequence at a time, so that only the sequence whose forward fails alone gets the error.
+itself to the process's compute thread (engine.batching.compute), where every parallel region of the model opens.
+A batched forward that raises is run again one sequence at a time, so that only the sequence whose forward fails
+alone gets the error.
 """
 
 from __future__ import annotations
@@ -187,11 +188,6 @@ class BatchedModel:
     """What a sequence's decode loop calls ``forward`` on: the shared model, through the arbiter. Everything
     else (config, caches, output head) is the model's own."""
 
-    def prompt_chunk(self, requested: int) -> int:
-        """How many of a prompt's tokens the next step evaluates: all ``requested`` when this sequence is the only
-        one the arbiter serves, else at most :data:`SHARED_PROMPT_CHUNK`."""
-        return requested if self._arbiter.active <= 1 else min(requested, SHARED_PROMPT_CHUNK)
-
     def __init__(self, model: Any, arbiter: ForwardArbiter, draft: bool):
         self._model = model
         self._arbiter = arbiter
@@ -203,6 +199,11 @@ class BatchedModel:
     @property
     def unbatched(self) -> Any:
         return self._model
+
+    def prompt_chunk(self, requested: int) -> int:
+        """How many of a prompt's tokens the next step evaluates: all ``requested`` when this sequence is the only
+        one the arbiter serves, else at most :data:`SHARED_PROMPT_CHUNK`."""
+        return requested if self._arbiter.active <= 1 else min(requested, SHARED_PROMPT_CHUNK)
 
     def forward(self, tokens, cache, *, logits_for: str = "all", return_hidden: bool = False):
         return self._arbiter.forward(ForwardCall(self._model, self._draft, [int(t) for t in tokens], cache,

@@ -133,13 +133,13 @@ struct QuantizedActivations {
   int64_t block = kActGroup;           // values per activation scale: 32, or kSuper for K-quants (Q8_K's rule)
   std::vector<int8_t> q;               // [m, k]
   std::vector<float> dx;               // [m, k/block]: the scale of each block of quantized values
-  std::vector<float> dx_steps;         // [k/block, m]: the same, the rows of each block side by side
-  std::vector<float> group_term;       // [m, K/G]: dx * sum of q over each weight group
+  std::vector<float> dx_steps;         // [k/block, m] (K-quants): the same, the rows of each block side by side
+  std::vector<float> group_term;       // [m, K/G] (f16 layouts): dx * sum of q over each weight group
   std::vector<int32_t> group_qsum;     // [m, K/G]: the sum of q itself (the AVX2 path's 8-bit codes, K-quants' mins)
-  std::vector<float> group_dx_term;    // [K/G, m, 2]: per group and row, its dx and group_term side by side
+  std::vector<float> group_dx_term;    // [K/G, m, 2] (f16 layouts): per group and row, its dx and group_term
   std::vector<int8_t> q_steps;         // [K/8, m, 8]: q with the rows of each 8 values side by side
-                                       // (these: the AVX2 path reads all rows from one pointer)
-  std::vector<int32_t> pair_offsets;   // [K/16, m] (groups of 16 only): two int16, kCentre times the sum
+                                       // (these three: the AVX2 path reads all rows from one pointer)
+  std::vector<int32_t> pair_offsets;   // [K/16, m] (Q6_K): two int16, kCentre times the sum
                                        // of q over the group's values k % 4 < 2, then k % 4 >= 2 (the
                                        // AVX2 path's centred 6-bit codes, one int16 lane pair per row)
   std::vector<int32_t> qsum_pairs;     // [K/64, m] (K-quants with groups of 32): two int16, the sums of q
@@ -240,7 +240,7 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
   const int64_t blocks = k / block;
   a.q.resize(m * k);
   a.dx.resize(m * blocks);
-  a.group_term.resize(m * a.n_groups);
+  if (block == kActGroup) a.group_term.resize(m * a.n_groups);  // f16 layouts' zero terms
   a.group_qsum.resize(m * a.n_groups);
   // Rows on their own (the same bytes whichever thread rounds them), in parallel from 32 rows on: a prompt
   // chunk's quantization, serial, was 5 % of its forward.
@@ -269,20 +269,24 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
         const int64_t per = block / group;  // weight groups in this block
         for (int64_t j = 0; j < per; ++j) {
           const int32_t sum = group == 16 ? sums16[j] : sums16[2 * j] + sums16[2 * j + 1];
-          a.group_term[r * a.n_groups + b * per + j] = dx * static_cast<float>(sum);
+          if (block == kActGroup) a.group_term[r * a.n_groups + b * per + j] = dx * static_cast<float>(sum);
           a.group_qsum[r * a.n_groups + b * per + j] = sum;
         }
       }
     }
   });
-  a.dx_steps.resize(m * blocks);
-  for (int64_t b = 0; b < blocks; ++b)
-    for (int64_t r = 0; r < m; ++r) a.dx_steps[b * m + r] = a.dx[r * blocks + b];
+  if (block == kSuper) {  // the K-quant kernels' per-super-block dx, rows side by side
+    a.dx_steps.resize(m * blocks);
+    for (int64_t b = 0; b < blocks; ++b)
+      for (int64_t r = 0; r < m; ++r) a.dx_steps[b * m + r] = a.dx[r * blocks + b];
+  }
+#if QDOT_AVX2  // only the AVX2 path reads the rows interleaved by step
   a.q_steps.resize(m * k);
   for (int64_t s = 0; s < k / 8; ++s) {
     for (int64_t r = 0; r < m; ++r) std::memcpy(a.q_steps.data() + (s * m + r) * 8, a.q.data() + r * k + s * 8, 8);
   }
-  if (group == 16) {
+#endif
+  if (QDOT_AVX2 && group == 16 && block == kSuper) {  // Q6_K's centred int16 offsets: the AVX2 path's alone
     a.pair_offsets.resize(a.n_groups * m);
     for (int64_t g = 0; g < a.n_groups; ++g) {
       for (int64_t r = 0; r < m; ++r) {
@@ -295,7 +299,8 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
         a.pair_offsets[g * m + r] = static_cast<int32_t>(packed);
       }
     }
-  } else if (block == kSuper) {
+  }
+  if (group == 32 && block == kSuper) {  // Q4_K, Q5_K: the mins' sums of q, two groups a lane
     a.qsum_pairs.resize(a.n_groups / 2 * m);
     for (int64_t p = 0; p < a.n_groups / 2; ++p) {
       for (int64_t r = 0; r < m; ++r) {
@@ -305,7 +310,7 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
       }
     }
   }
-  if (block == kActGroup) {
+  if (QDOT_AVX2 && block == kActGroup) {  // the AVX2 f16 kernel's per-group dx and term, rows side by side
     a.group_dx_term.resize(a.n_groups * m * 2);
     for (int64_t g = 0; g < a.n_groups; ++g) {
       for (int64_t r = 0; r < m; ++r) {
