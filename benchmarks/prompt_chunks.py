@@ -7,7 +7,7 @@ The model is loaded once; each repetition runs every (length, chunk) cell once, 
 falls on all cells alike. A cell is one prompt of that many tokens on an empty cache, forwarded chunk by chunk
 with logits for its last position only (what a request's prefill does). Reported: prompt tokens / seconds, the
 median over repetitions, and each chunk's rate over the best chunk's at that length. This chose
-``engine.runtime.PROMPT_CHUNK_ROWS``.
+``engine.batching.policy.PROMPT_CHUNK_ROWS``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from engine.contract.protocol import EngineError
+from engine.contract.streaming import StreamsByThread
 
 HEALTH_INTERVAL = 1.0  # seconds between the monitor's /health pings
 HEALTH_TIMEOUT = 5.0  # a ping's own bound
@@ -239,9 +240,10 @@ def sse_data(response: Any) -> Iterator[bytes]:
         yield pending[5:].strip()
 
 
-class BackendRuntime:
+class BackendRuntime(StreamsByThread):
     """The parts of the runtime interface (engine.process.worker) a server-backed runtime answers the same way:
-    health from its monitor, detokenizing and closing through its backend; ``name`` says which engine in errors.
+    health from its monitor, detokenizing and closing through its backend, each stream relayed from a thread of its
+    own (its ``generate`` reads the backend's HTTP stream); ``name`` says which engine in errors.
     Subclasses set ``api`` (with ``detokenize`` and ``close``), ``server`` (None when attached), ``monitor`` and
     ``cancels`` (a CancelWatcher)."""
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from typing import Callable, Iterator
 
 import torch
 
-from engine.batching.arbiter import BatchedModel, ForwardArbiter
 from engine.batching.compute import ComputeThread
+from engine.batching.policy import PROMPT_CHUNK_ROWS
+from engine.batching.step_loop import BatchedModel, StepLoop
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.load import LoadedParts, load_parts
 from engine.contract.protocol import (
@@ -48,6 +50,7 @@ from engine.speculative.loop import (
     TimeBreakdown,
     trace_from_env,
 )
+from engine.contract.streaming import QueueSink, Sink
 from engine.contract.speculation_plan import SpeculationPlan, plan_speculation
 from engine.contract.json_grammar import SchemaError, compile_format
 
@@ -67,12 +70,6 @@ def generation_limit(num_predict: int, num_ctx: int) -> int:
         return cap
     return num_predict
 
-
-#: A prompt is evaluated at most this many tokens a forward, whatever num_batch asks (llama.cpp's physical batch,
-#: n_ubatch, beside its logical num_batch): on Zen 5 a 1,700-token prompt 1.19x faster in chunks of 256 than of 512
-#: and a 4,000-token one 1.12x (a chunk's activations and f32 gate/up rows stay nearer the core); 384 as fast, 64
-#: and 128 0.94-0.99x (docs/bench/prompt-chunks-zen5.md).
-PROMPT_CHUNK_ROWS = 256
 
 #: An embedding batch holds at most this many padded token positions (sequences x longest).
 EMBED_BATCH_TOKENS = 8192
@@ -108,21 +105,23 @@ class ModelRuntime:
         # What a verification of each width costs on this target, shared by all of them (AdaptiveDepth.verify_times).
         self._verify_times = WidthCosts()
         # Sequences served at once (engine.batching): one slot each; slot 0 holds the load's own cache and
-        # drafters. With more than one, every forward goes through the arbiter, which batches the sequences'.
-        self.arbiter: ForwardArbiter | None = None
+        # drafters. Every generation runs as a sequence of the step loop, on the compute thread; with several slots
+        # the loop batches their forwards and the batch prices the widths (alone, the controller prices its own).
+        self.batch_loop = StepLoop(run_batch=self._run_batch,
+                                   on_step=self._verify_times.add if parts.num_parallel > 1 else None)
         slots = [SequenceSlot(0, parts.cache, parts.drafters)] if parts.cache is not None else []
         if parts.num_parallel > 1 and parts.cache is not None:
-            self.arbiter = ForwardArbiter(run_batch=self._run_batch,
-                                          on_step=self._verify_times.add)
             for i in range(1, parts.num_parallel):
                 cache = self.target.new_cache(parts.cache.capacity)
                 slots.append(SequenceSlot(i, cache, {k: d.fork(cache) for k, d in parts.drafters.items()}))
-            for slot in slots:
-                for d in slot.drafters.values():
-                    if isinstance(d, DraftModelDrafter):
-                        d.model = BatchedModel(d.model, self.arbiter, draft=True)
-                        d.lazy_prompt = True
+        for slot in slots:
+            for d in slot.drafters.values():
+                if isinstance(d, DraftModelDrafter):
+                    d.model = BatchedModel(d.model, self.batch_loop, draft=True)
+                    # several sequences: its prompt waits for its first proposal, to share that step
+                    d.lazy_prompt = parts.num_parallel > 1
         self.slots = SlotPool(slots) if slots else None
+        self._queued: deque[Callable[[], None]] = deque()  # requests waiting for a slot (on the compute thread)
         # Learned per drafter kind, kept for the lifetime of the loaded model (slot 0's; each slot has its own).
         self.controllers: dict[str, AdaptiveDepth] = slots[0].controllers if slots else {}
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
@@ -130,7 +129,7 @@ class ModelRuntime:
         self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily
 
     def _run_batch(self, model, calls: list) -> list:
-        """A step's batched forward, on the compute thread."""
+        """A step's batched forward, on the compute thread (where the step loop runs it)."""
         return self.compute.run(lambda: model.forward_batch(calls))
 
     @classmethod
@@ -264,7 +263,7 @@ class ModelRuntime:
     def _adaptive(self, kept: dict[str, AdaptiveDepth], key: str) -> AdaptiveDepth:
         """The adaptive controller kept for ``key`` across requests (what it learned carries over)."""
         if key not in kept:
-            load = (lambda: self.arbiter.active) if self.arbiter is not None else None
+            load = (lambda: self.batch_loop.active) if self.num_parallel > 1 else None
             kept[key] = AdaptiveDepth(verify_times=self._verify_times, load=load)
         return kept[key]
 
@@ -321,18 +320,37 @@ class ModelRuntime:
 
     def generate(self, req: GenerateRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
-        """The request's chunks and result. One sequence at a time runs whole on the compute thread; with several
-        slots each sequence runs in its caller's thread and only the batched steps (and the copies of shared
-        prefixes) go to the compute thread."""
-        if self.arbiter is None:
-            return self.compute.iterate(lambda: self._generate(req, should_stop))
-        return self._generate(req, should_stop)
+        """The request's chunks and result, read from its sequence (``stream``) as they come. Called on the compute
+        thread itself (a benchmark that runs there), it steps the loop whenever it has nothing to read."""
+        sink = QueueSink()
+        self.stream(req, should_stop or (lambda: False), sink)
+        return sink.items(pump=self.batch_loop.step if self.compute.here else None)
 
-    def _generate(self, req: GenerateRequest,
-                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
+    def stream(self, req: GenerateRequest, should_stop: Callable[[], bool], sink: Sink) -> None:
+        """Start the request as a sequence of the step loop (on the compute thread, sharing each forward with the
+        other sequences in flight); its chunks, result or error go to ``sink`` from there. The prompt is tokenized
+        here, in the caller's thread."""
+        try:
+            prompt, node, num_ctx, num_keep = self._prepare(req)
+        except BaseException as e:  # noqa: BLE001 - the request's error, reported to its reader
+            sink.fail(e)
+            sink.end()
+            return
+        if not prompt:
+            sink.put(GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,
+                                    prompt_eval_duration_ns=0, eval_count=0, eval_duration_ns=0, context=[]))
+            sink.end()
+            return
+        start = lambda: self._start(req, prompt, node, num_ctx, num_keep, should_stop, sink)  # noqa: E731
+        if self.compute.here:
+            start()
+        else:
+            self.compute.post(start)
+
+    def _prepare(self, req: GenerateRequest) -> tuple[list[int], object, int, int]:
+        """(prompt tokens, compiled format or None, num_ctx, num_keep): what the request asks, checked."""
         if req.images:
             raise EngineError(f"{self.facts.architecture} model does not support image input", 400)
-        should_stop = should_stop or (lambda: False)
         num_ctx = req.options.effective_num_ctx(self.cache.capacity)
         num_keep = req.options.num_keep  # < 0: keep everything (the whole context, then the whole prompt)
         prompt = self._prompt_tokens(req, num_ctx, num_keep if num_keep >= 0 else num_ctx)
@@ -340,22 +358,60 @@ class ModelRuntime:
             node = compile_format(req.format)
         except SchemaError as e:
             raise EngineError(str(e), 400) from None
-        if not prompt:
-            yield GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,
-                                 prompt_eval_duration_ns=0, eval_count=0, eval_duration_ns=0, context=[])
+        if node is not None and self.pieces is None:
+            self.pieces = TokenPieces(self.tokenizer)  # built once, here rather than in the step loop's thread
+        return prompt, node, num_ctx, num_keep
+
+    def _start(self, req: GenerateRequest, prompt: list[int], node, num_ctx: int, num_keep: int,
+               should_stop: Callable[[], bool], sink: Sink) -> None:
+        """On the compute thread, between two steps: the request takes a slot and its sequence joins the loop."""
+        if not self.slots.free():
+            # Every slot is busy (a request whose reader stopped ends at its next chunk; the server admits no more
+            # requests than slots): this one starts when a sequence frees its slot (``_release``), in order.
+            self._queued.append(lambda: self._start(req, prompt, node, num_ctx, num_keep, should_stop, sink))
             return
         slot = self.slots.acquire(prompt)
         try:
-            if self.arbiter is not None:  # a prefix another sequence evaluated is copied, not evaluated again
-                self.arbiter.run_exclusive(lambda: self.compute.run(lambda: self.slots.share_prefix(slot, prompt)))
-            yield from self._generate_in(slot, req, prompt, node, num_ctx, num_keep, should_stop)
-        finally:
-            self.slots.release(slot)
+            loop = self._decode_loop(slot, req, prompt, node, num_ctx, num_keep)
+        except BaseException as e:  # noqa: BLE001 - reported to the request's reader
+            self._release(slot)
+            sink.fail(e)
+            sink.end()
+            return
 
-    def _generate_in(self, slot: SequenceSlot, req: GenerateRequest, prompt: list[int], node, num_ctx: int,
-                     num_keep: int, should_stop: Callable[[], bool]) -> Iterator[TokenChunk | GenerateResult]:
-        """One request's decode loop over ``slot``'s cache and drafters (through the arbiter when the model
-        serves several sequences)."""
+        def sequence() -> None:
+            released = False
+            try:
+                # a prefix another slot evaluated is copied, not evaluated again (no forward is in flight here)
+                self.slots.share_prefix(slot, prompt)
+                items = self._decode(slot, loop, prompt, should_stop)
+                for item in items:
+                    if isinstance(item, GenerateResult):  # the last item: the slot is free before the answer is out
+                        self._release(slot)
+                        released = True
+                    sink.put(item)
+                    if sink.closed:  # the reader has gone: end here, between two rounds
+                        items.close()
+                        break
+            except BaseException as e:  # noqa: BLE001 - raised to the request's reader
+                sink.fail(e)
+            finally:
+                if not released:
+                    self._release(slot)
+                sink.end()
+
+        self.batch_loop.start(sequence)
+        self.compute.step_while_busy(self.batch_loop)
+
+    def _release(self, slot: SequenceSlot) -> None:
+        """On the compute thread: ``slot`` is free; the first request waiting for one starts."""
+        self.slots.release(slot)
+        if self._queued:
+            self._queued.popleft()()
+
+    def _decode_loop(self, slot: SequenceSlot, req: GenerateRequest, prompt: list[int], node, num_ctx: int,
+                     num_keep: int) -> DecodeLoop:
+        """The request's decode loop over ``slot``'s cache and drafters, its target the step loop's."""
         plan = self.plan(req)
         drafter, cap = self.resolve_drafter(plan, slot.drafters)
         s = self.settings(req, plan, cap, num_ctx, num_keep if num_keep >= 0 else len(prompt))
@@ -374,13 +430,14 @@ class ModelRuntime:
         seed = req.options.seed
         if seed < 0:  # one random seed for both streams, so a request is internally consistent
             seed = int.from_bytes(os.urandom(8), "little") >> 1
-        target = self.target if self.arbiter is None else BatchedModel(self.target, self.arbiter, draft=False)
-        loop = DecodeLoop(target=target, cache=slot.cache, tokenizer=self.tokenizer, drafter=drafter,
-                          controller=controller, settings=s, target_gen=make_generator(seed),
-                          draft_gen=make_generator(seed, stream=1), constraint=constraint,
-                          **({"clock": self.clock} if self.clock is not None else {}))
-        if self.arbiter is not None:
-            self.arbiter.join()
+        return DecodeLoop(target=BatchedModel(self.target, self.batch_loop, draft=False), cache=slot.cache,
+                          tokenizer=self.tokenizer, drafter=drafter, controller=controller, settings=s,
+                          target_gen=make_generator(seed), draft_gen=make_generator(seed, stream=1),
+                          constraint=constraint, **({"clock": self.clock} if self.clock is not None else {}))
+
+    def _decode(self, slot: SequenceSlot, loop: DecodeLoop, prompt: list[int],
+                should_stop: Callable[[], bool]) -> Iterator[TokenChunk | GenerateResult]:
+        """The decode loop's chunks, then its result (run in the request's sequence)."""
         try:
             result = yield from loop.run(prompt, should_stop)
             if not should_stop():  # a cancelled request's text is not what the model would have ended with
@@ -396,7 +453,5 @@ class ModelRuntime:
                 d.reset()
             raise
         finally:
-            if self.arbiter is not None:
-                self.arbiter.leave()
             self.last_breakdown = loop.times
         yield result

@@ -11,15 +11,20 @@ one per process (``ComputeThread.shared()``), like the OpenMP runtime it stands 
 process (a test's, a benchmark's llama.cpp beside tandem) share it rather than bring back a second team.
 
 ``run(fn)`` runs ``fn`` there and returns its result (or raises its exception) to the caller; called from that
-thread it just calls ``fn``. ``iterate(make)`` is a generator whose every step runs on it: a whole generation moves
-there while its caller only relays what it yields.
+thread it just calls ``fn``. ``post(fn)`` hands ``fn`` over without waiting for it. A model's step loop
+(engine.batching.step_loop) that has sequences in flight is stepped here (``step_while_busy``): between two steps
+the thread runs whatever was handed to it meanwhile, so a new sequence, an embedding or a second model's load waits
+at most one step.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from engine.batching.step_loop import StepLoop
 
 T = TypeVar("T")
 
@@ -42,6 +47,7 @@ class ComputeThread:
 
     def __init__(self, name: str = "tandem-compute"):
         self._calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self._loops: list[StepLoop] = []  # step loops with sequences in flight (touched only by this thread)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
@@ -62,14 +68,32 @@ class ComputeThread:
 
     def _serve(self) -> None:
         while True:
-            call = self._calls.get()
-            if call is None:
-                return
-            try:
-                call.result = call.fn()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
-                call.error = e
-            call.done.set()
+            if self._loops:  # sequences in flight: run what was handed over meanwhile, then step them
+                calls = []
+                while True:
+                    try:
+                        calls.append(self._calls.get_nowait())
+                    except queue.Empty:
+                        break
+            else:
+                calls = [self._calls.get()]
+            for call in calls:
+                if call is None:
+                    return
+                try:
+                    call.result = call.fn()
+                except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+                    call.error = e
+                call.done.set()
+            for loop in list(self._loops):
+                loop.step()
+                if not loop.busy:
+                    self._loops.remove(loop)
+
+    def step_while_busy(self, loop: "StepLoop") -> None:
+        """Step ``loop`` from now on, for as long as it has sequences (call it here, after starting one)."""
+        if loop not in self._loops:
+            self._loops.append(loop)
 
     @property
     def here(self) -> bool:
@@ -88,18 +112,11 @@ class ComputeThread:
             raise call.error
         return call.result
 
-    def iterate(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
-        """The items of ``make()``, each step of it (and its close, when the consumer stops early) run here."""
-        inner = self.run(make)
-        try:
-            while True:
-                try:
-                    item = self.run(lambda: next(inner))
-                except StopIteration:
-                    return
-                yield item
-        finally:
-            self.run(inner.close)
+    def post(self, fn: Callable[[], Any]) -> None:
+        """Hand ``fn`` over and return at once (``fn`` reports its own outcome; an exception it raises is dropped)."""
+        if not self._thread.is_alive():
+            raise RuntimeError("the model's compute thread has stopped")
+        self._calls.put(_Call(fn))
 
     def stop(self) -> None:
         """Let the thread end once the calls already handed to it are done (never the shared one's)."""

@@ -17,6 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from engine.batching.policy import SHARED_PREFIX_MIN
 from engine.cache.kv import KVCache
 from engine.contract.protocol import EngineError
 from engine.speculative.depth import AdaptiveDepth
@@ -33,43 +34,33 @@ class SequenceSlot:
     used_at: int = 0  # when it last started a request (a counter)
 
 
-#: A slot adopts another's cached prefix only when that saves at least this many positions: a copy of a few is
-#: not worth holding every sequence at the step barrier for.
-SHARED_PREFIX_MIN = 16
-
-
-RELEASE_WAIT = 5.0  # seconds an acquire waits for a slot a finished request is about to free
-
-
 class SlotPool:
-    """The slots of one loaded model; ``acquire`` and ``release`` may be called from any thread."""
+    """The slots of one loaded model (taken and freed on the compute thread; counted from any)."""
 
     def __init__(self, slots: Sequence[SequenceSlot]):
         if not slots:
             raise ValueError("a slot pool needs at least one slot")
         self.slots = list(slots)
         self._lock = threading.Lock()
-        self._freed = threading.Condition(self._lock)  # notified by every release
         self._clock = 0
         self.adopted = 0  # positions copied from another slot's cache so far (share_prefix)
 
     def __len__(self) -> int:
         return len(self.slots)
 
+    def free(self) -> int:
+        with self._lock:
+            return sum(not s.busy for s in self.slots)
+
     def busy(self) -> int:
         with self._lock:
             return sum(s.busy for s in self.slots)
 
-    def acquire(self, tokens: Sequence[int], wait: float = RELEASE_WAIT) -> SequenceSlot:
+    def acquire(self, tokens: Sequence[int]) -> SequenceSlot:
         """The free slot that reuses the most of ``tokens`` (then the least recently used), marked busy; an
-        ``EngineError`` (503) when every slot stays busy for ``wait`` seconds. The server admits at most as many
-        requests as slots, but a finished request's final answer reaches the server just before its generator
-        frees the slot: a request sent at once could find it still busy (seen on a loaded host), so it waits for
-        that release instead of failing."""
-        with self._freed:
+        ``EngineError`` (503) when every slot is busy (the runtime queues a request until ``free``)."""
+        with self._lock:
             free = [s for s in self.slots if not s.busy]
-            if not free and self._freed.wait_for(lambda: any(not s.busy for s in self.slots), wait):
-                free = [s for s in self.slots if not s.busy]
             if not free:
                 raise EngineError(f"all {len(self.slots)} sequence slots are busy", 503)
             slot = max(free, key=lambda s: (s.cache.common_prefix(list(tokens)), -s.used_at))
@@ -80,8 +71,8 @@ class SlotPool:
     def share_prefix(self, slot: SequenceSlot, tokens: Sequence[int]) -> int:
         """Give ``slot`` the longest prefix of ``tokens`` another slot's cache holds, when it beats its own by at
         least SHARED_PREFIX_MIN tokens; how many positions it adopted (0: none). Only plain KV caches (a
-        recurrent layer's state is not a per-position copy). Run where no sequence writes its cache
-        (``ForwardArbiter.run_exclusive``)."""
+        recurrent layer's state is not a per-position copy). Run where no forward is in flight (the step loop
+        runs a new sequence's first Python between two steps)."""
         if type(slot.cache) is not KVCache:
             return 0
         tokens = list(tokens)
@@ -99,4 +90,3 @@ class SlotPool:
     def release(self, slot: SequenceSlot) -> None:
         with self._lock:
             slot.busy = False
-            self._freed.notify_all()

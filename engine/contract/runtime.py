@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Iterator, Protocol
 
 from .protocol import EmbedRequest, EmbedResult, GenerateRequest, GenerateResult, ModelFacts, TokenChunk
+from .streaming import Sink
 
 
 class EngineRuntime(Protocol):
@@ -22,6 +23,11 @@ class EngineRuntime(Protocol):
     def generate(self, req: GenerateRequest,
                  should_stop: Callable[[], bool] | None = None) -> Iterator[TokenChunk | GenerateResult]:
         """The answer's chunks, then one result; ``should_stop`` polled to end early (a cancelled request)."""
+        ...
+
+    def stream(self, req: GenerateRequest, should_stop: Callable[[], bool], sink: Sink) -> None:
+        """Start the generation and return: its chunks and result (or its error) go to ``sink`` as they come, from
+        whichever thread the engine runs it on, and ``sink.end()`` last (engine.contract.streaming)."""
         ...
 
     def healthy(self) -> bool:

@@ -11,9 +11,10 @@ Protocol (tuples over a `multiprocessing.Connection`):
   engine -> server: ("ok", payload) | ("error", message, status)      answers, one call at a time
                     | ("chunk", id, TokenChunk) | ("done", id, GenerateResult) | ("failed", id, message, status)
                     | ("beat",)
-Generations are streams tagged with the server's id: each runs in a thread of its own, as many at once as
-the model has sequence slots (engine.batching batches their forwards), while this loop keeps answering
-calls (a tokenize, a health ping) and cancels. While any generation runs, a heartbeat thread sends ("beat",)
+Generations are streams tagged with the server's id, as many at once as the model has sequence slots: the
+engine writes each one's chunks to the pipe as they come (the native engine from its step loop, engine.batching,
+which batches their forwards; a backend's from a relay thread), while this loop keeps answering calls (a
+tokenize, a health ping) and cancels. While any generation runs, a heartbeat thread sends ("beat",)
 every ``beat_interval`` seconds, so the server's watchdog can tell a long prefill (which sends no chunk for a
 while) from a frozen process: a stopped or wedged process (or one whose main thread holds the GIL for good)
 sends no beats. An exiting engine that still writes its packed-weight cache beats too, before its
@@ -29,7 +30,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
-from typing import Iterator
+from typing import Callable, Iterator
 
 from engine.contract.cancel_flag import CancelFlag
 from engine.contract.protocol import EngineError, GenerateResult
@@ -115,8 +116,37 @@ class _Busy:
         return self._event.is_set()
 
 
+class _PipeSink:
+    """One generation's sink (engine.contract.streaming): each item goes over the pipe as it comes, from the
+    thread the engine writes it in (the native engine's compute thread, a backend's relay thread)."""
+
+    def __init__(self, out: _Sender, rid: int, ended: Callable[[int], None]):
+        self._out = out
+        self._rid = rid
+        self._ended = ended
+        self.closed = False
+
+    def put(self, item) -> None:
+        try:
+            self._out.send(("done", self._rid, item) if isinstance(item, GenerateResult) else
+                           ("chunk", self._rid, item))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.closed = True  # the server is gone: the generation ends at this chunk
+
+    def fail(self, error: BaseException) -> None:
+        message, status = _reported(error)
+        try:
+            self._out.send(("failed", self._rid, message, status))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self.closed = True
+
+    def end(self) -> None:
+        self._ended(self._rid)
+
+
 class _Generations:
-    """The generations running now, each in its own thread, and how many (the heartbeat beats while any)."""
+    """The generations running now, and how many (the heartbeat beats while any). None holds a thread here: the
+    engine writes each one's items to its pipe sink as they come."""
 
     def __init__(self, out: _Sender, busy: _Busy, shared_cancel: CancelFlag):
         self._out = out
@@ -124,15 +154,19 @@ class _Generations:
         self._shared_cancel = shared_cancel
         self._lock = threading.Lock()
         self._cancels: dict[int, threading.Event] = {}
-        self._embedding = False
 
     def start(self, engine: EngineRuntime, rid: int, req) -> None:
         cancel = threading.Event()
         with self._lock:
             self._cancels[rid] = cancel
         self._busy.enter()
-        threading.Thread(target=self._run, args=(engine, rid, req, cancel), name=f"tandem-gen-{rid}",
-                         daemon=True).start()
+        stop = lambda: cancel.is_set() or self._shared_cancel.is_set()  # noqa: E731
+        sink = _PipeSink(self._out, rid, self._ended)
+        try:
+            engine.stream(req, stop, sink)
+        except BaseException as exc:  # noqa: BLE001 - report, keep serving: one bad request must not end the engine
+            sink.fail(exc)
+            sink.end()
 
     def cancel(self, rid: int) -> None:
         with self._lock:
@@ -140,23 +174,10 @@ class _Generations:
         if event is not None:
             event.set()
 
-    def _run(self, engine: EngineRuntime, rid: int, req, cancel: threading.Event) -> None:
-        stop = lambda: cancel.is_set() or self._shared_cancel.is_set()  # noqa: E731
-        try:
-            for item in engine.generate(req, should_stop=stop):
-                self._out.send(("done", rid, item) if isinstance(item, GenerateResult) else ("chunk", rid, item))
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except BaseException as exc:  # report, keep serving: one bad request must not end the engine
-            message, status = _reported(exc)
-            try:
-                self._out.send(("failed", rid, message, status))
-            except (BrokenPipeError, ConnectionResetError, OSError):
-                pass
-        finally:
-            with self._lock:
-                self._cancels.pop(rid, None)
-            self._busy.exit()
+    def _ended(self, rid: int) -> None:
+        with self._lock:
+            self._cancels.pop(rid, None)
+        self._busy.exit()
 
 
 def _heartbeat(out: _Sender, busy: _Busy, interval: float, loaded: list[EngineRuntime]) -> None:

@@ -257,7 +257,7 @@ class AdaptiveDepth:
     # the batch waits for (``cost``). With many busy sequences drafting then rarely pays, and the
     # controller decodes plainly. Sharing forwards, a step's wall time is the batch's (its width is every
     # sequence's rows, and it includes waiting for the others): ``verify_times`` is then fed by whoever
-    # runs the batched forwards, by their total width (engine.batching.arbiter's ``on_step``), not here.
+    # runs the batched forwards, by their total width (engine.batching.step_loop's ``on_step``), not here.
     load: Callable[[], int] | None = None
     cost_model: CostModel | None = None
 

@@ -228,7 +228,7 @@ class DecodeLoop:
         tail = log[n:]
         hidden, captured = [], []
         logits = None
-        # A batched target sizes each chunk by who else is in flight (engine.batching.arbiter); a lone model takes
+        # A batched target sizes each chunk by who else is in flight (engine.batching.policy); a lone model takes
         # the settings' chunk
         chunk_rows = getattr(self.target, "prompt_chunk", lambda requested: requested)
         i = 0

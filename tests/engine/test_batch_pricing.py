@@ -3,9 +3,7 @@ that raises the batch's tokens per second, judged from what a forward of the bat
 
 from __future__ import annotations
 
-import threading
-
-from engine.batching.arbiter import BatchedModel, ForwardArbiter
+from engine.batching.step_loop import BatchedModel, StepLoop
 from engine.speculative.depth import AdaptiveDepth, WidthCosts
 
 # Seconds of one forward of the 1.5B by rows, AMD EPYC Zen 3, 2 cores (python -m benchmarks.decode
@@ -35,7 +33,7 @@ def test_a_step_shared_by_sequences_is_priced_at_the_batch_width():
     ctl = AdaptiveDepth(verify_times=t, load=lambda: 4)
     before = dict(t.points())
     ctl.observe(2, 2, 1, seconds=0.5, drafting=0.01)  # a loaded step's wall time: the batch's, waits included
-    assert t.points() == before  # the arbiter records the batch's steps, by their total width
+    assert t.points() == before  # the step loop records the batch's steps, by their total width
     assert ctl.cost(0) == t.estimate(4)
     d = ctl.drafting_cost(2)
     assert abs(ctl.cost(2) - (t.estimate(4) + 4 * (t.estimate(6) - t.estimate(4) + d))) < 1e-12
@@ -59,31 +57,22 @@ class Call:
         self.tokens, self.logits_for = tokens, logits_for
 
 
-def test_the_arbiter_records_decode_steps_by_their_total_width():
+def test_the_step_loop_records_decode_steps_by_their_total_width():
     """Drafts and steps carrying a prompt chunk are not verification widths; a verification of 3 beside two
     single rows is a step of 5."""
     recorded: list[tuple[int, float]] = []
-    arbiter = ForwardArbiter(run_batch=lambda model, calls: [None] * len(calls),
-                             on_step=lambda w, s: recorded.append((w, s)))
-    target, draft = BatchedModel(object(), arbiter, draft=False), BatchedModel(object(), arbiter, draft=True)
+    loop = StepLoop(run_batch=lambda model, calls: [None] * len(calls), on_step=lambda w, s: recorded.append((w, s)))
+    target, draft = BatchedModel(object(), loop, draft=False), BatchedModel(object(), loop, draft=True)
 
     def together(*calls):
-        for _ in calls:
-            arbiter.join()
-        threads = [threading.Thread(target=c) for c in calls]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        for model, tokens, logits_for in calls:
+            loop.start(lambda model=model, tokens=tokens, logits_for=logits_for:
+                       model.forward(tokens, None, logits_for=logits_for))
+        while loop.busy:
+            loop.step()
 
-    def seq(model, tokens, logits_for="all"):
-        def run():
-            model.forward(tokens, None, logits_for=logits_for)
-            arbiter.leave()
-        return run
-
-    together(seq(target, [1, 2, 3]), seq(target, [4]), seq(target, [5]))
+    together((target, [1, 2, 3], "all"), (target, [4], "all"), (target, [5], "all"))
     assert [w for w, _ in recorded] == [5] and recorded[0][1] >= 0
-    together(seq(draft, [1]), seq(draft, [2]))
-    together(seq(target, list(range(10)), "last"), seq(target, [4]))
+    together((draft, [1], "all"), (draft, [2], "all"))
+    together((target, list(range(10)), "last"), (target, [4], "all"))
     assert [w for w, _ in recorded] == [5]

@@ -1,5 +1,5 @@
-"""Several sequences at once (engine.batching, issue 34): one forward over every sequence's rows, each
-attending to its own cache; concurrent requests get what they would get alone; the step barrier survives
+"""Several sequences at once (engine.batching, issues 34 and 49): one forward over every sequence's rows, each
+attending to its own cache; concurrent requests get what they would get alone; the step loop survives
 sequences that join, leave, fail or are cancelled."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ import torch
 
 import tests.hf_tiny as hf_tiny
 import tests.hf_tiny_qwen35 as hf_tiny_qwen35
-from engine.batching.arbiter import SHARED_PROMPT_CHUNK, BatchedModel, ForwardArbiter
+from engine.batching.policy import PROMPT_CHUNK_ROWS, SHARED_PROMPT_CHUNK
+from engine.batching.step_loop import BatchedModel, StepLoop
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.models.loader import load_model
 from engine.contract.options import Options
 from engine.contract.protocol import EngineError, GenerateRequest, LoadSpec, TokenChunk
-from engine.runtime import PROMPT_CHUNK_ROWS, ModelRuntime
+from engine.runtime import ModelRuntime
 from tests.engine.speculative.test_speculation import PROMPT, generate, write_model
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -114,7 +115,7 @@ MIXED = [dict(drafter="none"), dict(drafter="model", draft_num_predict=3), dict(
 
 def test_concurrent_greedy_requests_get_what_they_get_alone(models):
     """Plain, draft model, n-gram, the defaults (adaptive, copy), a JSON-constrained request: six at once on four
-    slots (two wait for a slot and join as others leave), each the tokens it gets alone."""
+    slots (two wait for a slot, queued in the runtime, and join as others leave), each the tokens it gets alone."""
     eng = engine(models["llama"], models["random"])
     assert eng.num_parallel == 4 and eng.facts.num_parallel == 4
 
@@ -125,14 +126,8 @@ def test_concurrent_greedy_requests_get_what_they_get_alone(models):
                         **opts).tokens
 
     alone = [run(i) for i in range(len(MIXED))]
-    pool = threading.Semaphore(4)
-
-    def limited(i):
-        with pool:
-            return run(i)
-
-    assert concurrently(limited, len(MIXED)) == alone
-    assert eng.arbiter.rows > eng.arbiter.steps  # forwards did carry several sequences' rows
+    assert concurrently(run, len(MIXED)) == alone  # the two beyond the slots wait for a free one, in order
+    assert eng.batch_loop.rows > eng.batch_loop.steps  # forwards did carry several sequences' rows
 
 
 def test_a_seed_gives_the_same_sample_in_a_batch_as_alone(models):
@@ -152,7 +147,7 @@ def test_a_seed_gives_the_same_sample_in_a_batch_as_alone(models):
 
 
 def test_a_hybrid_model_serves_several_sequences(models):
-    """qwen35's recurrent layers keep one sequence's state per forward: its sequences share the step barrier
+    """qwen35's recurrent layers keep one sequence's state per forward: its sequences share the step loop
     and run one after another within it, each with its own cache and snapshots."""
     eng = engine(models["qwen35"], n=3)
     run = lambda i: generate(eng, PROMPTS[i], temperature=0, num_predict=12, drafter="ngram",  # noqa: E731
@@ -203,18 +198,21 @@ def test_a_slot_is_chosen_for_its_prefix_and_all_busy_is_refused():
     b = pool.acquire([7, 8])
     assert b.index == 0  # the only one free
     with pytest.raises(EngineError) as e:
-        pool.acquire([1], wait=0)
-    assert e.value.status == 503
+        pool.acquire([1])
+    assert e.value.status == 503 and pool.free() == 0
     pool.release(a)
-    assert pool.acquire([5]).index == 1
-    # a request arriving while a finished one's slot is being freed gets that slot (no 503 for the race)
-    releasing = threading.Thread(target=lambda: (time.sleep(0.2), pool.release(b)))
-    releasing.start()
-    assert pool.acquire([1], wait=30).index == 0
-    releasing.join()
+    assert pool.free() == 1 and pool.acquire([5]).index == 1
 
 
-def test_a_failing_batch_fails_each_of_its_sequences_and_the_barrier_goes_on():
+def run_sequences(loop: StepLoop, *bodies) -> None:
+    """Start ``bodies`` as sequences of ``loop`` at once and step it until every one has ended."""
+    for body in bodies:
+        loop.start(body)
+    while loop.busy:
+        loop.step()
+
+
+def test_a_failing_batch_fails_only_the_sequence_whose_rows_fail_it_and_the_loop_goes_on():
     runs = []
 
     def run_batch(model, calls):
@@ -223,12 +221,12 @@ def test_a_failing_batch_fails_each_of_its_sequences_and_the_barrier_goes_on():
             raise RuntimeError("kernel failure")
         return [sum(c.tokens) for c in calls]
 
-    arbiter = ForwardArbiter(run_batch)
-    target = BatchedModel(object(), arbiter, draft=False)
+    loop = StepLoop(run_batch)
+    target = BatchedModel(object(), loop, draft=False)
     results: dict[int, object] = {}
 
     def seq(i, tokens_seq):
-        try:  # joined below, before any starts: the first step then waits for all three
+        def body():
             out = []
             for tokens in tokens_seq:
                 try:
@@ -237,24 +235,15 @@ def test_a_failing_batch_fails_each_of_its_sequences_and_the_barrier_goes_on():
                     out.append(str(e))
                     break
             results[i] = out
-        finally:
-            arbiter.leave()
+        return body
 
-    threads = [threading.Thread(target=seq, args=(0, [[1], [2], [3]])),
-               threading.Thread(target=seq, args=(1, [[4], [13], [5]])),
-               threading.Thread(target=seq, args=(2, [[6, 7]]))]
-    for t in threads:
-        arbiter.join()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert not any(t.is_alive() for t in threads)
+    run_sequences(loop, seq(0, [[1], [2], [3]]), seq(1, [[4], [13], [5]]), seq(2, [[6, 7]]))
     assert results[1] == [4, "kernel failure"]
     assert results[0] == [1, 2, 3] and results[2] == [13]  # the failure stayed in its own step
     # the first step carried all three sequences' rows; the second failed and was run again one at a time
     assert sorted(runs[0]) == [[1], [4], [6, 7]] and sorted(runs[1]) == [[2], [13]]
     assert sorted(runs[2:4]) == [[[2]], [[13]]] and runs[4] == [[3]]
+    assert not loop.busy and loop.active == 0
 
 
 def test_draft_forwards_run_before_the_verifications_that_wait():
@@ -266,32 +255,42 @@ def test_draft_forwards_run_before_the_verifications_that_wait():
         order.append((model, len(calls)))
         return [None] * len(calls)
 
-    arbiter = ForwardArbiter(run_batch)
-    target, draft = BatchedModel("target", arbiter, draft=False), BatchedModel("draft", arbiter, draft=True)
+    loop = StepLoop(run_batch)
+    target, draft = BatchedModel("target", loop, draft=False), BatchedModel("draft", loop, draft=True)
 
     def drafting():
-        try:
-            draft.forward([1], None)
-            draft.forward([2], None)
-            target.forward([1, 2, 3], None)
-        finally:
-            arbiter.leave()
+        draft.forward([1], None)
+        draft.forward([2], None)
+        target.forward([1, 2, 3], None)
 
-    def plain():
-        try:
-            target.forward([9], None)
-        finally:
-            arbiter.leave()
-
-    arbiter.join()
-    arbiter.join()
-    threads = [threading.Thread(target=drafting), threading.Thread(target=plain)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
+    run_sequences(loop, drafting, lambda: target.forward([9], None))
     assert order == [("draft", 1), ("draft", 1), ("target", 2)]
-    assert arbiter.steps == 1 and arbiter.rows == 4
+    assert loop.steps == 1 and loop.rows == 4
+
+
+def test_a_sequence_started_between_steps_shares_the_next_step_and_a_forward_outside_runs_alone():
+    """A sequence joins at a step boundary: its first forward goes in the same step as the running sequences'
+    next ones. Its Python runs on the loop's thread between forwards, never beside a forward: a copy of another
+    slot's cache made there (share_prefix) sees no half-written step. A forward called outside any sequence
+    (a draft model used directly) runs at once, alone."""
+    widths: list[int] = []
+    loop = StepLoop(run_batch=lambda model, calls: widths.append(len(calls)) or [None] * len(calls))
+    target = BatchedModel(object(), loop, draft=False)
+
+    def running():
+        for _ in range(4):
+            target.forward([1], None)
+
+    loop.start(running)
+    loop.step()
+    loop.step()
+    seen_active = []
+    loop.start(lambda: (seen_active.append(loop.active), target.forward([2], None), target.forward([3], None)))
+    while loop.busy:
+        loop.step()
+    assert seen_active == [2]
+    assert widths == [1, 1, 2, 2]  # the running sequence alone twice, then both in each step
+    assert target.forward([5], None) is None and widths[-1] == 1 and len(widths) == 5
 
 
 def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_streams(models):
@@ -301,7 +300,7 @@ def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_stream
     long_prompt = " ".join(["word"] * 42)  # a token a byte
     assert 192 < len(eng.tokenize(long_prompt)) < 240, len(eng.tokenize(long_prompt))
     rows: list[list[int]] = []
-    run_batch = eng.arbiter.run_batch
+    run_batch = eng.batch_loop.run_batch
 
     def recording(model, calls):
         rows.append([len(c.tokens) for c in calls])
@@ -311,7 +310,7 @@ def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_stream
         if i == 2:
             # it arrives once both streams run (alone, a prompt takes its whole chunk: the next test)
             deadline = time.monotonic() + 60
-            while (eng.arbiter.active < 2 or eng.arbiter.steps < 2) and time.monotonic() < deadline:
+            while (eng.batch_loop.active < 2 or eng.batch_loop.steps < 2) and time.monotonic() < deadline:
                 time.sleep(0.001)
             return generate(eng, long_prompt, temperature=0, num_predict=8, drafter="none").tokens
         return generate(eng, PROMPTS[i], temperature=0, num_predict=60, drafter="none").tokens
@@ -319,8 +318,8 @@ def test_a_long_prompt_arriving_is_evaluated_in_chunks_beside_the_running_stream
     alone = [generate(eng, long_prompt if i == 2 else PROMPTS[i], temperature=0, num_predict=8 if i == 2 else 60,
                       drafter="none").tokens for i in range(3)]
     eng = engine(models["llama"], n=3, num_ctx=256)  # a fresh one: the long prompt is not cached in any slot
-    run_batch = eng.arbiter.run_batch
-    eng.arbiter.run_batch = recording
+    run_batch = eng.batch_loop.run_batch
+    eng.batch_loop.run_batch = recording
     assert concurrently(run, 3) == alone
     shared = [r for r in rows if len(r) > 1]
     assert shared and max(max(r) for r in shared) <= SHARED_PROMPT_CHUNK
@@ -332,13 +331,13 @@ def test_a_prompt_alone_is_evaluated_in_whole_chunks(models):
     PROMPT_CHUNK_ROWS a forward): nobody's stream waits on it, and wider chunks run the prompt faster."""
     eng = engine(models["llama"], n=3, num_ctx=512)
     rows: list[list[int]] = []
-    run_batch = eng.arbiter.run_batch
+    run_batch = eng.batch_loop.run_batch
 
     def recording(model, calls):
         rows.append([len(c.tokens) for c in calls])
         return run_batch(model, calls)
 
-    eng.arbiter.run_batch = recording
+    eng.batch_loop.run_batch = recording
     prompt = " ".join(["word"] * 60)  # ~300 tokens, a token a byte
     n = len(eng.tokenize(prompt))
     assert PROMPT_CHUNK_ROWS < n < 2 * PROMPT_CHUNK_ROWS, n
@@ -384,57 +383,6 @@ def test_a_prompt_another_sequence_evaluated_is_copied_not_evaluated_again(model
     assert got.tokens == want.tokens
 
 
-def test_an_exclusive_section_runs_while_every_sequence_waits():
-    """run_exclusive holds back the next step and runs once all active sequences wait in a forward."""
-    seen: list[str] = []
-    arbiter = ForwardArbiter(run_batch=lambda model, calls: [seen.append("step") or None for _ in calls])
-    target = BatchedModel(object(), arbiter, draft=False)
-    arbiter.join()
-    arbiter.join()
-    go = threading.Event()
-
-    def seq():
-        go.wait(10)
-        for _ in range(3):
-            target.forward([1], None)
-        arbiter.leave()
-
-    threads = [threading.Thread(target=seq) for _ in range(2)]
-    for th in threads:
-        th.start()
-    done = threading.Event()
-    waiter = threading.Thread(target=lambda: (arbiter.run_exclusive(lambda: seen.append("exclusive")), done.set()))
-    waiter.start()
-    go.set()
-    for th in threads + [waiter]:
-        th.join(10)
-    assert done.is_set() and seen.count("exclusive") == 1 and seen.count("step") == 6
-
-
-def test_a_sequence_joining_waits_for_the_exclusive_section_that_reads_its_cache():
-    """A request that joins while another's exclusive section runs (reading every slot's cache for a shared
-    prompt) must not start writing its own cache until it ends: joining first and cutting the cache back to the
-    new prompt left an adopted cache 16 positions long with no token log, and every later request touching it
-    failed (a CI run: four of six concurrent requests, IndexError in KVCache.common_prefix)."""
-    arbiter = ForwardArbiter(run_batch=lambda model, calls: [None for _ in calls])
-    inside, release, joined = threading.Event(), threading.Event(), threading.Event()
-
-    def section():
-        inside.set()
-        release.wait(10)
-
-    ex = threading.Thread(target=lambda: arbiter.run_exclusive(section))
-    ex.start()
-    assert inside.wait(10)
-    joiner = threading.Thread(target=lambda: (arbiter.join(), joined.set()))
-    joiner.start()
-    assert not joined.wait(0.3)  # held while the section runs
-    release.set()
-    assert joined.wait(10) and arbiter.active == 1
-    ex.join(10)
-    joiner.join(10)
-
-
 def test_sampled_output_keeps_the_target_distribution_in_a_batch(tmp_path):
     """test_speculation's perturbed drafter, 500 seeded samples of the first three tokens drawn by four sequences
     at once (each step one forward over all of their rows): the chi-square test against the target's exact
@@ -448,5 +396,5 @@ def test_sampled_output_keeps_the_target_distribution_in_a_batch(tmp_path):
     samples = concurrently(lambda i: [generate(eng, ts.DIST_PROMPT, **ts.DIST_OPTS, seed=s)
                                       for s in range(i, ts.DIST_RUNS, 4)], 4)
     pvalue, acceptance = ts.samples_pvalue([run for chunk in samples for run in chunk], exact)
-    assert eng.arbiter.rows > eng.arbiter.steps  # the forwards did carry several sequences' rows
+    assert eng.batch_loop.rows > eng.batch_loop.steps  # the forwards did carry several sequences' rows
     assert 0.05 < acceptance < 0.95 and pvalue > 1e-3

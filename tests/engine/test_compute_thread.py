@@ -25,26 +25,26 @@ def test_run_returns_raises_and_nests():
         compute.stop()
 
 
-def test_iterate_runs_every_step_and_the_close_on_the_compute_thread():
-    compute = ComputeThread(name="test-compute")
-    seen, closed = [], []
+def test_a_busy_step_loop_is_stepped_between_the_calls_handed_over():
+    """While a loop has sequences, the compute thread steps it, and runs what is handed over between two steps."""
+    from engine.batching.step_loop import BatchedModel, StepLoop
 
-    def gen():
-        try:
-            for i in range(5):
-                seen.append(threading.current_thread().name)
-                yield i
-        finally:
-            closed.append(threading.current_thread().name)
+    compute = ComputeThread(name="test-compute")
+    where: list[str] = []
+    loop = StepLoop(run_batch=lambda model, calls: where.append(threading.current_thread().name) or [0] * len(calls))
+    target = BatchedModel(object(), loop, draft=False)
+    finished = threading.Event()
+
+    def body():
+        for _ in range(50):
+            target.forward([1], None)
+        finished.set()
 
     try:
-        assert list(compute.iterate(gen)) == list(range(5))
-        assert set(seen) == {"test-compute"} and closed == ["test-compute"]
-        seen.clear(), closed.clear()
-        it = compute.iterate(gen)
-        assert next(it) == 0
-        it.close()  # the consumer stops early: the generation's own finally runs, there
-        assert closed == ["test-compute"]
+        compute.run(lambda: (loop.start(body), compute.step_while_busy(loop)))
+        assert compute.run(lambda: 6 * 7) == 42  # served while the sequence steps
+        assert finished.wait(10) and len(where) == 50 and set(where) == {"test-compute"}
+        assert compute.run(lambda: loop.busy) is False
     finally:
         compute.stop()
 

@@ -245,7 +245,7 @@ def test_concurrent_requests_get_what_they_get_alone(tiny):
         t.join()
     assert [results[i].tokens for i in range(4)] == alone
     assert all(results[i].spec.draft_n_accepted > 20 for i in range(4))
-    assert eng.arbiter.rows > eng.arbiter.steps
+    assert eng.batch_loop.rows > eng.batch_loop.steps
 
 
 def test_sampled_output_keeps_the_target_distribution(tmp_path):
