@@ -41,7 +41,8 @@ from engine.sampling.sampler import SamplingOptions, make_generator
 from engine.speculative.copy_first import CopyFirstDrafter
 from engine.speculative.suffix import SuffixDrafter
 from engine.speculative.suffix_cache import SuffixCache
-from engine.speculative.depth import AdaptiveDepth, DepthController, FixedDepth, PerSourceDepth, WidthCosts
+from engine.speculative.depth import (AdaptiveDepth, DepthController, DraftingPeers, FixedDepth, PerSourceDepth,
+                                      WidthCosts)
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
 from engine.speculative.loop import (
@@ -122,6 +123,7 @@ class ModelRuntime:
                     d.lazy_prompt = parts.num_parallel > 1
         self.slots = SlotPool(slots) if slots else None
         self._queued: deque[Callable[[], None]] = deque()  # requests waiting for a slot (on the compute thread)
+        self._model_peers = DraftingPeers()  # sequences in flight drafting from the draft model (AdaptiveDepth.peers)
         # Learned per drafter kind, kept for the lifetime of the loaded model (slot 0's; each slot has its own).
         self.controllers: dict[str, AdaptiveDepth] = slots[0].controllers if slots else {}
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
@@ -263,8 +265,11 @@ class ModelRuntime:
     def _adaptive(self, kept: dict[str, AdaptiveDepth], key: str) -> AdaptiveDepth:
         """The adaptive controller kept for ``key`` across requests (what it learned carries over)."""
         if key not in kept:
-            load = (lambda: self.batch_loop.active) if self.num_parallel > 1 else None
-            kept[key] = AdaptiveDepth(verify_times=self._verify_times, load=load)
+            batched = self.num_parallel > 1
+            load = (lambda: self.batch_loop.active) if batched else None
+            # the draft model's own rounds (a source "model" of a copy-first drafter too) share their draft steps
+            peers = self._model_peers if batched and key.split("/")[-1] == "model" else None
+            kept[key] = AdaptiveDepth(verify_times=self._verify_times, load=load, peers=peers)
         return kept[key]
 
     # ------------------------------------------------------------------------------------------
@@ -379,8 +384,14 @@ class ModelRuntime:
             sink.end()
             return
 
+        # its controllers that price the draft model's rounds beside other sequences' (AdaptiveDepth.peers)
+        chosen = getattr(loop.controller, "controllers", {"": loop.controller}).values()
+        model_controllers = [c for c in chosen if getattr(c, "peers", None) is not None]
+
         def sequence() -> None:
             released = False
+            for c in model_controllers:
+                self._model_peers.join(c)
             try:
                 # a prefix another slot evaluated is copied, not evaluated again (no forward is in flight here)
                 self.slots.share_prefix(slot, prompt)
@@ -396,6 +407,8 @@ class ModelRuntime:
             except BaseException as e:  # noqa: BLE001 - raised to the request's reader
                 sink.fail(e)
             finally:
+                for c in model_controllers:
+                    self._model_peers.leave(c)
                 if not released:
                     self._release(slot)
                 sink.end()

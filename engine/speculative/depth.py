@@ -218,6 +218,31 @@ class WidthCosts:
         return _interpolate(points, width, proportional=False) if points else None
 
 
+class DraftingPeers:
+    """The sequences of a batch that draft from one draft model, each marked by whether its latest round drafted
+    from it: the draft forwards of those that do share the step loop's draft steps (``AdaptiveDepth.cost``). A
+    sequence counts as drafting from when it joins until its controller first chooses plain decoding, so that
+    sequences which all would draft are priced together from their first round. Touched on the compute thread
+    only (the step loop runs every sequence there)."""
+
+    def __init__(self) -> None:
+        self._drafting: dict[int, bool] = {}
+
+    def join(self, member: object) -> None:
+        self._drafting[id(member)] = True
+
+    def leave(self, member: object) -> None:
+        self._drafting.pop(id(member), None)
+
+    def mark(self, member: object, drafting: bool) -> None:
+        if id(member) in self._drafting:
+            self._drafting[id(member)] = drafting
+
+    def besides(self, member: object) -> int:
+        """How many other members draft now."""
+        return sum(d for m, d in self._drafting.items() if m != id(member))
+
+
 @dataclass
 class AdaptiveDepth:
     prior: float = 0.5  # prior acceptance at every position
@@ -259,6 +284,10 @@ class AdaptiveDepth:
     # sequence's rows, and it includes waiting for the others): ``verify_times`` is then fed by whoever
     # runs the batched forwards, by their total width (engine.batching.step_loop's ``on_step``), not here.
     load: Callable[[], int] | None = None
+    # The sequences of the batch that draft from the same draft model (None: this one alone). The draft forwards of
+    # those drafting share steps (the step loop batches them, before the verifications), so a round they all
+    # draft costs the batch one drafting and one verification over every row (``cost``).
+    peers: DraftingPeers | None = None
     cost_model: CostModel | None = None
 
     _succ: list[float] = field(default_factory=list)
@@ -418,15 +447,24 @@ class AdaptiveDepth:
         batch's tokens per step time: ``T (E - 1) > B D``, the tokens gained against B times the time
         added. (Pricing the widths by this sequence's rows alone, as one sequence does, mixed steps in
         which others drafted into ``v(1)`` and made drafting look cheap; two sequences drafting a
-        perfectly accepted code prompt then served 0.81x what plain decoding did.)"""
+        perfectly accepted code prompt then served 0.81x what plain decoding did.)
+
+        When g of the B sequences draft from the same draft model (this one and ``peers`` drafting now), taken to
+        draft alike, their drafts
+        run in the same steps: a round costs the batch ``d(k)`` once and a verification over ``B + g k`` rows, and
+        commits ``B - g + g E`` tokens. Drafting then pays exactly when ``T (E - 1) > (B / g) D_g``, with
+        ``D_g = v(B + g k) - v(B) + d(k)``: ``cost(k) = T + (B / g) D_g``, the one-drafter formula at g = 1.
+        (Priced as if the others waited idle, eight sequences of one pair never drafted, and four drafting 13-55
+        accepted tokens in 64 served 0.93-0.95x plain.)"""
         sharing = self._sharing()
         if sharing == 1:
             v = self.verify_cost(k + 1)
             return None if v is None else v + self.drafting_cost(k)
-        plain, wide = self.verify_cost(sharing), self.verify_cost(sharing + k)
+        group = min(sharing, 1 + self.peers.besides(self)) if self.peers is not None else 1
+        plain, wide = self.verify_cost(sharing), self.verify_cost(sharing + group * k)
         if plain is None or wide is None:
             return None
-        return plain + sharing * (max(0.0, wide - plain) + self.drafting_cost(k))
+        return plain + sharing / group * (max(0.0, wide - plain) + self.drafting_cost(k))
 
     def value(self, cap: int) -> float:
         """Expected tokens a second at the best depth up to ``cap`` (0 until costs are measured)."""
@@ -458,6 +496,12 @@ class AdaptiveDepth:
 
     # -- decision ------------------------------------------------------------------------------
     def choose(self, cap: int) -> int:
+        k = self._choose(cap)
+        if self.peers is not None:
+            self.peers.mark(self, k > 0)
+        return k
+
+    def _choose(self, cap: int) -> int:
         self.step += 1
         cap = min(max(0, cap), MAX_CONSIDERED_DEPTH, self._ramp)  # per-token work independent of the cap
         if cap == 0:

@@ -4,7 +4,7 @@ that raises the batch's tokens per second, judged from what a forward of the bat
 from __future__ import annotations
 
 from engine.batching.step_loop import BatchedModel, StepLoop
-from engine.speculative.depth import AdaptiveDepth, WidthCosts
+from engine.speculative.depth import AdaptiveDepth, DraftingPeers, WidthCosts
 
 # Seconds of one forward of the 1.5B by rows, AMD EPYC Zen 3, 2 cores (python -m benchmarks.decode
 # <1.5B> --widths 1,2,4,8,16 --no-llama: 33.8 ms, x1.06, x1.51, x2.83, x5.54)
@@ -44,6 +44,35 @@ def test_a_draft_model_drafts_alone_and_not_beside_other_sequences_on_a_host_whe
     assert trained(ZEN3, 1, 0.012).best(8) > 0
     for sequences in (2, 4, 8):
         assert trained(ZEN3, sequences, 0.012).best(8) == 0
+
+
+def test_sequences_that_all_draft_from_one_draft_model_are_priced_together():
+    """Their draft forwards share the step loop's draft steps: two sequences of a pair drafting alike pay one
+    drafting and one verification over both rounds' rows, which pays on Zen 3's widths where one drafting beside
+    an idle-waiting sequence does not; at eight, the sixteen-row verification costs more than it commits."""
+    for sequences, drafts in ((2, True), (4, False), (8, False)):
+        peers = DraftingPeers()
+        ctls = []
+        for _ in range(sequences):
+            ctl = AdaptiveDepth(verify_times=table(ZEN3), load=lambda n=sequences: n, peers=peers)
+            for _ in range(40):
+                ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.012)
+            peers.join(ctl)
+            ctls.append(ctl)
+        assert (ctls[0].best(8) > 0) == drafts, sequences
+    # a peer whose controller chose plain no longer counts: priced as drafting alone beside it
+    peers = DraftingPeers()
+    a, b = (AdaptiveDepth(verify_times=table(ZEN3), load=lambda: 2, peers=peers) for _ in range(2))
+    for ctl in (a, b):
+        for _ in range(40):
+            ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.012)
+        peers.join(ctl)
+    assert a.best(8) > 0 and peers.besides(a) == 1
+    peers.mark(b, False)
+    assert peers.besides(a) == 0 and a.best(8) == 0
+    peers.leave(b)
+    peers.mark(b, True)  # a member that left is not counted again
+    assert peers.besides(a) == 0
 
 
 def test_a_free_drafter_still_drafts_beside_other_sequences_where_width_is_cheap():
