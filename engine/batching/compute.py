@@ -19,6 +19,7 @@ at most one step.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from engine.batching.step_loop import StepLoop
 
 T = TypeVar("T")
+
+EXIT_JOIN_SECONDS = 10.0  # how long an exiting process waits for the compute thread's current work
 
 
 class _Call:
@@ -50,6 +53,7 @@ class ComputeThread:
         self._loops: list[StepLoop] = []  # step loops with sequences in flight (touched only by this thread)
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
+        atexit.register(self._end_at_exit)
 
     @classmethod
     def shared(cls) -> "ComputeThread":
@@ -117,6 +121,14 @@ class ComputeThread:
         if not self._thread.is_alive():
             raise RuntimeError("the model's compute thread has stopped")
         self._calls.put(_Call(fn))
+
+    def _end_at_exit(self) -> None:
+        """Let the thread finish what it runs and end before the interpreter finalizes: a daemon thread still
+        running when it does is ended by a forced unwind, which greenlet's C++ frames (a sequence's last switch
+        out of the step loop) answer with std::terminate, an abort at every exit that raced a generation's end."""
+        if self._thread.is_alive():
+            self._calls.put(None)
+            self._thread.join(EXIT_JOIN_SECONDS)
 
     def stop(self) -> None:
         """Let the thread end once the calls already handed to it are done (never the shared one's)."""
