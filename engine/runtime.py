@@ -429,9 +429,7 @@ class ModelRuntime:
         drafter, cap = self.resolve_drafter(plan, slot.drafters)
         s = self.settings(req, plan, cap, num_ctx, num_keep if num_keep >= 0 else len(prompt))
         constraint = None
-        if node is not None:
-            if self.pieces is None:
-                self.pieces = TokenPieces(self.tokenizer)
+        if node is not None:  # self.pieces: built by _prepare
             tags = self.tokenizer.think_tags() if req.think_first else None
             if tags is None:
                 constraint = TokenConstraint(node, self.pieces, s.eog_ids)

@@ -127,18 +127,16 @@ class _PipeSink:
         self.closed = False
 
     def put(self, item) -> None:
-        try:
-            self._out.send(("done", self._rid, item) if isinstance(item, GenerateResult) else
-                           ("chunk", self._rid, item))
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            self.closed = True  # the server is gone: the generation ends at this chunk
+        self._send(("done", self._rid, item) if isinstance(item, GenerateResult) else ("chunk", self._rid, item))
 
     def fail(self, error: BaseException) -> None:
-        message, status = _reported(error)
+        self._send(("failed", self._rid, *_reported(error)))
+
+    def _send(self, msg: tuple) -> None:
         try:
-            self._out.send(("failed", self._rid, message, status))
+            self._out.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            self.closed = True
+            self.closed = True  # the server is gone: the generation ends at this chunk
 
     def end(self) -> None:
         self._ended(self._rid)

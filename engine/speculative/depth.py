@@ -450,12 +450,11 @@ class AdaptiveDepth:
         perfectly accepted code prompt then served 0.81x what plain decoding did.)
 
         When g of the B sequences draft from the same draft model (this one and ``peers`` drafting now), taken to
-        draft alike, their drafts
-        run in the same steps: a round costs the batch ``d(k)`` once and a verification over ``B + g k`` rows, and
-        commits ``B - g + g E`` tokens. Drafting then pays exactly when ``T (E - 1) > (B / g) D_g``, with
-        ``D_g = v(B + g k) - v(B) + d(k)``: ``cost(k) = T + (B / g) D_g``, the one-drafter formula at g = 1.
-        (Priced as if the others waited idle, eight sequences of one pair never drafted, and four drafting 13-55
-        accepted tokens in 64 served 0.93-0.95x plain.)"""
+        draft alike, their drafts run in the same steps: a round costs the batch ``d(k)`` once and a verification
+        over ``B + g k`` rows, and commits ``B - g + g E`` tokens. Drafting then pays exactly when
+        ``T (E - 1) > (B / g) D_g``, with ``D_g = v(B + g k) - v(B) + d(k)``: ``cost(k) = T + (B / g) D_g``, the
+        one-drafter formula at g = 1. (Priced as if the others waited idle, eight sequences of one pair never
+        drafted, and four drafting 13-55 accepted tokens of their 256 served 0.91-0.95x plain.)"""
         sharing = self._sharing()
         if sharing == 1:
             v = self.verify_cost(k + 1)
