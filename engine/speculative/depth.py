@@ -181,6 +181,8 @@ class WidthCosts:
     times: dict[int, RecentTimes] = field(default_factory=dict)
     count: int = 0  # observations so far; each sample is stamped with it
     _points: dict[int, float] | None = None
+    # width -> estimate, until the next sample: every controller of a batch prices the same widths each step
+    _estimates: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
     # Serving several sequences, the batch's forwards add samples from whichever sequence's thread ran the
     # step while other sequences' controllers may be pricing depths.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -193,6 +195,7 @@ class WidthCosts:
             self.count += 1
             self.times.setdefault(width, RecentTimes()).add(seconds, self.count)
             self._points = None
+            self._estimates = {}
 
     def points(self) -> dict[int, float]:
         """Width -> estimated seconds, for each width with a recent sample, non-decreasing in width."""
@@ -214,8 +217,15 @@ class WidthCosts:
     def estimate(self, width: int) -> float | None:
         """Seconds for a verification of ``width`` tokens: measured, else interpolated between the
         measured widths around it or extrapolated (see ``_interpolate``); None before any sample."""
-        points = self.points()
-        return _interpolate(points, width, proportional=False) if points else None
+        with self._lock:
+            known = self._estimates.get(width)
+            if known is not None:
+                return known
+            points = self._fresh_points()
+            if not points:
+                return None
+            value = self._estimates[width] = _interpolate(points, width, proportional=False)
+            return value
 
 
 class DraftingPeers:
@@ -296,6 +306,7 @@ class AdaptiveDepth:
     # width -> step time minus drafting; the runtime hands every controller of one target the same table
     verify_times: WidthCosts = field(default_factory=WidthCosts)
     _drafting: dict[int, RecentTimes] = field(default_factory=dict)  # tokens drafted -> drafter time
+    _drafting_costs: dict[int, float] = field(default_factory=dict)  # n -> drafting_cost(n), until the next sample
     _measured_at: dict[int, int] = field(default_factory=dict)
     step: int = 0
     _plain_probes: int = 0  # probes in a row that found plain decoding still best
@@ -331,6 +342,7 @@ class AdaptiveDepth:
             self.verify_times.add(n_drafted + 1, seconds - drafting)
         if n_drafted > 0:
             self._drafting.setdefault(n_drafted, RecentTimes()).add(drafting)
+            self._drafting_costs.clear()
         self._measured_at[n_drafted] = self.step
         self._behind = self._behind + 1 if n_drafted == 0 else 0
         if n_drafted >= self._ramp and n_accepted == n_drafted:
@@ -432,7 +444,10 @@ class AdaptiveDepth:
         """The drafter's time for a proposal of ``n`` tokens (0 until measured: optimistic)."""
         if n <= 0 or not self._drafting:
             return 0.0
-        return _estimate(self._drafting, n, proportional=True)
+        known = self._drafting_costs.get(n)
+        if known is None:
+            known = self._drafting_costs[n] = _estimate(self._drafting, n, proportional=True)
+        return known
 
     def _sharing(self) -> int:
         return max(1, self.load()) if self.load is not None else 1
@@ -455,11 +470,20 @@ class AdaptiveDepth:
         ``T (E - 1) > (B / g) D_g``, with ``D_g = v(B + g k) - v(B) + d(k)``: ``cost(k) = T + (B / g) D_g``, the
         one-drafter formula at g = 1. (Priced as if the others waited idle, eight sequences of one pair never
         drafted, and four drafting 13-55 accepted tokens of their 256 served 0.91-0.95x plain.)"""
+        return self._cost(k, *self._batch())
+
+    def _batch(self) -> tuple[int, int]:
+        """(B, g): the sequences sharing each forward, and how many of them draft from this one's draft model
+        (see ``cost``). Read once per choice: ``best`` prices every depth against the same batch."""
         sharing = self._sharing()
+        if sharing == 1:
+            return 1, 1
+        return sharing, min(sharing, 1 + self.peers.besides(self)) if self.peers is not None else 1
+
+    def _cost(self, k: int, sharing: int, group: int) -> float | None:
         if sharing == 1:
             v = self.verify_cost(k + 1)
             return None if v is None else v + self.drafting_cost(k)
-        group = min(sharing, 1 + self.peers.besides(self)) if self.peers is not None else 1
         plain, wide = self.verify_cost(sharing), self.verify_cost(sharing + group * k)
         if plain is None or wide is None:
             return None
@@ -481,11 +505,12 @@ class AdaptiveDepth:
         acc = self.acceptances(cap, optimism)
         best_k, best_v = 0, -1.0
         expected, run = 1.0, 1.0
+        batch = self._batch()
         for k in range(cap + 1):
             if k > 0:
                 run *= acc[k - 1]
                 expected += run
-            c = self.cost(k)
+            c = self._cost(k, *batch)
             v = expected / c if c and c > 0 else 0.0
             if k == 0:
                 v *= 1.0 + self.plain_margin
