@@ -287,6 +287,12 @@ class AdaptiveDepth:
     # rewrite's acceptance: each such round costs 2-4 plain steps and commits 1-2 tokens (docs/bench/
     # speculation-defaults.md). A text that keeps accepting is at its depth within two or three rounds.
     start_depth: int = 2
+    # Beside sequences that do not draft from its draft model, a round of this one may add at most this share of
+    # a plain step to the batch's step (``_spares``). Pricing by the batch's tokens a second alone let a code
+    # request draft beside a prose one for a 2 % gain of the pair of them: its draft steps and wider
+    # verifications made each of the prose request's tokens 1.8x as slow, and a burst of the two, timed to its
+    # last answer, served 0.76-0.85x what plain decoding did (docs/bench/step-loop-zen5.md).
+    batch_slowdown: float = 0.10
     # How many sequences share each forward now (engine.batching; None: this one alone). What a sequence
     # adds to a batch's step, its drafting and its verification rows beyond the first, every sequence of
     # the batch waits for (``cost``). With many busy sequences drafting then rarely pays, and the
@@ -484,10 +490,28 @@ class AdaptiveDepth:
         if sharing == 1:
             v = self.verify_cost(k + 1)
             return None if v is None else v + self.drafting_cost(k)
+        added = self._added(k, sharing, group)
+        return None if added is None else added[0] + sharing / group * added[1]
+
+    def _added(self, k: int, sharing: int, group: int) -> tuple[float, float] | None:
+        """(T, D_g) of ``cost``: a plain step of the batch, and what a round of the drafting group at depth k adds
+        to it."""
         plain, wide = self.verify_cost(sharing), self.verify_cost(sharing + group * k)
         if plain is None or wide is None:
             return None
-        return plain + sharing / group * (max(0.0, wide - plain) + self.drafting_cost(k))
+        return plain, max(0.0, wide - plain) + self.drafting_cost(k)
+
+    def _spares(self, k: int, sharing: int, group: int) -> bool:
+        """Whether a round at depth ``k`` slows the sequences of the batch that do not draft from this one's draft
+        model by at most ``batch_slowdown`` of a step. They wait through its draft steps and its wider
+        verification, and in a batch that is timed to its last answer (a burst of requests, each user waiting for
+        their own) the drafter's gain does not repay them: it leaves early, and they finish as late as their
+        slowed steps make them. Sequences that all draft gain together. Without peers (a drafter with no draft
+        model) or alone, every depth spares the others."""
+        if k == 0 or self.peers is None or group >= sharing:
+            return True
+        added = self._added(k, sharing, group)
+        return added is None or added[1] <= self.batch_slowdown * added[0]
 
     def value(self, cap: int) -> float:
         """Expected tokens a second at the best depth up to ``cap`` (0 until costs are measured)."""
@@ -510,6 +534,8 @@ class AdaptiveDepth:
             if k > 0:
                 run *= acc[k - 1]
                 expected += run
+            if not self._spares(k, *batch):
+                continue
             c = self._cost(k, *batch)
             v = expected / c if c and c > 0 else 0.0
             if k == 0:

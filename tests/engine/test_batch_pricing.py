@@ -75,6 +75,31 @@ def test_sequences_that_all_draft_from_one_draft_model_are_priced_together():
     assert peers.besides(a) == 0
 
 
+def test_a_draft_model_does_not_slow_a_sequence_beside_it_that_does_not_draft():
+    """A code request beside a prose one: where width is cheap and the drafter quick (5 ms a token against a 33 ms
+    step), drafting 4 deep would raise the pair's tokens a second, but each of the prose request's steps would
+    take twice as long; timed to the last answer, the burst of the two is slower. Beside a peer that drafts too,
+    the two gain together and draft."""
+
+    def pair(other_drafts: bool) -> AdaptiveDepth:
+        peers = DraftingPeers()
+        a, b = (AdaptiveDepth(verify_times=table(CHEAP_WIDTH), load=lambda: 2, peers=peers) for _ in range(2))
+        for ctl in (a, b):
+            for _ in range(40):
+                ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.005)
+            peers.join(ctl)
+        peers.mark(b, other_drafts)
+        return a
+
+    beside_plain = pair(other_drafts=False)
+    assert beside_plain.best(8) == 0
+    # the batch's tokens a second alone would have it draft: 5 tokens in 0.0327 + 2 x 0.034 s against 1 in 0.0327
+    assert beside_plain.throughput(4) > beside_plain.throughput(0)
+    assert pair(other_drafts=True).best(8) > 0
+    # a drafter with no draft model (an n-gram, a copy) has no peers to spare: priced by the batch as before
+    assert trained(CHEAP_WIDTH, 2, 0.0).best(8) > 0
+
+
 def test_a_free_drafter_still_drafts_beside_other_sequences_where_width_is_cheap():
     # an n-gram or copy proposal costs nothing; four rows cost 1.31 of one
     assert trained(CHEAP_WIDTH, 4, 0.0).best(8) > 0
