@@ -28,6 +28,17 @@ def trained(points: dict[int, float], sequences: int, draft_token_s: float) -> A
     return ctl
 
 
+def drafting_pair(points: dict[int, float], draft_token_s: float) -> tuple[AdaptiveDepth, AdaptiveDepth, DraftingPeers]:
+    """Two sequences of one pair sharing each forward, both trained on rounds accepted whole, both drafting."""
+    peers = DraftingPeers()
+    a, b = (AdaptiveDepth(verify_times=table(points), load=lambda: 2, peers=peers) for _ in range(2))
+    for ctl in (a, b):
+        for _ in range(40):
+            ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * draft_token_s)
+        peers.join(ctl)
+    return a, b, peers
+
+
 def test_a_step_shared_by_sequences_is_priced_at_the_batch_width():
     t = table(ZEN3)
     ctl = AdaptiveDepth(verify_times=t, load=lambda: 4)
@@ -61,12 +72,7 @@ def test_sequences_that_all_draft_from_one_draft_model_are_priced_together():
             ctls.append(ctl)
         assert (ctls[0].best(8) > 0) == drafts, sequences
     # a peer whose controller chose plain no longer counts: priced as drafting alone beside it
-    peers = DraftingPeers()
-    a, b = (AdaptiveDepth(verify_times=table(ZEN3), load=lambda: 2, peers=peers) for _ in range(2))
-    for ctl in (a, b):
-        for _ in range(40):
-            ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.012)
-        peers.join(ctl)
+    a, b, peers = drafting_pair(ZEN3, 0.012)
     assert a.best(8) > 0 and peers.besides(a) == 1
     peers.mark(b, False)
     assert peers.besides(a) == 0 and a.best(8) == 0
@@ -82,12 +88,7 @@ def test_a_draft_model_does_not_slow_a_sequence_beside_it_that_does_not_draft():
     the two gain together and draft."""
 
     def pair(other_drafts: bool) -> AdaptiveDepth:
-        peers = DraftingPeers()
-        a, b = (AdaptiveDepth(verify_times=table(CHEAP_WIDTH), load=lambda: 2, peers=peers) for _ in range(2))
-        for ctl in (a, b):
-            for _ in range(40):
-                ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.005)
-            peers.join(ctl)
+        a, b, peers = drafting_pair(CHEAP_WIDTH, 0.005)
         peers.mark(b, other_drafts)
         return a
 
