@@ -291,7 +291,7 @@ class AdaptiveDepth:
     # a plain step to the batch's step (``_spares``). Pricing by the batch's tokens a second alone let a code
     # request draft beside a prose one for a 2 % gain of the pair of them: its draft steps and wider
     # verifications made each of the prose request's tokens 1.8x as slow, and a burst of the two, timed to its
-    # last answer, served 0.76-0.85x what plain decoding did (docs/bench/step-loop-zen5.md).
+    # last answer, served 0.76-0.97x what plain decoding did in six runs (docs/bench/step-loop-zen5.md).
     batch_slowdown: float = 0.10
     # How many sequences share each forward now (engine.batching; None: this one alone). What a sequence
     # adds to a batch's step, its drafting and its verification rows beyond the first, every sequence of
