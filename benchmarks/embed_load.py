@@ -16,12 +16,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from benchmarks.serving import free_port
+from benchmarks.serving import free_port, timed_clients
 from tests.realmodels import minilm_folder
 
 
@@ -58,13 +57,7 @@ def level(url: str, clients: int, per_client: int = 8) -> float:
         for t in texts[c::clients]:
             post(url + "/api/embed", {"model": "mini", "input": t})
 
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return len(texts) / (time.perf_counter() - t0)
+    return len(texts) / timed_clients(client, clients)
 
 
 def main(argv: list[str] | None = None) -> int:

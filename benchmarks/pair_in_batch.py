@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
-import time
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import CHATML, PROMPTS
+from benchmarks.serving import CHATML, PROMPTS, timed_clients
 
 
 def aggregate(runtime, clients: int, drafter: str, tokens: int, requests: int = 1) -> tuple[float, int]:
@@ -39,13 +37,7 @@ def aggregate(runtime, clients: int, drafter: str, tokens: int, requests: int = 
                 if isinstance(item, GenerateResult):
                     results.append(item)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(clients)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
+    wall = timed_clients(run, clients)
     if len(results) != clients * requests:
         raise RuntimeError(f"{clients * requests - len(results)} of {clients * requests} requests failed")
     return sum(r.eval_count for r in results) / wall, sum(r.speculation.draft_n for r in results)

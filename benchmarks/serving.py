@@ -41,6 +41,7 @@ import time
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from benchmarks.output import emit, host_line
 
@@ -106,6 +107,17 @@ def endpoint_of(url: str, model: str) -> str:
     return next(m["engine"]["endpoint"] for m in models if m["name"].split(":")[0] == model)
 
 
+def timed_clients(client: Callable[[int], None], clients: int) -> float:
+    """Seconds from starting ``clients`` threads, thread i running ``client(i)``, until the last has returned."""
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0
+
+
 def run_level(url: str, model: str, clients: int, tokens: int, stream=stream_completion) -> dict:
     """``clients`` clients at once, each streaming one completion with ``stream`` (stream_completion's signature)."""
     arrivals: list[list[float]] = [[] for _ in range(clients)]
@@ -115,13 +127,7 @@ def run_level(url: str, model: str, clients: int, tokens: int, stream=stream_com
     def client(i: int) -> None:
         arrivals[i], counts[i], drafted[i] = stream(url, model, PROMPTS[i % len(PROMPTS)], tokens)
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    wall = timed_clients(client, clients)
     total = sum(counts)
     # a stream's tokens after its first, over the time from its first chunk to its last
     rates = [(n - 1) / (a[-1] - a[0]) for a, n in zip(arrivals, counts) if len(a) > 1 and a[-1] > a[0] and n > 1]
