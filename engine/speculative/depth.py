@@ -183,8 +183,8 @@ class WidthCosts:
     _points: dict[int, float] | None = None
     # width -> estimate, until the next sample: every controller of a batch prices the same widths each step
     _estimates: dict[int, float] = field(default_factory=dict, repr=False, compare=False)
-    # Serving several sequences, the batch's forwards add samples from whichever sequence's thread ran the
-    # step while other sequences' controllers may be pricing depths.
+    # The step loop adds samples and prices depths on the compute thread; a reader elsewhere (a benchmark's
+    # ``snapshot``) may read the table meanwhile.
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __bool__(self) -> bool:
