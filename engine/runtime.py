@@ -51,7 +51,7 @@ from engine.speculative.loop import (
     TimeBreakdown,
     trace_from_env,
 )
-from engine.contract.streaming import QueueSink, Sink
+from engine.contract.streaming import QueueSink, Sink, fail_at_start
 from engine.contract.speculation_plan import SpeculationPlan, plan_speculation
 from engine.contract.json_grammar import SchemaError, compile_format
 
@@ -338,8 +338,7 @@ class ModelRuntime:
         try:
             prompt, node, num_ctx, num_keep = self._prepare(req)
         except BaseException as e:  # noqa: BLE001 - the request's error, reported to its reader
-            sink.fail(e)
-            sink.end()
+            fail_at_start(sink, e)
             return
         if not prompt:
             sink.put(GenerateResult(done_reason="stop", prompt_eval_count=0, prompt_cached=0,
@@ -380,8 +379,7 @@ class ModelRuntime:
             loop = self._decode_loop(slot, req, prompt, node, num_ctx, num_keep)
         except BaseException as e:  # noqa: BLE001 - reported to the request's reader
             self._release(slot)
-            sink.fail(e)
-            sink.end()
+            fail_at_start(sink, e)
             return
 
         # its controllers that price the draft model's rounds beside other sequences' (AdaptiveDepth.peers)

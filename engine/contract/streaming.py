@@ -30,6 +30,12 @@ class Sink(Protocol):
     def end(self) -> None: ...
 
 
+def fail_at_start(sink: Sink, error: BaseException) -> None:
+    """A generation that failed before the engine held anything of it: its error, then its end."""
+    sink.fail(error)
+    sink.end()
+
+
 @dataclass
 class _Failure:
     error: BaseException

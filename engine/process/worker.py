@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 from engine.contract.cancel_flag import CancelFlag
 from engine.contract.protocol import EngineError, GenerateResult
 from engine.contract.runtime import EngineRuntime
+from engine.contract.streaming import fail_at_start
 from engine.process.runtimes import load_runtime
 
 
@@ -163,8 +164,7 @@ class _Generations:
         try:
             engine.stream(req, stop, sink)
         except BaseException as exc:  # noqa: BLE001 - report, keep serving: one bad request must not end the engine
-            sink.fail(exc)
-            sink.end()
+            fail_at_start(sink, exc)
 
     def cancel(self, rid: int) -> None:
         with self._lock:
