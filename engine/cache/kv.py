@@ -24,6 +24,8 @@ from typing import Sequence
 
 import torch
 
+from engine.ops.memory import empty_on_huge_pages
+
 
 class ContextOverflowError(RuntimeError):
     """Appending would exceed the cache capacity (the request's num_ctx)."""
@@ -50,9 +52,10 @@ class KVCache:
         self.capacity = int(capacity)
         self.device = torch.device(device)
         self.dtype = dtype
-        # torch.empty: pages are only touched when written; stale slots are never read.
-        self.k = torch.empty(n_layer, n_head_kv, self.capacity, head_dim, device=self.device, dtype=dtype)
-        self.v = torch.empty(n_layer, n_head_kv, self.capacity, self.v_head_dim, device=self.device, dtype=dtype)
+        # Uninitialised: pages are only touched when written; stale slots are never read. On 2 MB pages where
+        # the kernel has them (every step reads the cached positions: engine.ops.memory.empty_on_huge_pages).
+        self.k = empty_on_huge_pages((n_layer, n_head_kv, self.capacity, head_dim), dtype, self.device)
+        self.v = empty_on_huge_pages((n_layer, n_head_kv, self.capacity, self.v_head_dim), dtype, self.device)
         self.length = 0
         self.tokens: list[int] = []
 

@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 
 from engine.cache.kv import KVCache
+from engine.ops.memory import empty_on_huge_pages
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,14 @@ class LayeredKVCache(KVCache):
         self.capacity = int(capacity)
         self.device = torch.device(device)
         self.dtype = dtype
-        # torch.empty: pages are only touched when written; stale slots are never read.
+        # Uninitialised, on 2 MB pages where the kernel has them (KVCache's allocation).
         self.k_layers: list[torch.Tensor | None] = []
         self.v_layers: list[torch.Tensor | None] = []
         for i, s in enumerate(layers):
             own = s.source == i
             shape = (s.n_head_kv, self.capacity, s.head_dim)
-            self.k_layers.append(torch.empty(shape, device=self.device, dtype=dtype) if own else None)
-            self.v_layers.append(torch.empty(shape, device=self.device, dtype=dtype) if own else None)
+            self.k_layers.append(empty_on_huge_pages(shape, dtype, self.device) if own else None)
+            self.v_layers.append(empty_on_huge_pages(shape, dtype, self.device) if own else None)
         self.length = 0
         self.tokens: list[int] = []
 

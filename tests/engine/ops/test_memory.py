@@ -114,3 +114,25 @@ def test_storages_in_advised_heap_memory_still_move(monkeypatch):
     monkeypatch.setattr(memory, "process_mappings", as_advised_heap)
     assert place_on_huge_pages(m) >= 1 << 20
     assert m.codes.data_ptr() != old and _placed(m.codes)
+
+
+@needs_thp
+def test_a_kv_cache_is_allocated_on_memory_advised_for_huge_pages_and_given_back():
+    from engine.cache.kv import KVCache
+
+    cache = KVCache(4, 2, 128, 2048)  # 8 MB for each of K and V
+    for t in (cache.k, cache.v):
+        assert _placed(t) and t.data_ptr() % memory.HUGE_PAGE == 0
+        assert t.shape[2] == 2048 and t.dtype == torch.float32 and t.is_contiguous()
+    cache.k[3, 1, 2047] = 2.5  # the last element is writable and reads back
+    assert float(cache.k[3, 1, 2047, 127]) == 2.5
+    start = cache.k.untyped_storage().data_ptr()
+    del cache
+    assert not any(m.start <= start < m.end for m in process_mappings())  # unmapped with the tensor
+
+
+def test_a_small_or_non_cpu_cache_is_a_plain_allocation():
+    small = memory.empty_on_huge_pages((2, 16, 64), torch.float32, torch.device("cpu"))
+    assert small.shape == (2, 16, 64) and not _placed(small)
+    meta = memory.empty_on_huge_pages((64, 1 << 16), torch.float32, torch.device("meta"))
+    assert meta.device.type == "meta" and meta.shape == (64, 1 << 16)
