@@ -56,6 +56,20 @@ inline v8f silu_mul(v8f g, v8f u) {
   return g * ((g >= 0.0f ? one : t) / (one + t)) * u;
 }
 
+// How far ahead the attention loops prefetch a cache's rows: key rows for the scores (each read whole), value
+// rows for the mix (each pass reads a quarter or an eighth of every row). A decode step's attention streams its
+// cached keys and values from memory, one sequential run per task, and the hardware prefetcher alone held that to
+// about 15 GB/s on Zen 5 (2 cores) against the linears' 50-60; with these, 35-40 (docs/bench/attention-prefetch-zen5.md:
+// one sequence's step at 8,000 positions 54-62 -> 27-36 ms). A prefetch past a run's end reads a line it does not use
+// and never faults.
+constexpr int64_t kKeyPrefetchRows = 32;
+constexpr int64_t kValuePrefetchRows = 96;
+
+// Prefetch the n floats from p, one 64-byte line at a time.
+inline void prefetch_floats(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+}
+
 // scores[r * S + j] = scale * q_r . key for R query heads against one key row of D (a multiple of 8)
 // floats. The R dot products run side by side: one chain each, so that the FMA latency is hidden
 // (one head at a time waits on its single accumulator after every FMA).
@@ -89,6 +103,8 @@ inline void head_scores(const float* q0, int64_t q_stride, const float* keys, in
     for (; j + 2 <= len; j += 2) {
       const float* k0 = keys + j * k_stride;
       const float* k1 = k0 + k_stride;
+      prefetch_floats(k0 + kKeyPrefetchRows * k_stride, D);
+      prefetch_floats(k1 + kKeyPrefetchRows * k_stride, D);
       v16f acc[R] = {};
       for (int64_t d = 0; d < D; d += 8) {
         const v8f a = *reinterpret_cast<const v8f*>(k0 + d), b = *reinterpret_cast<const v8f*>(k1 + d);
@@ -106,7 +122,10 @@ inline void head_scores(const float* q0, int64_t q_stride, const float* keys, in
 #else
   (void)q_pairs;
 #endif
-  for (; j < len; ++j) head_dots<R>(q0, q_stride, keys + j * k_stride, D, scale, scores + j, S);
+  for (; j < len; ++j) {
+    prefetch_floats(keys + (j + kKeyPrefetchRows) * k_stride, D);
+    head_dots<R>(q0, q_stride, keys + j * k_stride, D, scale, scores + j, S);
+  }
 }
 
 #if defined(__AVX512F__)
@@ -114,6 +133,16 @@ constexpr bool kWideVectors = true;  // 512-bit registers: v16f is one register
 #else
 constexpr bool kWideVectors = false;
 #endif
+
+// The mix's passes over the values: W vectors of d at a time (R * W sums in registers), so that a pass reads a
+// contiguous quarter or half of each value row rather than one 64-byte line of it, 96 rows ahead of it prefetched
+// (on Zen 5 one row's attention over 28 layers at 8,000 positions, prefetched, 12.8-13.3 -> 11.6-12.2 ms with four
+// 16-value vectors a pass instead of one: docs/bench/attention-prefetch-zen5.md). Each lane is still one d's sum
+// over the keys in order.
+template <int R>
+constexpr int kMixVectors16 = R <= 6 ? 4 : 2;  // 32 registers: 24 sums, 4 values, a probability
+template <int R>
+constexpr int kMixVectors8 = R <= 6 ? 2 : 1;  // 16 registers (AVX2): 12 sums, 2 values, a probability
 
 // head_mix for D a multiple of 16: 16 values of d at a time. Each lane is one d's sum over the keys in order,
 // the same products added in the same order as head_mix's: the same values in half the instructions where
@@ -123,9 +152,27 @@ constexpr bool kWideVectors = false;
 template <int R>
 inline void head_mix16(const float* p, int64_t S, const float* values, int64_t v_stride, int64_t len, int64_t D,
                        float* acc) {
-  for (int64_t d = 0; d < D; d += 16) {
+  constexpr int W = kMixVectors16<R>;
+  int64_t d = 0;
+  for (; d + 16 * W <= D; d += 16 * W) {
+    v16f sum[R][W] = {};
+    for (int64_t j = 0; j < len; ++j) {
+      const float* row = values + j * v_stride + d;
+      prefetch_floats(row + kValuePrefetchRows * v_stride, 16 * W);
+      v16f v[W];
+      for (int w = 0; w < W; ++w) v[w] = *reinterpret_cast<const v16f*>(row + 16 * w);
+      for (int r = 0; r < R; ++r) {
+        const float pr = p[r * S + j];
+        for (int w = 0; w < W; ++w) sum[r][w] += pr * v[w];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w) *reinterpret_cast<v16f*>(acc + r * D + d + 16 * w) = sum[r][w];
+  }
+  for (; d < D; d += 16) {  // what is left of D, one vector a pass
     v16f sum[R] = {};
     for (int64_t j = 0; j < len; ++j) {
+      prefetch_floats(values + (j + kValuePrefetchRows) * v_stride + d, 16);
       const v16f v = *reinterpret_cast<const v16f*>(values + j * v_stride + d);
       for (int r = 0; r < R; ++r) sum[r] += p[r * S + j] * v;
     }
@@ -133,14 +180,33 @@ inline void head_mix16(const float* p, int64_t S, const float* values, int64_t v
   }
 }
 
+
 // acc[r * D + d] = sum_j p[r * S + j] * values[j * v_stride + d] for R heads, 8 values of d at a time
 // with the R heads' sums side by side in registers.
 template <int R>
 inline void head_mix(const float* p, int64_t S, const float* values, int64_t v_stride, int64_t len, int64_t D,
                      float* acc) {
-  for (int64_t d = 0; d < D; d += 8) {
+  constexpr int W = kMixVectors8<R>;
+  int64_t d = 0;
+  for (; d + 8 * W <= D; d += 8 * W) {
+    v8f sum[R][W] = {};
+    for (int64_t j = 0; j < len; ++j) {
+      const float* row = values + j * v_stride + d;
+      prefetch_floats(row + kValuePrefetchRows * v_stride, 8 * W);
+      v8f v[W];
+      for (int w = 0; w < W; ++w) v[w] = *reinterpret_cast<const v8f*>(row + 8 * w);
+      for (int r = 0; r < R; ++r) {
+        const float pr = p[r * S + j];
+        for (int w = 0; w < W; ++w) sum[r][w] += pr * v[w];
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int w = 0; w < W; ++w) *reinterpret_cast<v8f*>(acc + r * D + d + 8 * w) = sum[r][w];
+  }
+  for (; d < D; d += 8) {  // what is left of D, one vector a pass
     v8f sum[R] = {};
     for (int64_t j = 0; j < len; ++j) {
+      prefetch_floats(values + (j + kValuePrefetchRows) * v_stride + d, 8);
       const v8f v = *reinterpret_cast<const v8f*>(values + j * v_stride + d);
       for (int r = 0; r < R; ++r) sum[r] += p[r * S + j] * v;
     }
@@ -148,11 +214,13 @@ inline void head_mix(const float* p, int64_t S, const float* values, int64_t v_s
   }
 }
 
+
 inline void head_mix_any(int64_t R, const float* p, int64_t S, const float* values, int64_t v_stride, int64_t len,
                          int64_t D, float* acc) {
   std::fill(acc, acc + R * D, 0.f);
   for (int64_t j = 0; j < len; ++j) {
     const float* vr = values + j * v_stride;
+    prefetch_floats(vr + kKeyPrefetchRows * v_stride, D);  // whole rows, as the scores read keys
     for (int64_t r = 0; r < R; ++r) {
       const float pj = p[r * S + j];
       float* ar = acc + r * D;
@@ -336,7 +404,10 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
         case 7: head_scores<7>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
         case 8: head_scores<8>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
         default:
-          for (int64_t j = 0; j < len; ++j) head_dots_any(rep, q0, qs1, kg + j * ks1, D, fscale, scores.data() + j, S_max);
+          for (int64_t j = 0; j < len; ++j) {
+            prefetch_floats(kg + (j + kKeyPrefetchRows) * ks1, D);
+            head_dots_any(rep, q0, qs1, kg + j * ks1, D, fscale, scores.data() + j, S_max);
+          }
           break;
       }
       std::vector<float> sums(rep, 0.f);
