@@ -42,7 +42,7 @@ from engine.speculative.copy_first import CopyFirstDrafter
 from engine.speculative.suffix import SuffixDrafter
 from engine.speculative.suffix_cache import SuffixCache
 from engine.speculative.depth import (AdaptiveDepth, DepthController, DraftingPeers, FixedDepth, PerSourceDepth,
-                                      WidthCosts)
+                                      RecentTimes, WidthCosts)
 from engine.speculative.draft_model import DraftModelDrafter
 from engine.speculative.drafter import Drafter, NullDrafter
 from engine.speculative.loop import (
@@ -105,6 +105,8 @@ class ModelRuntime:
         self.owned_files = parts.owned_files
         # What a verification of each width costs on this target, shared by all of them (AdaptiveDepth.verify_times).
         self._verify_times = WidthCosts()
+        # What a draft model's catch-up costs a token, per controller key, shared by every slot (AdaptiveDepth.catchup_times).
+        self._catchup_times: dict[str, RecentTimes] = {}
         # Sequences served at once (engine.batching): one slot each; slot 0 holds the load's own cache and
         # drafters. Every generation runs as a sequence of the step loop, on the compute thread; with several slots
         # the loop batches their forwards and the batch prices the widths (alone, the controller prices its own).
@@ -257,19 +259,25 @@ class ModelRuntime:
             return FixedDepth(n_min=n_min)
         kept = self.controllers if controllers is None else controllers
         if drafter.sources:  # a drafter that picks its source per round: each source priced on its own
-            return PerSourceDepth({src: self._adaptive(kept, f"{drafter.kind}/{src}") for src in drafter.sources},
+            return PerSourceDepth({src: self._adaptive(kept, f"{drafter.kind}/{src}", drafter)
+                                   for src in drafter.sources},
                                   drafter.round_source, dict(drafter.fallbacks), drafter.use_source,
                                   dict(drafter.source_caps))
-        return self._adaptive(kept, drafter.kind)
+        return self._adaptive(kept, drafter.kind, drafter)
 
-    def _adaptive(self, kept: dict[str, AdaptiveDepth], key: str) -> AdaptiveDepth:
-        """The adaptive controller kept for ``key`` across requests (what it learned carries over)."""
+    def _adaptive(self, kept: dict[str, AdaptiveDepth], key: str, drafter: Drafter) -> AdaptiveDepth:
+        """The adaptive controller kept for ``key`` across requests (what it learned carries over), pricing the
+        catch-ups of this request's ``drafter``."""
+        model = key.split("/")[-1] == "model"  # the draft model's own rounds (a source of a copy-first drafter too)
         if key not in kept:
             batched = self.num_parallel > 1
             load = (lambda: self.batch_loop.active) if batched else None
-            # the draft model's own rounds (a source "model" of a copy-first drafter too) share their draft steps
-            peers = self._model_peers if batched and key.split("/")[-1] == "model" else None
-            kept[key] = AdaptiveDepth(verify_times=self._verify_times, load=load, peers=peers)
+            # the draft model's rounds share their draft steps with the other slots'
+            peers = self._model_peers if batched and model else None
+            kept[key] = AdaptiveDepth(verify_times=self._verify_times, load=load, peers=peers,
+                                      catchup_times=self._catchup_times.setdefault(key, RecentTimes()))
+        # a slot's controller serves one request at a time: its drafter's backlog is this request's
+        kept[key].backlog = drafter.backlog if model else None
         return kept[key]
 
     # ------------------------------------------------------------------------------------------

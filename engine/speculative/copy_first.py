@@ -87,6 +87,9 @@ class CopyFirstDrafter(Drafter):
         needed = max(2, math.ceil(self.min_streak * self.model_acceptance.estimate))
         return self.copy_acceptance.streak >= needed
 
+    def backlog(self) -> int:
+        return self.primary.backlog()  # the copy reads the log as it is
+
     def round_source(self) -> str:
         if self._source is None:  # what a certain copy is, the n-gram drafter's own round_source says
             certain = self.copy.round_source() == "copy"

@@ -67,6 +67,9 @@ measurements behind each rule below are in docs/measurements.md, "Adaptive depth
   that has taken plain steps goes back to drafting only when what drafting saves over
   ``switch_horizon`` tokens pays for catching up on them: on a shared host a few slow plain steps
   made drafting look better by a few per cent, and the round that followed caught up 60-80 tokens.
+  Beside other sequences the catch-up counts once for every sequence that waits through it, and what the
+  drafter lacks is what it reports (``backlog``): a draft model serving several slots reads its request's
+  prompt only at its first proposal, so a first round there catches up on the whole prompt.
 
 The state lives on the ModelRuntime, one controller per loaded model and drafter kind, across requests.
 """
@@ -305,6 +308,14 @@ class AdaptiveDepth:
     # draft costs the batch one drafting and one verification over every row (``cost``).
     peers: DraftingPeers | None = None
     cost_model: CostModel | None = None
+    # What the drafter forwards before its next proposal, as it reports it (a draft model: every token its cache
+    # lacks, a prompt it has not read yet included: engine.runtime wires the request's drafter). None: the plain
+    # steps counted since it last drafted (``_behind``), which miss a prompt read lazily (``lazy_prompt``).
+    backlog: Callable[[], int] | None = None
+    # Seconds per token of the drafter's catch-ups (``observe_catchup``); the runtime hands the controllers of every
+    # sequence slot drafting from one draft model the same record, as it does ``verify_times``: kept per slot, a
+    # slot that had never caught up priced every catch-up at nothing.
+    catchup_times: RecentTimes = field(default_factory=RecentTimes)
 
     _succ: list[float] = field(default_factory=list)
     _carried: list[float] = field(default_factory=list)  # per position: the previous requests' a_j
@@ -319,7 +330,6 @@ class AdaptiveDepth:
     # plain steps since the last drafted round (or the request's start, when the drafter read the prompt):
     # the tokens a draft model will catch up on before its next proposal
     _behind: int = 0
-    _catchup: RecentTimes = field(default_factory=RecentTimes)  # seconds per token caught up
     _ramp: int = MAX_CONSIDERED_DEPTH  # the deepest this request may draft now (begin_request: start_depth)
 
     # -- learning ------------------------------------------------------------------------------
@@ -362,7 +372,7 @@ class AdaptiveDepth:
     def observe_catchup(self, tokens: int, seconds: float) -> None:
         """A proposal first forwarded the drafter over ``tokens`` it missed, in ``seconds``."""
         if tokens > 0:
-            self._catchup.add(seconds / tokens)
+            self.catchup_times.add(seconds / tokens)
 
     def observe_elsewhere(self, tokens: int) -> None:
         """A step another controller chose (``PerSourceDepth``: another source drafted it, or it was
@@ -374,8 +384,8 @@ class AdaptiveDepth:
         """Whether catching the drafter up costs more per token than ``catchup_budget`` of a plain step
         (False until a catch-up was measured)."""
         plain = self.verify_cost(1)
-        return bool(self._catchup.values) and plain is not None and \
-            self._catchup.estimate() > self.catchup_budget * plain
+        return bool(self.catchup_times.values) and plain is not None and \
+            self.catchup_times.estimate() > self.catchup_budget * plain
 
     def _worth_more_trials(self, cap: int) -> bool:
         """Whether the request's evidence at position 0 is still short of ``sync_trials`` and its
@@ -385,22 +395,32 @@ class AdaptiveDepth:
         text it drafts at 0.92)."""
         return self._trials_at(0) < self.sync_trials and self.best(cap, optimism=1.0) > 0
 
+    def _lag(self) -> int:
+        """The tokens the drafter forwards before its next proposal. Alone and in step, a prompt it has not read yet
+        does not count: it reads that once a request whatever is chosen, as a lone model's drafter reads it with
+        the prompt. Beside other sequences, or once plain steps were taken, it does: every sequence waits through
+        that forward (a 0.5B drafter catching up on a 75-token context took 180-340 ms of a batch of eight, for a
+        one-token round)."""
+        if self.backlog is None or (self._behind == 0 and self._sharing() == 1):
+            return self._behind
+        return self.backlog()
+
     def _in_step(self) -> bool:
         """Whether drafting now needs no catch-up worth pricing: the drafter has seen all but the last token,
         or it never had to catch up (an n-gram, an MTP head, a copy)."""
-        return self._behind <= 1 or not self._catchup.values
+        return self._lag() <= 1 or not self.catchup_times.values
 
     def _repays_catchup(self, k: int) -> bool:
         """Whether drafting at depth ``k`` saves, over ``switch_horizon`` tokens, more than catching the
-        drafter up on the plain steps since it last ran costs (True when it is not behind, or no
-        catch-up was measured yet)."""
+        drafter up costs: on the tokens since it last ran (``_lag``), times the sequences that wait through it
+        (True when it is not behind, or no catch-up was measured yet)."""
         if self._in_step():
             return True
         plain, drafting = self.throughput(0), self.throughput(k)
         if plain <= 0 or drafting <= 0:
             return True
         saved = (1.0 / plain - 1.0 / drafting) * self.switch_horizon
-        return saved > self._behind * self._catchup.estimate()
+        return saved > self._lag() * self.catchup_times.estimate() * self._sharing()
 
     def _grow(self, n: int) -> None:
         while len(self._succ) < n:

@@ -81,6 +81,10 @@ class DraftModelDrafter(Drafter):
         if not self.lazy_prompt:
             self._forward_tail(upto=len(self.tokens) - 1, want_logits=False)
 
+    def backlog(self) -> int:
+        # its cache holds a prefix of ``tokens`` and never the last one, which a proposal forwards as its first step
+        return max(0, len(self.tokens) - 1 - self.cache.length)
+
     def commit(self, tokens_committed: Sequence[int], n_total: int, target: TargetOutput | None = None) -> None:
         super().commit(tokens_committed, n_total, target)
         self.check_price.observe_round(self._last_drafts, tokens_committed)

@@ -136,6 +136,10 @@ class Drafter:
     def propose(self, k: int, ctx: DraftContext) -> Proposal:
         return EMPTY
 
+    def backlog(self) -> int:
+        """Tokens of the committed log a draft model forwards before its next proposal (0: none to catch up on)."""
+        return 0
+
     def round_source(self) -> str:
         """What will draft the coming round; asked before the depth is chosen."""
         return self.kind

@@ -4,7 +4,7 @@ that raises the batch's tokens per second, judged from what a forward of the bat
 from __future__ import annotations
 
 from engine.batching.step_loop import BatchedModel, StepLoop
-from engine.speculative.depth import AdaptiveDepth, DraftingPeers, WidthCosts
+from engine.speculative.depth import AdaptiveDepth, DraftingPeers, RecentTimes, WidthCosts
 
 # Seconds of one forward of the 1.5B by rows, AMD EPYC Zen 3, 2 cores (python -m benchmarks.decode
 # <1.5B> --widths 1,2,4,8,16 --no-llama: 33.8 ms, x1.06, x1.51, x2.83, x5.54)
@@ -131,3 +131,41 @@ def test_the_step_loop_records_decode_steps_by_their_total_width():
     together((draft, [1], "all"), (draft, [2], "all"))
     together((target, list(range(10)), "last"), (target, [4], "all"))
     assert [w for w, _ in recorded] == [5]
+
+
+def test_a_draft_model_behind_by_its_prompt_stays_plain_where_catching_up_would_stall_the_batch():
+    """Beside other sequences a draft model reads its request's prompt lazily, at its first proposal, in a forward
+    that every sequence waits through (a 75-token catch-up of the 0.5B held a batch of eight for 180-340 ms, for a
+    one-token round). Its controller prices that catch-up by the tokens the drafter reports it lacks, at what any
+    slot's catch-ups measured, for every sequence that waits; in step with its drafter it drafts as before."""
+    peers, shared = DraftingPeers(), RecentTimes()
+    ctls = []
+    for _ in range(8):
+        ctl = AdaptiveDepth(verify_times=table(CHEAP_WIDTH), load=lambda: 8, peers=peers, catchup_times=shared)
+        for _ in range(40):
+            ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.006)
+        peers.join(ctl)
+        ctls.append(ctl)
+    lacks = {"tokens": 75}
+    a = ctls[0]
+    a.backlog = lambda: lacks["tokens"]
+    assert a.best(8) > 0  # eight drafting alike pay on these widths, the catch-up aside
+    assert a.choose(8) > 0  # no catch-up measured anywhere yet: nothing to price it by
+    ctls[5].observe_catchup(75, 0.090)  # another slot's drafter caught up on 75 tokens in 90 ms
+    assert a.choose(8) == 0
+    lacks["tokens"] = 1  # in step: its last round drafted
+    assert a.choose(8) > 0
+
+
+def test_alone_at_its_start_a_request_drafts_whatever_prompt_its_drafter_has_yet_to_read():
+    """Alone, the unread prompt is read once a request whatever is chosen (a lone model's drafter reads it with
+    the prompt): the first rounds do not count it. After plain steps the catch-up covers it too."""
+    shared = RecentTimes()
+    ctl = AdaptiveDepth(verify_times=table(CHEAP_WIDTH), load=lambda: 1, catchup_times=shared,
+                        backlog=lambda: 2000)
+    for _ in range(40):
+        ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.006)
+    shared.add(0.002)  # 2 ms a token caught up: 4 s for the prompt, more than 32 tokens of drafting save
+    assert ctl.choose(8) > 0
+    ctl.observe(0, 0, 0, seconds=0.03)  # a plain step: now behind by the prompt and more
+    assert ctl.choose(8) == 0

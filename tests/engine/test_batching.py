@@ -20,6 +20,7 @@ from engine.models.loader import load_model
 from engine.contract.options import Options
 from engine.contract.protocol import EngineError, GenerateRequest, LoadSpec, TokenChunk
 from engine.runtime import ModelRuntime
+from engine.speculative.ngram import NgramDrafter
 from tests.engine.speculative.test_speculation import PROMPT, generate, write_model
 from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -398,3 +399,19 @@ def test_sampled_output_keeps_the_target_distribution_in_a_batch(tmp_path):
     pvalue, acceptance = ts.samples_pvalue([run for chunk in samples for run in chunk], exact)
     assert eng.batch_loop.rows > eng.batch_loop.steps  # the forwards did carry several sequences' rows
     assert 0.05 < acceptance < 0.95 and pvalue > 1e-3
+
+
+def test_every_slot_prices_its_draft_models_catch_ups_by_one_record_and_its_own_backlog(models):
+    """A catch-up measured in one slot prices the others' (their drafters are copies of one draft model), and each
+    slot's controller reads how far its own drafter is behind: a prompt read lazily, beside other sequences, is."""
+    eng = engine(models["llama"], models["random"], n=2)
+    first, second = eng.slots.slots
+    ctl = [eng.controller(s.drafters["model"], "adaptive", 0, s.controllers) for s in (first, second)]
+    assert ctl[0] is not ctl[1] and ctl[0].catchup_times is ctl[1].catchup_times
+    drafter = second.drafters["model"]
+    assert drafter.lazy_prompt
+    drafter.begin(list(range(3, 40)))  # a 37-token prompt, not read yet
+    assert ctl[1].backlog() == 36 and ctl[0].backlog() == 0  # the last token is the first proposal's own step
+    eng.controller(NgramDrafter(), "adaptive", 0, second.controllers)
+    ngram = [c for key, c in second.controllers.items() if key.startswith("ngram/")]
+    assert ngram and all(c.backlog is None for c in ngram)  # only a draft model catches up
