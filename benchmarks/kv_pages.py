@@ -16,30 +16,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Any
-
 from benchmarks.output import emit, host_line
-
-
-@dataclass
-class _Call:
-    """One sequence's forward in a batch (engine.models.transformer.BatchCall)."""
-
-    tokens: list[int]
-    cache: Any
-    logits_for: str = "all"
-    return_hidden: bool = False
 
 
 def _step(model, caches, token: int) -> float:
     """Seconds of one decode step over ``caches`` (their new position cut back after)."""
+    from engine.models.transformer import SequenceRows
+
     lengths = [c.length for c in caches]
     t0 = time.perf_counter()
     if len(caches) == 1:
         model.forward([token], caches[0])
     else:
-        model.forward_batch([_Call([token], c) for c in caches])
+        model.forward_batch([SequenceRows([token], c) for c in caches])
     took = time.perf_counter() - t0
     for c, n in zip(caches, lengths):
         c.truncate(n)

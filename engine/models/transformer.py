@@ -42,6 +42,17 @@ class BatchCall(Protocol):
 
 
 @dataclass
+class SequenceRows:
+    """A ``BatchCall`` and nothing more, for a caller that batches sequences itself (the step loop's calls carry
+    more: ``engine.batching.policy.ForwardCall``)."""
+
+    tokens: Sequence[int]
+    cache: KVCache
+    logits_for: str = "all"
+    return_hidden: bool = False
+
+
+@dataclass
 class ForwardOutput:
     """``logits``: f32 [n or 1, vocab] (None with logits_for='none'); ``hidden``: post-final-norm hidden
     states [n, D]; ``prenorm_hidden``: the last layer's output before the final norm [n, D] (what an MTP

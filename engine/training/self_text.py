@@ -9,23 +9,11 @@ so eight answers cost little more per step than one, and writing the text stops 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-from engine.cache.kv import KVCache
-from engine.models.transformer import Model
-
-
-@dataclass
-class _Step:
-    """One answer's part of a batched decode step (``engine.models.transformer.BatchCall``)."""
-
-    tokens: list[int]
-    cache: KVCache
-    logits_for: str = "last"
-    return_hidden: bool = False
+from engine.models.transformer import Model, SequenceRows
 
 
 @torch.no_grad()
@@ -61,7 +49,7 @@ def answer_side_by_side(target: Model, prompts: Sequence[Sequence[int]], max_new
         live = going
         if not live:
             break
-        logits = target.forward_batch([_Step([nexts[i]], caches[i]) for i in live])
+        logits = target.forward_batch([SequenceRows([nexts[i]], caches[i], "last") for i in live])
         for i, lg in zip(live, logits):
             nexts[i] = int(lg[-1].argmax())
     return outs
