@@ -219,8 +219,8 @@ def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
     one such page and the kernel has them (else ``torch.empty`` itself).
 
     Why: a decode step reads every cached position's keys and values. Measured on Zen 5 (2 cores, the 1.5B's
-    f32 cache; docs/bench/kv-huge-pages-zen5.md): one sequence at 4,000 positions 34.4 -> 32.1 ms a token, eight
-    sequences at 400 positions 37.9 -> 36.7 ms a step. Pages are still only faulted in when written, now 2 MB
+    f32 cache; docs/bench/kv-huge-pages-zen5.md): one sequence at 4,000 positions 32.6 -> 31.4 ms a token, eight
+    sequences at 1,000 positions 59.4 -> 57.8 ms a step. Pages are still only faulted in when written, now 2 MB
     at a time (a (layer, head) run of a cache is 2 MB or less for contexts up to 4,096 at head_dim 128: the
     first token makes such a cache resident whole, as llama.cpp's is from its start). The mapping is unmapped
     when the tensor and its views are gone."""
