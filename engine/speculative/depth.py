@@ -396,12 +396,12 @@ class AdaptiveDepth:
         return self._trials_at(0) < self.sync_trials and self.best(cap, optimism=1.0) > 0
 
     def _lag(self) -> int:
-        """The tokens the drafter forwards before its next proposal. Alone and in step, a prompt it has not read yet
-        does not count: it reads that once a request whatever is chosen, as a lone model's drafter reads it with
-        the prompt. Beside other sequences, or once plain steps were taken, it does: every sequence waits through
-        that forward (a 0.5B drafter catching up on a 75-token context took 180-340 ms of a batch of eight, for a
-        one-token round)."""
-        if self.backlog is None or (self._behind == 0 and self._sharing() == 1):
+        """The tokens the drafter forwards before its next proposal. Alone, the plain steps since it last ran (a
+        prompt it has not read yet does not count: it reads that once a request whatever is chosen, as a lone
+        model's drafter reads it with the prompt, and a long request repays it). Beside other sequences, all it
+        lacks: every sequence waits through that forward (a 0.5B drafter catching up on a 75-token context took
+        180-340 ms of a batch of eight, for a one-token round)."""
+        if self.backlog is None or self._sharing() == 1:
             return self._behind
         return self.backlog()
 

@@ -157,15 +157,19 @@ def test_a_draft_model_behind_by_its_prompt_stays_plain_where_catching_up_would_
     assert a.choose(8) > 0
 
 
-def test_alone_at_its_start_a_request_drafts_whatever_prompt_its_drafter_has_yet_to_read():
+def test_alone_a_request_drafts_whatever_prompt_its_drafter_has_yet_to_read():
     """Alone, the unread prompt is read once a request whatever is chosen (a lone model's drafter reads it with
-    the prompt): the first rounds do not count it. After plain steps the catch-up covers it too."""
+    the prompt), and a long request repays it: only the plain steps since the drafter last ran are priced. The same
+    backlog beside another sequence, which would wait through it, keeps the round plain."""
     shared = RecentTimes()
-    ctl = AdaptiveDepth(verify_times=table(CHEAP_WIDTH), load=lambda: 1, catchup_times=shared,
+    sequences = {"n": 1}
+    ctl = AdaptiveDepth(verify_times=table(CHEAP_WIDTH), load=lambda: sequences["n"], catchup_times=shared,
                         backlog=lambda: 2000)
     for _ in range(40):
         ctl.observe(4, 4, 4, seconds=1.0, drafting=4 * 0.006)
     shared.add(0.002)  # 2 ms a token caught up: 4 s for the prompt, more than 32 tokens of drafting save
     assert ctl.choose(8) > 0
-    ctl.observe(0, 0, 0, seconds=0.03)  # a plain step: now behind by the prompt and more
-    assert ctl.choose(8) == 0
+    ctl.observe(0, 0, 0, seconds=0.03)  # a plain step: one token behind besides the prompt
+    assert ctl.choose(8) > 0
+    sequences["n"] = 2
+    assert ctl.best(8) > 0 and ctl.choose(8) == 0
