@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+
 from benchmarks.output import emit, host_line
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import math
 import mmap
 import os
 import sys
@@ -147,25 +148,31 @@ def place_on_huge_pages(module: torch.nn.Module, *, min_bytes: int = MIN_BYTES) 
     if not chosen:
         return 0
     slots = [(sizes[p] + 63) // 64 * 64 for p in chosen]
-    total = sum(slots)
-    length = -(-total // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MB boundary
-    area = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(area, dtype=np.uint8)  # holds ``area`` open while any view of it lives
-    skip = (-whole.ctypes.data) % HUGE_PAGE
-    area.madvise(mmap.MADV_HUGEPAGE, skip, length - skip)
-    offset = skip
+    area = _huge_page_area(sum(slots))
+    offset = 0
     with torch.no_grad():
         for ptr, slot in zip(chosen, slots):
             tensors = groups[ptr]
             old = tensors[0].untyped_storage()
             # a storage of its own over this slot; its numpy base keeps the mapping alive
-            new = torch.from_numpy(whole[offset:offset + old.nbytes()]).untyped_storage()
+            new = torch.from_numpy(area[offset:offset + old.nbytes()]).untyped_storage()
             new.copy_(old)
             for t in tensors:
                 t.set_(new, t.storage_offset(), t.size(), t.stride())
             offset += slot
     _return_freed_memory()
-    return offset - skip
+    return offset
+
+
+def _huge_page_area(nbytes: int) -> np.ndarray:
+    """``nbytes`` bytes of a new anonymous mapping advised for 2 MB pages, starting on a 2 MB boundary; the array
+    (and any view of it) holds the mapping open, which is unmapped once the last is gone."""
+    length = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MB boundary
+    area = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = np.frombuffer(area, dtype=np.uint8)  # holds ``area`` open while any view of it lives
+    skip = (-whole.ctypes.data) % HUGE_PAGE
+    area.madvise(mmap.MADV_HUGEPAGE, skip, length - skip)
+    return whole[skip:skip + nbytes]
 
 
 MADV_POPULATE_READ = 22  # Linux 5.14: fault a range in with one call
@@ -224,15 +231,10 @@ def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
     at a time (a (layer, head) run of a cache is 2 MB or less for contexts up to 4,096 at head_dim 128: the
     first token makes such a cache resident whole, as llama.cpp's is from its start). The mapping is unmapped
     when the tensor and its views are gone."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or nbytes < HUGE_PAGE or not huge_pages_available():
         return torch.empty(shape, device=device, dtype=dtype)
-    length = -(-nbytes // HUGE_PAGE) * HUGE_PAGE + HUGE_PAGE  # room to start on a 2 MB boundary
-    area = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    whole = np.frombuffer(area, dtype=np.uint8)  # holds ``area`` open while any view of it lives
-    skip = (-whole.ctypes.data) % HUGE_PAGE
-    area.madvise(mmap.MADV_HUGEPAGE, skip, length - skip)
-    return torch.from_numpy(whole[skip:skip + nbytes]).view(dtype).view(shape)
+    return torch.from_numpy(_huge_page_area(nbytes)).view(dtype).view(shape)
 
 
 def _return_freed_memory() -> None:
