@@ -84,10 +84,48 @@ inline void head_dots(const float* q0, int64_t q_stride, const float* key, int64
   for (int r = 0; r < R; ++r) scores[r * S] = hsum(acc[r]) * scale;
 }
 
+// Eight keys' scores from their accumulators x[k] (lanes a0..a7), each key's sum taken in hsum's order but
+// across registers (see hsum16): the same scores as eight hsums. The shuffles are the ones 256-bit registers do
+// in one instruction (halves swapped, then pairs picked within each half); the last puts the keys in order.
+inline v8f hsum8(const v8f* x) {
+  v8f b[4];  // keys 2i, 2i + 1 in the low and high half: b_t = a_t + a_(t+4), t = 0..3
+  for (int i = 0; i < 4; ++i)
+    b[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11) +
+           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15);
+  v8f c[2];  // keys 4i, 4i + 2 | 4i + 1, 4i + 3: (b0 + b1, b2 + b3) each
+  for (int i = 0; i < 2; ++i)
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 2, 8, 10, 4, 6, 12, 14) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 1, 3, 9, 11, 5, 7, 13, 15);
+  const v8f keys_0246_1357 = __builtin_shufflevector(c[0], c[1], 0, 2, 8, 10, 4, 6, 12, 14) +
+                             __builtin_shufflevector(c[0], c[1], 1, 3, 9, 11, 5, 7, 13, 15);
+  return __builtin_shufflevector(keys_0246_1357, keys_0246_1357, 0, 4, 1, 5, 2, 6, 3, 7);
+}
+
+#if defined(__AVX512F__)
+// Sixteen keys' scores from their eight pairs' accumulators x[p] (lanes 0-7: key 2p's eight partial sums
+// a0..a7, lanes 8-15: key 2p + 1's), each key's sum taken in hsum's order, ((a0 + a4) + (a1 + a5)) + ((a2 +
+// a6) + (a3 + a7)), but across registers: three rounds of shuffles and adds for all sixteen instead of a
+// horizontal sum each. The same additions of the same values, so the same scores as head_dots'.
+inline v16f hsum16(const v16f* x) {
+  v16f b[4];  // keys 4i..4i+3, lanes 4k..4k+3 of key k: b_t = a_t + a_(t+4), t = 0..3
+  for (int i = 0; i < 4; ++i)
+    b[i] = __builtin_shufflevector(x[2 * i], x[2 * i + 1], 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(x[2 * i], x[2 * i + 1], 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  v16f c[2];  // keys 8i..8i+7, lanes 2k, 2k + 1 of key k: b0 + b1, b2 + b3
+  for (int i = 0; i < 2; ++i)
+    c[i] = __builtin_shufflevector(b[2 * i], b[2 * i + 1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+           __builtin_shufflevector(b[2 * i], b[2 * i + 1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+  return __builtin_shufflevector(c[0], c[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(c[0], c[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+#endif
+
 // scores[r * S + j] for every key j < len: head_dots over the keys. Where the build has 512-bit registers,
 // two keys at a time: each half of a register runs one key's 8-lane sums exactly as head_dots does (the
-// same products added in the same order, then the same horizontal sum), so both builds give the same
-// scores, and a prompt's attention, most of it these dot products, takes half the instructions.
+// same products added in the same order), so both builds give the same scores, and a prompt's attention, most
+// of it these dot products, takes half the instructions. The horizontal sums are taken sixteen keys (eight on
+// 256-bit builds) at a time across registers, not one per key: a 256-row prompt chunk's attention 0.77-0.79x
+// the time on Zen 5 (0.80-0.84x on the AVX2 build; docs/bench/attention-reductions-zen5.md).
 template <int R>
 inline void head_scores(const float* q0, int64_t q_stride, const float* keys, int64_t k_stride, int64_t len,
                         int64_t D, float scale, float* scores, int64_t S, float* q_pairs) {
@@ -100,17 +138,31 @@ inline void head_scores(const float* q0, int64_t q_stride, const float* keys, in
         const v8f v = *reinterpret_cast<const v8f*>(q0 + r * q_stride + d);
         *reinterpret_cast<v16f*>(q_pairs + (r * D + d) * 2) = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
       }
-    for (; j + 2 <= len; j += 2) {
-      const float* k0 = keys + j * k_stride;
+    // One pair of keys: each head's two keys' partial sums, lanes 0-7 and 8-15.
+    const auto pair_sums = [&](int64_t j0, v16f* acc) {
+      const float* k0 = keys + j0 * k_stride;
       const float* k1 = k0 + k_stride;
       prefetch_floats(k0 + kKeyPrefetchRows * k_stride, D);
       prefetch_floats(k1 + kKeyPrefetchRows * k_stride, D);
-      v16f acc[R] = {};
+      for (int r = 0; r < R; ++r) acc[r] = v16f{};
       for (int64_t d = 0; d < D; d += 8) {
         const v8f a = *reinterpret_cast<const v8f*>(k0 + d), b = *reinterpret_cast<const v8f*>(k1 + d);
         const v16f k = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
         for (int r = 0; r < R; ++r) acc[r] += *reinterpret_cast<const v16f*>(q_pairs + (r * D + d) * 2) * k;
       }
+    };
+    for (; j + 16 <= len; j += 16) {
+      v16f pairs[R][8];
+      for (int p = 0; p < 8; ++p) {
+        v16f acc[R];
+        pair_sums(j + 2 * p, acc);
+        for (int r = 0; r < R; ++r) pairs[r][p] = acc[r];
+      }
+      for (int r = 0; r < R; ++r) *reinterpret_cast<v16f*>(scores + r * S + j) = hsum16(pairs[r]) * scale;
+    }
+    for (; j + 2 <= len; j += 2) {
+      v16f acc[R];
+      pair_sums(j, acc);
       for (int r = 0; r < R; ++r) {
         const v8f lo = __builtin_shufflevector(acc[r], acc[r], 0, 1, 2, 3, 4, 5, 6, 7);
         const v8f hi = __builtin_shufflevector(acc[r], acc[r], 8, 9, 10, 11, 12, 13, 14, 15);
@@ -121,11 +173,43 @@ inline void head_scores(const float* q0, int64_t q_stride, const float* keys, in
   }
 #else
   (void)q_pairs;
+  for (; j + 8 <= len; j += 8) {  // eight keys' horizontal sums together (hsum8)
+    v8f sums[R][8];
+    for (int i = 0; i < 8; ++i) {
+      const float* key = keys + (j + i) * k_stride;
+      prefetch_floats(key + kKeyPrefetchRows * k_stride, D);
+      v8f acc[R] = {};
+      for (int64_t d = 0; d < D; d += 8) {
+        const v8f k = *reinterpret_cast<const v8f*>(key + d);
+        for (int r = 0; r < R; ++r) acc[r] += *reinterpret_cast<const v8f*>(q0 + r * q_stride + d) * k;
+      }
+      for (int r = 0; r < R; ++r) sums[r][i] = acc[r];
+    }
+    for (int r = 0; r < R; ++r) *reinterpret_cast<v8f*>(scores + r * S + j) = hsum8(sums[r]) * scale;
+  }
 #endif
   for (; j < len; ++j) {
     prefetch_floats(keys + (j + kKeyPrefetchRows) * k_stride, D);
     head_dots<R>(q0, q_stride, keys + j * k_stride, D, scale, scores + j, S);
   }
+}
+
+// The largest of x[0..n), n >= 1, eight lanes at a time: a maximum is exact in any order (a NaN among the
+// scores makes every output NaN either way), and the one-at-a-time loop was a chain of dependent maxima, one
+// per key and head.
+inline float row_max(const float* x, int64_t n) {
+  float mx = x[0];
+  int64_t j = 0;
+  if (n >= 8) {
+    v8f m = *reinterpret_cast<const v8f*>(x);
+    for (j = 8; j + 8 <= n; j += 8) {
+      const v8f v = *reinterpret_cast<const v8f*>(x + j);
+      m = v > m ? v : m;
+    }
+    for (int i = 0; i < 8; ++i) mx = std::max(mx, m[i]);
+  }
+  for (; j < n; ++j) mx = std::max(mx, x[j]);
+  return mx;
 }
 
 #if defined(__AVX512F__)
@@ -413,8 +497,7 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
       std::vector<float> sums(rep, 0.f);
       for (int64_t h = 0; h < rep; ++h) {
         float* sr = scores.data() + h * S_max;
-        float mx = sr[0];
-        for (int64_t j = 1; j < len; ++j) mx = std::max(mx, sr[j]);
+        const float mx = row_max(sr, len);
         v8f vsum = {};
         int64_t j = 0;
         for (; j + 8 <= len; j += 8) {

@@ -120,6 +120,21 @@ def test_attention_rows_do_not_depend_on_the_batch(block_ops, n, past, H, Hkv, D
     torch.testing.assert_close(whole.double(), _attention_reference(q, keys, values, 0.125), rtol=1e-5, atol=1e-5)
 
 
+def test_attention_a_nan_key_makes_the_rows_that_see_it_nan(block_ops):
+    """The scores' maximum is taken eight lanes at a time, in no fixed order: a NaN score must still poison exactly
+    the rows whose softmax it is in (as the one-at-a-time maximum did), whichever lane it lands in."""
+    g = torch.Generator().manual_seed(5)
+    n, S, H, Hkv, D = 6, 40, 6, 2, 64
+    q = torch.randn(n, H, D, generator=g)
+    for bad in (0, 3, S - n + 2):  # the first key, a key inside the first eight, one only the last rows see
+        keys, values = torch.randn(Hkv, S, D, generator=g), torch.randn(Hkv, S, D, generator=g)
+        keys[1, bad, 5] = float("nan")
+        out = block_ops.block_attention(q, keys, values, D ** -0.5)
+        sees = torch.arange(n) + S - n >= bad  # query i sees keys [0, S - n + i]
+        assert out[sees][:, 3:].isnan().all() and not out[~sees].isnan().any()
+        assert not out[:, :3].isnan().any()  # key head 0's query heads never read it
+
+
 def test_attention_refuses_bad_shapes(block_ops):
     q = torch.randn(2, 4, 64)
     with pytest.raises(RuntimeError, match="key heads"):
@@ -129,15 +144,18 @@ def test_attention_refuses_bad_shapes(block_ops):
 
 
 def test_attention_is_the_same_on_every_build():
-    """The AVX-512 build takes two keys per register and sixteen values of d at a time; each lane adds the same
-    products in the same order as the 256-bit code, so a model attends the same on every host with FMA (the
-    portable x86-64-v2 build has none: its products round before they are added)."""
+    """The AVX-512 build takes two keys per register and sixteen values of d at a time, and reduces sixteen keys'
+    sums across registers where the 256-bit code reduces eight; each lane adds the same products in the same
+    order, so a model attends the same on every host with FMA (the portable x86-64-v2 build has none: its
+    products round before they are added)."""
     ops = {v: load_block_ops(v) for v in ("native", "avx2")}
     ops = {v: o for v, o in ops.items() if o is not None}
     if len(ops) < 2:
         pytest.skip("one build only")
     g = torch.Generator().manual_seed(3)
-    for n, S, H, Hkv, D in [(5, 77, 12, 2, 128), (3, 40, 8, 4, 64), (2, 19, 6, 2, 24), (1, 1, 4, 2, 64)]:
+    # 77 and 300 keys: sixteen (AVX-512) and eight (AVX2) keys' sums reduced together, then what is left
+    for n, S, H, Hkv, D in [(5, 77, 12, 2, 128), (3, 40, 8, 4, 64), (2, 19, 6, 2, 24), (1, 1, 4, 2, 64),
+                            (4, 300, 14, 2, 64), (2, 45, 4, 1, 256)]:
         q = torch.randn(n, H, D, generator=g)
         keys, values = torch.randn(Hkv, S, D, generator=g), torch.randn(Hkv, S, D, generator=g)
         outs = {v: o.block_attention(q, keys, values, D ** -0.5) for v, o in ops.items()}
