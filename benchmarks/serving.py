@@ -6,8 +6,10 @@
 
 Starts ``tandem serve`` on a free loopback port with a fresh store, creates the plain model (``FROM``, no
 speculation: ``drafter none``) and, with ``--draft``, the speculative pair (``FROM`` + ``DRAFT``, without suffix
-drafting: each round repeats the prompts, which the earlier rounds' outputs would draft whole), then for each
-round and each concurrency level C runs C clients at once, each streaming one greedy completion of ``--tokens``
+drafting: each round repeats the prompts, which the earlier rounds' outputs would draft whole), which is also
+asked with ``drafter none`` (the same engine process, not drafting: the pair's cost or gain told apart from two
+engine processes' drift), then for each round and each concurrency level C runs C clients at once, each
+streaming one greedy completion of ``--tokens``
 tokens through ``/v1/completions`` (a different prompt each: code, prose, lists). With ``--vllm-url`` the same requests go
 to that server too, in the same round, right after tandem's (vLLM's CPU build runs in its own virtualenv:
 start it yourself). Reported per (server, model, C), medians over rounds: aggregate tokens/s (all clients'
@@ -28,6 +30,7 @@ time, so no cache holds it) and one generated token per target: prompt tokens / 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -44,6 +47,9 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.output import emit, host_line
+
+#: The pair's model asked not to draft (options drafter none): a target of its own beside "plain" and "draft".
+DRAFTING_OFF = "draft, drafting off"
 
 CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 PROMPTS = [
@@ -83,11 +89,13 @@ def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[l
     return times, count or len(times), drafted
 
 
-def stream_raw(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int, tuple[int, int]]:
+def stream_raw(url: str, model: str, prompt: str, tokens: int,
+               options: dict | None = None) -> tuple[list[float], int, tuple[int, int]]:
     """One greedy generation streamed from tandem's /api/generate in raw mode: the very text a server's own
-    /v1/completions gets (tandem's /v1/completions applies the model's template, as Ollama's does)."""
+    /v1/completions gets (tandem's /v1/completions applies the model's template, as Ollama's does). ``options``:
+    more of the request's options (``{"drafter": "none"}``: the same engine, not drafting)."""
     body = json.dumps({"model": model, "prompt": CHATML.format(prompt), "raw": True, "stream": True,
-                       "options": {"temperature": 0, "num_predict": tokens, "seed": 1}}).encode()
+                       "options": {"temperature": 0, "num_predict": tokens, "seed": 1, **(options or {})}}).encode()
     req = urllib.request.Request(url + "/api/generate", data=body, headers={"Content-Type": "application/json"})
     times, count, drafted = [], 0, (0, 0)
     with urllib.request.urlopen(req, timeout=1800) as r:
@@ -270,25 +278,30 @@ def main(argv: list[str] | None = None) -> int:
             models["draft"] = base + f"DRAFT {home / Path(args.draft).name}\nPARAMETER draft_suffix false\n"
         for name, mf in models.items():
             create(url, name, mf)
-        targets = [("tandem", url, name, stream_raw) for name in models]
+        # (server, label, url, model, stream): the pair is also asked not to draft, in the same engine process, so
+        # that its cost against plain decoding is told apart from two engine processes' drift on a shared host
+        targets = [("tandem", name, url, name, stream_raw) for name in models]
+        if args.draft:
+            targets.append(("tandem", DRAFTING_OFF, url, "draft", functools.partial(stream_raw, options={"drafter": "none"})))
         if not args.no_anchor:
             create(url, "anchor", f"FROM {home / Path(args.model).name}\nPARAMETER engine llamacpp\n"
                                   "PARAMETER drafter none\n")
             run_level(url, "anchor", 1, 8, stream_raw)  # loads llama-server; asked directly from here on
-            targets.append(("llama-server", endpoint_of(url, "anchor"), "plain", stream_completion))
+            targets.append(("llama-server", "plain", endpoint_of(url, "anchor"), "plain", stream_completion))
         if args.vllm_url:
-            targets.append(("vllm", args.vllm_url, args.vllm_model or "model", stream_completion))
-        for server, u, name, stream in targets:  # warm: load, compile kernel shapes
-            run_level(u, name, 1, 8, stream)
+            targets.append(("vllm", "plain", args.vllm_url, args.vllm_model or "model", stream_completion))
+        for _, _, u, model, stream in targets:  # warm: load, compile kernel shapes
+            run_level(u, model, 1, 8, stream)
         for rnd in range(args.rounds):
             for c in levels:
-                for server, u, name, stream in targets:
-                    cells.setdefault((server, name, c), []).append(run_level(u, name, c, args.tokens, stream))
-                    print(f"round {rnd + 1} C={c} {server}/{name} done", file=sys.stderr, flush=True)
+                for server, label, u, model, stream in targets:
+                    cells.setdefault((server, label, c), []).append(run_level(u, model, c, args.tokens, stream))
+                    print(f"round {rnd + 1} C={c} {server}/{label} done", file=sys.stderr, flush=True)
             if args.prefill_tokens > 0:
-                for server, u, name, stream in targets:
-                    prefill.setdefault((server, name), []).append(
-                        prefill_rate(u, name, args.prefill_tokens, raw=stream is stream_raw))
+                for server, label, u, model, stream in targets:
+                    if label != DRAFTING_OFF:  # one token: nothing to draft
+                        prefill.setdefault((server, label), []).append(
+                            prefill_rate(u, model, args.prefill_tokens, raw=stream is stream_raw))
     finally:
         proc.terminate()
         try:
@@ -303,15 +316,19 @@ def main(argv: list[str] | None = None) -> int:
              + f" --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}"
              + (" --vllm-url ..." if args.vllm_url else "") + "`", "",
              "× plain: the median over rounds of this model's aggregate over the plain model's in the same round "
-             "(the host drifts between rounds). drafted (accepted): tokens drafted for all the level's streams, "
-             "per round.", "",
-             "| server | model | clients | aggregate tok/s | × 1 client | × plain | × llama-server | ceiling tok/s "
-             "| share | stream tok/s (median) | inter-token ms p50 | p95 | chunk gap p95 ms | drafted (accepted) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "(the host drifts between rounds). × drafting off: the pair's over its own engine's when the requests "
+             f"ask it not to draft (`{DRAFTING_OFF}`, options drafter none), same round: what drafting costs or "
+             "gains with no second engine process in the comparison. drafted (accepted): tokens drafted for all "
+             "the level's streams, per round.", "",
+             "| server | model | clients | aggregate tok/s | × 1 client | × plain | × drafting off | × llama-server "
+             "| ceiling tok/s | share | stream tok/s (median) | inter-token ms p50 | p95 | chunk gap p95 ms "
+             "| drafted (accepted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (server, name, c), runs in cells.items():
         agg = statistics.median(r["aggregate"] for r in runs)
         one = statistics.median(r["aggregate"] for r in cells.get((server, name, levels[0]), runs))
         plain = cells.get((server, "plain", c)) if server == "tandem" and name != "plain" else None
+        off = cells.get((server, DRAFTING_OFF, c)) if server == "tandem" and name == "draft" else None
         anchor = cells.get(("llama-server", "plain", c)) if server == "tandem" else None
 
         def paired(other: list[dict] | None) -> str:
@@ -320,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
 
         # the native engine's C-row forward bounds C clients' plain decoding (not a speculative pair's)
         ceiling = c * 1e3 / costs[c] if server == "tandem" and name == "plain" and c in costs else None
-        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | {paired(plain)} | {paired(anchor)} | "
+        lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | {paired(plain)} | {paired(off)} | "
+                     f"{paired(anchor)} | "
                      + (f"{ceiling:.1f} | {agg / ceiling:.0%} | " if ceiling else " |  | ")
                      + f"{statistics.median(r['stream'] for r in runs):.1f} | "
                      f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | "

@@ -37,7 +37,7 @@ import torch
 
 _SOURCES = [Path(__file__).with_name(n) for n in ("qdot.cpp", "blockops.cpp", "decoder.cpp", "gguf_rows.cpp",
                                                   "logits.cpp", "probe.cpp")]
-_HEADERS = [Path(__file__).with_name(n) for n in ("native.h", "vec.h")]  # part of the build's key, not compiled on their own
+_HEADERS = [Path(__file__).with_name(n) for n in ("native.h", "vec.h", "parallel.h")]  # part of the build's key, not compiled on their own
 
 
 @dataclass(frozen=True)

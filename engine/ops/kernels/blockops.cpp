@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "native.h"
+#include "parallel.h"
 #include "vec.h"
 
 namespace {
@@ -465,82 +466,83 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
   // One task per (query row, key head), over every segment at once: a batch of decoding sequences is one
   // parallel region per layer, not one per sequence (a region's start and end cost more than a decode row's
   // attention). Each task is computed as block_attention computes it alone, so the values are the same.
-  at::parallel_for(0, N * Hkv, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(rep * S_max);
-    std::vector<float> acc(rep * D);
-    std::vector<float> q_pairs(2 * rep * D);
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t r = t / Hkv, g = t % Hkv, s = seg_of[r], i = row_in[r];
-      const at::Tensor& ks = keys[s];
-      const at::Tensor& vs = values[s];
-      const int64_t S = ks.size(1), len = S - lengths[s] + i + 1;
-      const float* kg = ks.data_ptr<float>() + g * ks.stride(0);
-      const float* vg = vs.data_ptr<float>() + g * vs.stride(0);
-      const int64_t ks1 = ks.stride(1), vs1 = vs.stride(1);
-      const float* q0 = qp + r * qs0 + g * rep * qs1;
-      switch (D % 8 ? 0 : rep) {
-        case 1: head_scores<1>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 2: head_scores<2>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 3: head_scores<3>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 4: head_scores<4>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 5: head_scores<5>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 6: head_scores<6>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 7: head_scores<7>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        case 8: head_scores<8>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
-        default:
-          for (int64_t j = 0; j < len; ++j) {
-            prefetch_floats(kg + (j + kKeyPrefetchRows) * ks1, D);
-            head_dots_any(rep, q0, qs1, kg + j * ks1, D, fscale, scores.data() + j, S_max);
+  // Tasks go out one at a time (parallel.h): a prompt chunk's later rows see more keys than its first ones.
+  parallel_chunks(N * Hkv, 1, [&] {
+    return [&, scores = std::vector<float>(rep * S_max), acc = std::vector<float>(rep * D),
+            q_pairs = std::vector<float>(2 * rep * D)](int64_t begin, int64_t end) mutable {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t r = t / Hkv, g = t % Hkv, s = seg_of[r], i = row_in[r];
+        const at::Tensor& ks = keys[s];
+        const at::Tensor& vs = values[s];
+        const int64_t S = ks.size(1), len = S - lengths[s] + i + 1;
+        const float* kg = ks.data_ptr<float>() + g * ks.stride(0);
+        const float* vg = vs.data_ptr<float>() + g * vs.stride(0);
+        const int64_t ks1 = ks.stride(1), vs1 = vs.stride(1);
+        const float* q0 = qp + r * qs0 + g * rep * qs1;
+        switch (D % 8 ? 0 : rep) {
+          case 1: head_scores<1>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 2: head_scores<2>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 3: head_scores<3>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 4: head_scores<4>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 5: head_scores<5>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 6: head_scores<6>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 7: head_scores<7>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          case 8: head_scores<8>(q0, qs1, kg, ks1, len, D, fscale, scores.data(), S_max, q_pairs.data()); break;
+          default:
+            for (int64_t j = 0; j < len; ++j) {
+              prefetch_floats(kg + (j + kKeyPrefetchRows) * ks1, D);
+              head_dots_any(rep, q0, qs1, kg + j * ks1, D, fscale, scores.data() + j, S_max);
+            }
+            break;
+        }
+        std::vector<float> sums(rep, 0.f);
+        for (int64_t h = 0; h < rep; ++h) {
+          float* sr = scores.data() + h * S_max;
+          const float mx = row_max(sr, len);
+          v8f vsum = {};
+          int64_t j = 0;
+          for (; j + 8 <= len; j += 8) {
+            const v8f e = exp_nonpositive(*reinterpret_cast<const v8f*>(sr + j) - mx);
+            *reinterpret_cast<v8f*>(sr + j) = e;
+            vsum += e;
           }
-          break;
-      }
-      std::vector<float> sums(rep, 0.f);
-      for (int64_t h = 0; h < rep; ++h) {
-        float* sr = scores.data() + h * S_max;
-        const float mx = row_max(sr, len);
-        v8f vsum = {};
-        int64_t j = 0;
-        for (; j + 8 <= len; j += 8) {
-          const v8f e = exp_nonpositive(*reinterpret_cast<const v8f*>(sr + j) - mx);
-          *reinterpret_cast<v8f*>(sr + j) = e;
-          vsum += e;
+          float sum = hsum(vsum);
+          if (j < len) {
+            store_first(sr + j, exp_nonpositive(load_first(sr + j, len - j) - mx), len - j);
+            for (; j < len; ++j) sum += sr[j];
+          }
+          sums[h] = sum;
         }
-        float sum = hsum(vsum);
-        if (j < len) {
-          store_first(sr + j, exp_nonpositive(load_first(sr + j, len - j) - mx), len - j);
-          for (; j < len; ++j) sum += sr[j];
+        // 1-8: head_mix<R>, 9-16: head_mix16<R - 8> (D a multiple of 16, 512-bit builds: on 256-bit ones its
+        // pairs of halves spill and ran 2.7x slower), 0: the general loop
+        switch (D % 8 || rep > 8 ? 0 : D % 16 || !kWideVectors ? rep : 8 + rep) {
+          case 1: head_mix<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 2: head_mix<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 3: head_mix<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 4: head_mix<4>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 5: head_mix<5>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 6: head_mix<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 7: head_mix<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 8: head_mix<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 9: head_mix16<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 10: head_mix16<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 11: head_mix16<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 12: head_mix16<4>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 13: head_mix16<5>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 14: head_mix16<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 15: head_mix16<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          case 16: head_mix16<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
+          default: head_mix_any(rep, scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
         }
-        sums[h] = sum;
-      }
-      // 1-8: head_mix<R>, 9-16: head_mix16<R - 8> (D a multiple of 16, 512-bit builds: on 256-bit ones its
-      // pairs of halves spill and ran 2.7x slower), 0: the general loop
-      switch (D % 8 || rep > 8 ? 0 : D % 16 || !kWideVectors ? rep : 8 + rep) {
-        case 1: head_mix<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 2: head_mix<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 3: head_mix<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 4: head_mix<4>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 5: head_mix<5>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 6: head_mix<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 7: head_mix<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 8: head_mix<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 9: head_mix16<1>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 10: head_mix16<2>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 11: head_mix16<3>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 12: head_mix16<4>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 13: head_mix16<5>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 14: head_mix16<6>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 15: head_mix16<7>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        case 16: head_mix16<8>(scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-        default: head_mix_any(rep, scores.data(), S_max, vg, vs1, len, D, acc.data()); break;
-      }
-      for (int64_t h = 0; h < rep; ++h) {
-        const float inv = 1.f / sums[h];
-        float* orow = op + (r * H + g * rep + h) * D;
-        const float* ar = acc.data() + h * D;
+        for (int64_t h = 0; h < rep; ++h) {
+          const float inv = 1.f / sums[h];
+          float* orow = op + (r * H + g * rep + h) * D;
+          const float* ar = acc.data() + h * D;
 #pragma omp simd
-        for (int64_t d = 0; d < D; ++d) orow[d] = ar[d] * inv;
+          for (int64_t d = 0; d < D; ++d) orow[d] = ar[d] * inv;
+        }
       }
-    }
+    };
   });
   return out;
 }
