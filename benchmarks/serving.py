@@ -294,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             run_level(u, model, 1, 8, stream)
         for rnd in range(args.rounds):
             for c in levels:
-                for server, label, u, model, stream in targets:
+                # every other round in reverse order, as interleaved_rounds does: the target asked right after
+                # another (the pair after its own engine's drafting-off run) does not always find the host as
+                # that one left it
+                for server, label, u, model, stream in (targets if rnd % 2 == 0 else targets[::-1]):
                     cells.setdefault((server, label, c), []).append(run_level(u, model, c, args.tokens, stream))
                     print(f"round {rnd + 1} C={c} {server}/{label} done", file=sys.stderr, flush=True)
             if args.prefill_tokens > 0:
