@@ -12,6 +12,7 @@ namespace {
 typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 
 typedef int32_t v8i __attribute__((vector_size(32), aligned(4), may_alias));
+typedef int32_t v16i __attribute__((vector_size(64), aligned(4), may_alias));
 
 // Sixteen floats (one 512-bit register where the build has them, else two 256-bit halves).
 typedef float v16f __attribute__((vector_size(64), aligned(4), may_alias));
@@ -35,19 +36,24 @@ inline void store_first(float* p, v8f v, int64_t n) {
 // of expf: x = n ln2 + f with |f| <= ln2 / 2, e^f by Cephes' degree-6 polynomial, 2^n put into the
 // exponent bits. In vector form because a scalar loop of it (or of libm's expf) does not vectorize
 // under strict float semantics; below -87 it gives ~1.6e-38 instead of 0, which no sum notices.
-inline v8f exp_nonpositive(v8f x) {
-  const v8f lo = x * 0.0f - 87.0f;
+// VF / VI: v8f / v8i, or v16f / v16i where registers are 512 bits wide (lane by lane the same operations,
+// so the same values). A template over values only: GCC keeps a vector typedef's attributes there.
+template <typename VF, typename VI>
+inline VF exp_nonpositive_lanes(VF x) {
+  const VF lo = x * 0.0f - 87.0f;
   x = x < lo ? lo : x;
-  const v8i n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, v8i);  // nearest, as x <= 0
-  const v8f i = __builtin_convertvector(n, v8f);
-  const v8f f = (x - i * 0.693359375f) + i * 2.12194440e-4f;
-  v8f p = f * 1.9875691500e-4f + 1.3981999507e-3f;
+  const VI n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, VI);  // nearest, as x <= 0
+  const VF i = __builtin_convertvector(n, VF);
+  const VF f = (x - i * 0.693359375f) + i * 2.12194440e-4f;
+  VF p = f * 1.9875691500e-4f + 1.3981999507e-3f;
   p = p * f + 8.3334519073e-3f;
   p = p * f + 4.1665795894e-2f;
   p = p * f + 1.6666665459e-1f;
   p = p * f + 5.0000001201e-1f;
-  const v8f e = p * f * f + f + 1.0f;
-  return e * reinterpret_cast<v8f>((n + 127) << 23);
+  const VF e = p * f * f + f + 1.0f;
+  return e * reinterpret_cast<VF>((n + 127) << 23);
 }
+
+inline v8f exp_nonpositive(v8f x) { return exp_nonpositive_lanes<v8f, v8i>(x); }
 
 }  // namespace

@@ -58,6 +58,21 @@ def test_silu_mul_is_silu_of_the_gate_times_the_up_half(block_ops, shape):
     torch.testing.assert_close(out.double(), F.silu(gate) * up, rtol=2e-6, atol=1e-30)
 
 
+def test_silu_mul_is_the_same_on_every_build():
+    """Sixteen lanes a step where registers are 512 bits wide, eight elsewhere: each lane the same operations, so
+    the same values (a prefix's cache must not depend on the host's vector width)."""
+    ops = {v: load_block_ops(v) for v in ("native", "avx2")}
+    ops = {v: o for v, o in ops.items() if o is not None}
+    if len(ops) < 2:
+        pytest.skip("one build only")
+    g = torch.Generator().manual_seed(4)
+    for shape in [(3, 2 * 8960), (2, 2 * 37), (1, 2 * 24)]:  # 16-lane steps, then an 8-lane one and a tail
+        gate_up = torch.randn(*shape, generator=g) * 8
+        gate_up.view(-1)[:6] = torch.tensor([0.0, -0.0, 95.0, -95.0, 1e-30, -88.5])
+        outs = [o.block_silu_mul(gate_up) for o in ops.values()]
+        assert all(torch.equal(out, outs[0]) for out in outs), shape
+
+
 def test_silu_mul_refuses_an_odd_width(block_ops):
     with pytest.raises(RuntimeError, match="even"):
         block_ops.block_silu_mul(torch.randn(2, 7))
