@@ -3,9 +3,10 @@
 //
 // Why: a share fixed up front is only balanced when every item costs the same and every core runs as fast.
 // A prompt chunk's causal attention gives its later rows more keys (the first chunk's second half has three
-// times the first half's keys), a split projection's parts differ in cost per block (Q6_K values beside Q4_K
-// queries), and on a shared host one core is often slower for a while; the other thread then waited at the
-// region's end. Each item is computed the same whichever thread takes it, so the results do not change.
+// times the first half's keys), and on a shared host one core is often slower for a while; the other thread
+// then waited at the region's end. Each item is computed the same whichever thread takes it, so the results do
+// not change. Not for streams through memory: the linears' weight blocks taken this way restarted a weight
+// stream at every chunk and ran 1.1x slower (docs/bench/attention-reductions-zen5.md).
 #pragma once
 
 #include <ATen/Parallel.h>
