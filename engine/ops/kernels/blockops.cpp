@@ -493,7 +493,8 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
   // Tasks go out one at a time (parallel.h): a prompt chunk's later rows see more keys than its first ones.
   parallel_chunks(N * Hkv, 1, [&] {
     return [&, scores = std::vector<float>(rep * S_max), acc = std::vector<float>(rep * D),
-            q_pairs = std::vector<float>(2 * rep * D)](int64_t begin, int64_t end) mutable {
+            q_pairs = std::vector<float>(2 * rep * D),
+            sums = std::vector<float>(rep)](int64_t begin, int64_t end) mutable {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t r = t / Hkv, g = t % Hkv, s = seg_of[r], i = row_in[r];
         const at::Tensor& ks = keys[s];
@@ -519,7 +520,6 @@ at::Tensor block_attention_segments(const at::Tensor& q, const std::vector<at::T
             }
             break;
         }
-        std::vector<float> sums(rep, 0.f);
         for (int64_t h = 0; h < rep; ++h) {
           float* sr = scores.data() + h * S_max;
           const float mx = row_max(sr, len);
