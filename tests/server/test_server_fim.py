@@ -28,9 +28,14 @@ def srv(tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("fim")
     target, draft = write_pair(d)
     fim_target, fim_draft = d / "fim.gguf", d / "fim-draft.gguf"
-    write_tiny_gguf(fim_target, TinySpec(arch="qwen2", seed=1, context_length=4096, extra_specials=QWEN_FIM))
+    # Q8_0, not f32: the engine runs it through the qdot kernels, whose rows round the same at any width, so a
+    # greedy answer does not depend on what was drafted. With f32 weights (torch's GEMM, whose rounding follows the
+    # number of rows) a near-tie flipped between two requests whose suffix drafts (from the server's earlier
+    # answers) differed: CI once saw the /v1 answer and the raw one part at their third token.
+    write_tiny_gguf(fim_target, TinySpec(arch="qwen2", seed=1, context_length=4096, extra_specials=QWEN_FIM,
+                                         dtype="Q8_0"))
     write_tiny_gguf(fim_draft, TinySpec(arch="qwen2", n_layer=1, seed=2, context_length=4096,
-                                        extra_specials=QWEN_FIM))
+                                        extra_specials=QWEN_FIM, dtype="Q8_0"))
     store = BlobStore(d / "models")
     # A fixed draft depth: an adaptive one follows the clock, and a random tiny model's near-tied logits can
     # then differ in the last bits between two requests verified at other widths (seen once in a CI run:
