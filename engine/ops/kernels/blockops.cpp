@@ -73,17 +73,25 @@ inline void prefetch_floats(const float* p, int64_t n) {
   for (int64_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
-// scores[r * S + j] = scale * q_r . key for R query heads against one key row of D (a multiple of 8)
-// floats. The R dot products run side by side: one chain each, so that the FMA latency is hidden
-// (one head at a time waits on its single accumulator after every FMA).
+// acc[r] = the eight partial sums of q_r . key for R query heads against one key row of D (a multiple of 8)
+// floats, lane l adding the products of d = l, l + 8, ... in order. The R dot products run side by side: one
+// chain each, so that the FMA latency is hidden (one head at a time waits on its single accumulator after every
+// FMA).
 template <int R>
-inline void head_dots(const float* q0, int64_t q_stride, const float* key, int64_t D, float scale, float* scores,
-                      int64_t S) {
-  v8f acc[R] = {};
+inline void head_partials(const float* q0, int64_t q_stride, const float* key, int64_t D, v8f* acc) {
+  for (int r = 0; r < R; ++r) acc[r] = v8f{};
   for (int64_t d = 0; d < D; d += 8) {
     const v8f k = *reinterpret_cast<const v8f*>(key + d);
     for (int r = 0; r < R; ++r) acc[r] += *reinterpret_cast<const v8f*>(q0 + r * q_stride + d) * k;
   }
+}
+
+// scores[r * S + j] = scale * q_r . key: head_partials, then each head's horizontal sum.
+template <int R>
+inline void head_dots(const float* q0, int64_t q_stride, const float* key, int64_t D, float scale, float* scores,
+                      int64_t S) {
+  v8f acc[R];
+  head_partials<R>(q0, q_stride, key, D, acc);
   for (int r = 0; r < R; ++r) scores[r * S] = hsum(acc[r]) * scale;
 }
 
@@ -181,11 +189,8 @@ inline void head_scores(const float* q0, int64_t q_stride, const float* keys, in
     for (int i = 0; i < 8; ++i) {
       const float* key = keys + (j + i) * k_stride;
       prefetch_floats(key + kKeyPrefetchRows * k_stride, D);
-      v8f acc[R] = {};
-      for (int64_t d = 0; d < D; d += 8) {
-        const v8f k = *reinterpret_cast<const v8f*>(key + d);
-        for (int r = 0; r < R; ++r) acc[r] += *reinterpret_cast<const v8f*>(q0 + r * q_stride + d) * k;
-      }
+      v8f acc[R];
+      head_partials<R>(q0, q_stride, key, D, acc);
       for (int r = 0; r < R; ++r) sums[r][i] = acc[r];
     }
     for (int r = 0; r < R; ++r) *reinterpret_cast<v8f*>(scores + r * S + j) = hsum8(sums[r]) * scale;
