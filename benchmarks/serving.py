@@ -242,7 +242,11 @@ def width_costs(model: str, widths: list[int], home: Path) -> dict[int, float]:
     return {int(w): v["median"] for w, v in result["width_ms"].items() if v.get("median")}
 
 
-def main(argv: list[str] | None = None) -> int:
+#: Options the report's command line always shows (what every level measured), beside any other not at its default.
+_ALWAYS_SHOWN = ("levels", "tokens", "rounds", "parallel")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True)
     ap.add_argument("--draft")
@@ -257,6 +261,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vllm-url")
     ap.add_argument("--vllm-model")
     ap.add_argument("--markdown")
+    return ap
+
+
+def command_line(ap: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The command the report was measured with: the levels, tokens, rounds and parallel slots, and every other
+    option given a value other than its default (widths, prefill length, no anchor...); files as their names (a path
+    says where, not what), a vLLM address as ``...``, and not ``--markdown`` (where the report itself went)."""
+    words = [ap.prog]
+    for action in ap._actions:
+        if not action.option_strings or action.dest in ("help", "markdown"):
+            continue
+        value = getattr(args, action.dest)
+        if value == action.default and action.dest not in _ALWAYS_SHOWN and not action.required:
+            continue
+        flag = action.option_strings[0]
+        if action.nargs == 0:  # a switch
+            words.append(flag)
+        elif action.dest in ("model", "draft", "llama_server"):
+            words += [flag, Path(value).name]
+        elif action.dest == "vllm_url":
+            words += [flag, "..."]
+        else:
+            words += [flag, str(value)]
+    return " ".join(words)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.levels.split(",") if x]
     home = Path(tempfile.mkdtemp(prefix="tandem-serving-"))
@@ -314,10 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(home, ignore_errors=True)  # the model copies and the store: gigabytes per run
     lines = ["# Concurrent clients through the server", "", host_line(int(os.environ.get("OMP_NUM_THREADS", 0))
                                                                        or os.cpu_count() or 1), "",
-             f"`python -m benchmarks.serving --model {Path(args.model).name}"
-             + (f" --draft {Path(args.draft).name}" if args.draft else "")
-             + f" --levels {args.levels} --tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}"
-             + (" --vllm-url ..." if args.vllm_url else "") + "`", "",
+             f"`{command_line(ap, args)}`", "",
              "× plain: the median over rounds of this model's aggregate over the plain model's in the same round "
              "(the host drifts between rounds). × drafting off: the pair's over its own engine's when the requests "
              f"ask it not to draft (`{DRAFTING_OFF}`, options drafter none), same round: what drafting costs or "
