@@ -49,6 +49,7 @@
 #include <torch/library.h>
 
 #include "native.h"
+#include "parallel.h"
 
 #include <algorithm>
 #include <cmath>
@@ -1230,7 +1231,7 @@ at::Tensor qdot_linear_parts(const at::Tensor& x, const std::vector<QDotPart>& p
   float* yp = y.data_ptr<float>();
   // One pass over every part's blocks: the parts of a split projection (q/k/v of different
   // quantization types) share one parallel region instead of one each plus a concatenation.
-  at::parallel_for(0, total_blocks, block_grain(k), [&](int64_t begin, int64_t end) {
+  parallel_shares(total_blocks, block_grain(k), [&](int64_t begin, int64_t end) {
     for (const Prepared& q : prep) {
       const int64_t b0 = std::max(begin, q.block0), b1 = std::min(end, q.block0 + q.blocks);
       if (b0 >= b1) continue;

@@ -258,6 +258,29 @@ def test_a_row_does_not_depend_on_the_batch():
     assert torch.equal(whole, rows)
 
 
+def test_every_weight_block_is_computed_once_whatever_the_threads():
+    """The linears' blocks go out as one share per thread, a thread done early taking chunks from the back of
+    another's (parallel.h's parallel_shares): with more threads than cores, shares finish unevenly and are taken
+    from, and every output is still computed, exactly as with one thread. A split over two parts of different
+    types (q_proj beside k_proj) is cut anywhere, within either part or across their border."""
+    op = load_qdot()
+    n, k = 16 * 301 + 5, 256  # 302 blocks, 16 a chunk (block_grain: 64k weights), the last one partial
+    codes, packed, ps, pz, sup, scales, zeros = random_two_level(n, k, 4, 32, True, seed=11)
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(12))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = op(x, packed, ps, pz, sup, 4, 32, 0, n, None)
+        assert torch.allclose(one.double(), reference(x, codes, 4, 32, scales, zeros, 0, None, block=256),
+                              rtol=0, atol=float(one.abs().max()) * 2e-6)
+        for t in (2, 3, 5):
+            torch.set_num_threads(t)
+            for _ in range(20):
+                assert torch.equal(op(x, packed, ps, pz, sup, 4, 32, 0, n, None), one), t
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("path", ["vector", "portable"])
 @pytest.mark.parametrize("bits,group", [(4, 32), (6, 16)])
 def test_activation_quantization_is_exact(ops, path, bits, group):
