@@ -51,39 +51,41 @@ inline void parallel_shares(int64_t n, int64_t chunk, const Fn& fn) {
   }
   // Share t: [front, back) packed in one word (front in the high half), so that its owner taking from the front
   // and a thief taking from the back agree on what is left with one compare-and-swap each.
+  TORCH_CHECK(n < (int64_t{1} << 32), "parallel_shares: ", n, " items do not fit a share's 32-bit bounds");
   struct alignas(64) Share {
     std::atomic<uint64_t> range;
-  };
-  const auto pack = [](uint64_t front, uint64_t back) { return front << 32 | back; };
-  std::unique_ptr<Share[]> shares(new Share[threads]);
-  for (int64_t t = 0; t < threads; ++t) shares[t].range.store(pack(n * t / threads, n * (t + 1) / threads));
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      // Own share, front to back.
-      for (uint64_t r = shares[t].range.load(std::memory_order_relaxed);;) {
+    static uint64_t pack(uint64_t front, uint64_t back) { return front << 32 | back; }
+    // Up to `chunk` items from the front (the owner) or the back (a thief): false when none is left.
+    bool take(uint64_t chunk, bool from_back, int64_t& begin, int64_t& end) {
+      for (uint64_t r = range.load(std::memory_order_relaxed);;) {
         const uint64_t front = r >> 32, back = r & 0xFFFFFFFFu;
-        if (front >= back) break;
-        const uint64_t end = std::min<uint64_t>(back, front + chunk);
-        if (shares[t].range.compare_exchange_weak(r, pack(end, back), std::memory_order_relaxed)) {
-          fn(static_cast<int64_t>(front), static_cast<int64_t>(end));
-          r = shares[t].range.load(std::memory_order_relaxed);
+        if (front >= back) return false;
+        const uint64_t size = std::min<uint64_t>(back - front, chunk);
+        const uint64_t b = from_back ? back - size : front;
+        const uint64_t rest = from_back ? pack(front, b) : pack(b + size, back);
+        if (range.compare_exchange_weak(r, rest, std::memory_order_relaxed)) {
+          begin = static_cast<int64_t>(b);
+          end = static_cast<int64_t>(b + size);
+          return true;
         }
       }
-      // Then the back of the others' shares, a chunk at a time, while any is left.
+    }
+  };
+  std::unique_ptr<Share[]> shares(new Share[threads]);
+  for (int64_t t = 0; t < threads; ++t) {
+    shares[t].range.store(Share::pack(n * t / threads, n * (t + 1) / threads));
+  }
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t begin, end;
+      // Own share, front to back; then the back of the others' shares, a chunk at a time, while any is left.
+      while (shares[t].take(chunk, false, begin, end)) fn(begin, end);
       for (bool took = true; took;) {
         took = false;
         for (int64_t v = 1; v < threads; ++v) {
-          Share& s = shares[(t + v) % threads];
-          uint64_t r = s.range.load(std::memory_order_relaxed);
-          while (true) {
-            const uint64_t front = r >> 32, back = r & 0xFFFFFFFFu;
-            if (front >= back) break;
-            const uint64_t begin = back - std::min<uint64_t>(back - front, chunk);
-            if (s.range.compare_exchange_weak(r, pack(front, begin), std::memory_order_relaxed)) {
-              fn(static_cast<int64_t>(begin), static_cast<int64_t>(back));
-              took = true;
-              break;
-            }
+          if (shares[(t + v) % threads].take(chunk, true, begin, end)) {
+            fn(begin, end);
+            took = true;
           }
         }
       }
