@@ -182,13 +182,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(home: Path, parallel: int, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(home: Path, parallel: int, extra_env: dict[str, str] | None = None,
+                 tree: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """``tandem serve`` with a store in ``home``, from the checkout ``tree`` (default: the working directory's)."""
     port = free_port()
     env = dict(os.environ, TANDEM_HOST=f"127.0.0.1:{port}", TANDEM_MODELS=str(home / "models"),
                TANDEM_NUM_PARALLEL=str(parallel), TANDEM_KEEP_ALIVE="-1", TANDEM_CREATE_PATHS=str(home),
                **(extra_env or {}))
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(home / "serve.log", "w"))
+                            stderr=open(home / "serve.log", "w"), cwd=tree)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:

@@ -15,6 +15,7 @@ tokenizes, and runs ``engine.speculative.loop.DecodeLoop`` over those long-lived
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from typing import Callable, Iterator
@@ -25,7 +26,9 @@ from engine.batching.compute import ComputeThread
 from engine.batching.policy import PROMPT_CHUNK_ROWS
 from engine.batching.step_loop import BatchedModel, StepLoop
 from engine.batching.slots import SequenceSlot, SlotPool
+from engine.cache.kv import KVCache
 from engine.load import LoadedParts, load_parts
+from engine.ops.memory import prefault_writable
 from engine.contract.protocol import (
     ContextLengthError,
     EmbedRequest,
@@ -131,6 +134,23 @@ class ModelRuntime:
         self.clock: Callable[[], float] | None = None  # tests may inject a clock
         self.last_breakdown: TimeBreakdown | None = None
         self.pieces: TokenPieces | None = None  # token texts for constrained decoding, built lazily
+        # Every slot's caches made resident now, off the compute thread: a slot's first token would otherwise
+        # fault its whole cache in inside a forward that every sequence in flight waits on (prefault_writable).
+        self.prefault = threading.Thread(target=prefault_writable, args=(self._cache_buffers(slots),),
+                                         name="kv-prefault", daemon=True)
+        self.prefault.start()
+
+    @staticmethod
+    def _cache_buffers(slots: list[SequenceSlot]) -> list[torch.Tensor]:
+        """What a first token makes resident of every slot's cache and of its drafters' own caches (a draft
+        model's, an MTP head's), slot by slot: the order the pool hands slots out in at first."""
+        out: list[torch.Tensor] = []
+        for slot in slots:
+            caches = [slot.cache] + [getattr(d, "cache", None) for d in slot.drafters.values()]
+            for cache in caches:
+                if isinstance(cache, KVCache):
+                    out += cache.first_write_views()
+        return out
 
     def _run_batch(self, model, calls: list) -> list:
         """A step's batched forward, on the compute thread (where the step loop runs it)."""

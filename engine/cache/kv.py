@@ -24,7 +24,7 @@ from typing import Sequence
 
 import torch
 
-from engine.ops.memory import empty_on_huge_pages
+from engine.ops.memory import empty_on_huge_pages, first_page_positions
 
 
 class ContextOverflowError(RuntimeError):
@@ -58,6 +58,11 @@ class KVCache:
         self.v = empty_on_huge_pages((n_layer, n_head_kv, self.capacity, self.v_head_dim), dtype, self.device)
         self.length = 0
         self.tokens: list[int] = []
+
+    def first_write_views(self) -> list[torch.Tensor]:
+        """What a first forward makes resident of the buffers allocated with the cache: each (layer, head) run's
+        positions up to the end of its first 2 MB page (engine.ops.memory.prefault_writable does it ahead)."""
+        return [first_page_positions(t) for t in (self.k, self.v)]
 
     @classmethod
     def new(cls, config, capacity: int | None = None, device: torch.device | str = "cpu",

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from engine.cache.kv import KVCache
-from engine.ops.memory import empty_on_huge_pages
+from engine.ops.memory import empty_on_huge_pages, first_page_positions
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,9 @@ class LayeredKVCache(KVCache):
             self.v_layers.append(empty_on_huge_pages(shape, dtype, self.device) if own else None)
         self.length = 0
         self.tokens: list[int] = []
+
+    def first_write_views(self) -> list[torch.Tensor]:
+        return [first_page_positions(t) for t in (*self.k_layers, *self.v_layers) if t is not None]
 
     @classmethod
     def new(cls, config, capacity: int | None = None, device: torch.device | str = "cpu",

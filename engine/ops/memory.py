@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import itertools
 import math
 import mmap
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -176,6 +178,52 @@ def _huge_page_area(nbytes: int) -> np.ndarray:
 
 
 MADV_POPULATE_READ = 22  # Linux 5.14: fault a range in with one call
+MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range in writable, as a write would, without writing it
+
+
+def prefault_writable(tensors: Iterable[torch.Tensor]) -> int:
+    """Fault in the pages under ``tensors`` as a first write would, without writing them
+    (``madvise(MADV_POPULATE_WRITE)``); the bytes of the pages populated, 0 where the kernel lacks the call (before
+    5.14). A tensor is a CPU tensor whose last two dimensions are contiguous rows (``cache.k[..., :n, :]`` of a
+    contiguous cache): each run of them is populated, with the pages it shares at its ends.
+
+    Why: a sequence slot's KV cache is allocated at load but left untouched (engine.cache.kv), and a slot's first
+    token makes the first 2 MB page of each of its (layer, head) runs resident. The kernel zeroes those pages in the
+    faulting thread, on a 2-core Zen 4 VM at 0.5-1 GB/s: the first burst of eight clients after a load waited 3.5 s
+    inside one forward (the 1.5B's f32 caches of 4,096 positions, 235 MB a slot; docs/bench/kv-prefault-zen4-dec07.md).
+    Nothing is written, so it is safe beside a forward that writes the same cache: a page already resident is left
+    as it is. The call drops the GIL (ctypes)."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    done = 0
+    for t in tensors:
+        if t.device.type != "cpu" or t.numel() == 0 or t.dim() < 2 or t.stride(-1) != 1 or t.stride(-2) != t.size(-1):
+            continue
+        size = t.element_size()
+        if t.is_contiguous():
+            runs = [(t.data_ptr(), t.numel() * size)]
+        else:
+            run = t.size(-2) * t.size(-1) * size
+            runs = [(t.data_ptr() + sum(i * st for i, st in zip(index, t.stride())) * size, run)
+                    for index in itertools.product(*(range(n) for n in t.shape[:-2]))]
+        for begin, length in runs:
+            # the pages the run touches: a partial page at either end lies in the same mapping (mappings are whole
+            # pages), and populating it writes nothing
+            start, end = begin // page * page, -(-(begin + length) // page) * page
+            if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_POPULATE_WRITE) != 0:
+                return done  # EINVAL: an older kernel: the first write faults the pages in, as before
+            done += end - start
+    return done
+
+
+def first_page_positions(buffer: torch.Tensor) -> torch.Tensor:
+    """The positions of a cache buffer ``[..., positions, dim]`` up to the end of each run's first 2 MB page: what a
+    first write at position 0 makes resident in memory advised for huge pages (every position for runs of 2 MB or
+    less: f32 at head_dim 128 up to 4,096 positions)."""
+    per_page = max(1, HUGE_PAGE // (buffer.size(-1) * buffer.element_size()))
+    return buffer[..., :per_page, :]
 
 
 def recache_in_huge_folios(path: str | os.PathLike) -> bool:

@@ -5,6 +5,7 @@ is small and what was already moved stays where it is; a loaded model's logits d
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,3 +137,60 @@ def test_a_small_or_non_cpu_cache_is_a_plain_allocation():
     assert small.shape == (2, 16, 64) and not _placed(small)
     meta = memory.empty_on_huge_pages((64, 1 << 16), torch.float32, torch.device("meta"))
     assert meta.device.type == "meta" and meta.shape == (64, 1 << 16)
+
+
+def _resident_fraction(t: torch.Tensor) -> float:
+    """The share of ``t``'s whole pages that are resident (mincore)."""
+    import ctypes
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = -(-t.data_ptr() // page) * page
+    end = (t.data_ptr() + t.numel() * t.element_size()) // page * page
+    vec = (ctypes.c_ubyte * ((end - start) // page))()
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mincore(ctypes.c_void_p(start), ctypes.c_size_t(end - start), vec) == 0, ctypes.get_errno()
+    return sum(b & 1 for b in vec) / len(vec)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux")
+def test_prefault_makes_what_a_first_token_touches_resident_and_writes_nothing():
+    from engine.cache.kv import KVCache
+
+    cache = KVCache(4, 2, 128, 4096)  # 16 MB for each of K and V (2 MB a run): untouched until written
+    cache.k[0, 0, :3] = 1.5  # a forward's first positions, written before the prefault reaches them
+    assert _resident_fraction(cache.v) < 0.5
+    done = memory.prefault_writable(cache.first_write_views())
+    if done == 0:
+        pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+    assert done == 2 * 16 << 20
+    assert _resident_fraction(cache.k) == 1.0 and _resident_fraction(cache.v) == 1.0
+    assert bool((cache.k[0, 0, :3] == 1.5).all())  # nothing written by it
+
+    # A longer context: only each (layer, head) run's first 2 MB, as a first token would; the rest stays virtual.
+    long = KVCache(2, 2, 128, 16384)  # 8 MB a run
+    assert memory.prefault_writable(long.first_write_views()) == 2 * 2 * 2 * (2 << 20)
+    assert _resident_fraction(long.k) == pytest.approx(0.25) and _resident_fraction(long.v) == pytest.approx(0.25)
+    assert _resident_fraction(long.k[1, 1, :4096]) == 1.0 and _resident_fraction(long.k[1, 1, 4096:]) == 0.0
+
+
+def test_a_loaded_runtime_prefaults_every_slot_cache(tmp_path):
+    """A load with four slots makes all four caches resident (and the draft model's caches), off the compute
+    thread: a slot's first token no longer faults its whole cache in inside a forward others wait on."""
+    from engine.contract.protocol import LoadSpec
+    from engine.runtime import ModelRuntime
+
+    target = write_tiny_gguf(tmp_path / "t.gguf", TinySpec(arch="llama", n_layer=2, seed=1))
+    draft = write_tiny_gguf(tmp_path / "d.gguf", TinySpec(arch="llama", n_layer=1, seed=2))
+    rt = ModelRuntime.load(LoadSpec(model_path=str(target), draft_path=str(draft), num_ctx=8192, num_parallel=4))
+    try:
+        rt.prefault.join(timeout=60)
+        assert not rt.prefault.is_alive()
+        buffers = rt._cache_buffers(rt.slots.slots)
+        assert len(buffers) == 4 * 2 * 2  # four slots: the target's K and V, the draft model's K and V
+        assert all(b.data_ptr() == b.untyped_storage().data_ptr() for b in buffers)
+        if memory.prefault_writable(buffers[:1]) == 0:
+            pytest.skip("this kernel has no MADV_POPULATE_WRITE (Linux 5.14)")
+        assert all(_resident_fraction(b) == 1.0 for b in buffers)
+    finally:
+        rt.close()
