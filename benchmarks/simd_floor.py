@@ -1,4 +1,4 @@
-"""How far the AVX2 qdot kernel is from what its instructions allow on this core.
+"""How far the qdot kernel (AVX2, AVX-512 VNNI) is from what its instructions allow on this core.
 
     python -m benchmarks.simd_floor [--model MODEL.gguf] [--widths 4,8,64] [--repeats 3] [--seconds 1.5]
         [--markdown out.md]
@@ -12,8 +12,10 @@ multiply-adds and activation row, at the clock measured here. The pair is the fl
 32 multiply-adds of a row cost one of each); the assembly group is what the mix costs with the nibble unpacking,
 broadcasts and the group's scale step in, every byte in L1; the kernel's figure above that is what the rest of a
 real pass adds (the scale codes' expansion, the super-block's float step, the weights' first read from memory:
-the same group written in assembly inside the kernel measured as the compiled one on a Zen 3). Each figure is the
-best over ``--repeats`` runs (a shared host is noisy).
+the same group written in assembly inside the kernel measured as the compiled one on a Zen 3). Where the CPU has
+AVX-512 VNNI (the native build then runs that path), the same for it: vpdpbusd on zmm registers (64 multiply-adds
+of a row: half of one is its floor per 32), vpmulld (the K-quant scale step, once per group and row) and one 4-bit
+group of eight rows in assembly. Each figure is the best over ``--repeats`` runs (a shared host is noisy).
 """
 
 from __future__ import annotations
@@ -38,17 +40,24 @@ PROBES = {
     "vpbroadcastd": "vpbroadcastd from memory alone",
     "pair": "vpmaddubsw + vpaddw into a sum: the floor per 32 multiply-adds x row",
     "group_asm": "one 4-bit group, four rows, in assembly, all in L1 (unpack, broadcasts, scale step in)",
+    "vpdpbusd": "AVX-512 VNNI: vpdpbusd zmm alone, per 32 multiply-adds x row (half an instruction): the VNNI floor",
+    "vpmulld": "AVX-512: vpmulld zmm alone (cycles per instruction; one per group and row: the K-quant scale step)",
+    "vnni_group_asm": "AVX-512 VNNI: one 4-bit group, eight rows, in assembly, all in L1 (unpack, scale step in)",
 }
 
+#: The probes that only run on a CPU with AVX-512 VNNI.
+VNNI_PROBES = ("vpdpbusd", "vpmulld", "vnni_group_asm")
 
-def instruction_costs(repeats: int) -> dict[str, float]:
-    """The probe's figures, best over ``repeats`` (the clock: its highest)."""
+
+def instruction_costs(repeats: int, vnni: bool = False) -> dict[str, float]:
+    """The probe's figures, best over ``repeats`` (the clock: its highest); with ``vnni`` (the CPU has AVX-512
+    VNNI: the probe's zmm instructions fault elsewhere) the AVX-512 VNNI path's figures too."""
     if shutil.which("g++") is None:
         raise SystemExit("g++ is needed to build the probe")
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "simd_floor"
         subprocess.run(["g++", "-O2", "-o", str(exe), str(SOURCE)], check=True)
-        out = subprocess.run([str(exe), str(repeats)], check=True, capture_output=True, text=True).stdout
+        out = subprocess.run([str(exe), str(repeats)] + (["vnni"] if vnni else []), check=True, capture_output=True, text=True).stdout
     best: dict[str, float] = {}
     for line in out.splitlines():
         name, value = line.split()
@@ -104,18 +113,22 @@ def main(argv: list[str] | None = None) -> int:
 
     if "avx2" not in cpu_flags():
         raise SystemExit("this CPU has no AVX2: the probe's instructions do not run here")
-    costs = instruction_costs(args.repeats)
+    vnni = "avx512_vnni" in cpu_flags()
+    costs = instruction_costs(args.repeats, vnni)
     ghz = costs.pop("clock_ghz")
     command = "python -m benchmarks.simd_floor" + (f" --model {Path(args.model).name}" if args.model else "") + \
         f" --widths {args.widths} --repeats {args.repeats}"
-    lines = ["# The AVX2 kernel against its instructions' floor", "", host_line(1), "", f"`{command}`", "",
+    # the path the native build runs here (engine.ops.kernels picks it by the same flags)
+    floor, group = ("vpdpbusd", "vnni_group_asm") if vnni else ("pair", "group_asm")
+    lines = ["# The qdot kernel against its instructions' floor", "", host_line(1), "", f"`{command}`", "",
              f"Clock measured: {ghz:.2f} GHz (a chain of dependent multiplies, 3 cycles each).", "",
              "| probe | cycles |", "|---|---:|"]
     lines += [f"| {PROBES.get(name, name)} | {value:.3f} |" for name, value in costs.items()]
     if args.model:
         widths = [int(w) for w in args.widths.split(",") if w]
         lines += ["", "The qdot kernel, one thread (cycles per 32 multiply-adds x activation row; "
-                  f"the floor above: {costs['pair']:.2f}, the assembly group: {costs['group_asm']:.2f}):", "",
+                  f"this CPU runs the {'AVX-512 VNNI' if vnni else 'AVX2'} path; its floor above: {costs[floor]:.2f}, "
+                  f"its assembly group: {costs[group]:.2f}):", "",
                   "| linear | " + " | ".join(f"m={m}" for m in widths) + " |", "|---|" + "---:|" * len(widths)]
         lines += [f"| {kind} | " + " | ".join(f"{c:.2f}" for c in cells) + " |"
                   for kind, cells in kernel_costs(args.model, widths, ghz, args.seconds)]

@@ -25,9 +25,13 @@ def test_probe_and_kernel_figures(tmp_path, capsys):
     text = md.read_text()
     assert text in capsys.readouterr().out
     assert "`python -m benchmarks.simd_floor --model t.gguf --widths 1,4 --repeats 1`" in text
-    for probe in bench.PROBES.values():
-        value = next(line for line in text.splitlines() if line.startswith(f"| {probe} |")).split("|")[2]
-        assert float(value) > 0
+    vnni = "avx512_vnni" in cpu_flags()
+    for name, probe in bench.PROBES.items():
+        line = next((line for line in text.splitlines() if line.startswith(f"| {probe} |")), None)
+        if name in bench.VNNI_PROBES and not vnni:
+            assert line is None  # its zmm instructions would fault here
+            continue
+        assert float(line.split("|")[2]) > 0
     for kind in kinds(GGUFFile(path)):
         cells = next(line for line in text.splitlines() if line.startswith(f"| {kind} |")).split("|")[2:4]
         assert all(float(c) > 0 for c in cells)
