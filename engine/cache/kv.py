@@ -54,6 +54,7 @@ class KVCache:
         self.dtype = dtype
         # Uninitialised: pages are only touched when written; stale slots are never read. On 2 MB pages where
         # the kernel has them (every step reads the cached positions: engine.ops.memory.empty_on_huge_pages).
+        # A loaded model's slots are made resident ahead of their first write (engine.runtime, first_write_views).
         self.k = empty_on_huge_pages((n_layer, n_head_kv, self.capacity, head_dim), dtype, self.device)
         self.v = empty_on_huge_pages((n_layer, n_head_kv, self.capacity, self.v_head_dim), dtype, self.device)
         self.length = 0

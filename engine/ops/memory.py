@@ -277,8 +277,8 @@ def empty_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype, device: torc
     f32 cache; docs/bench/kv-huge-pages-zen5.md): one sequence at 4,000 positions 32.6 -> 31.4 ms a token, eight
     sequences at 1,000 positions 59.4 -> 57.8 ms a step. Pages are still only faulted in when written, now 2 MB
     at a time (a (layer, head) run of a cache is 2 MB or less for contexts up to 4,096 at head_dim 128: the
-    first token makes such a cache resident whole, as llama.cpp's is from its start). The mapping is unmapped
-    when the tensor and its views are gone."""
+    first token makes such a cache resident whole, as llama.cpp's is from its start; a loaded model's slots have
+    that done ahead, ``prefault_writable``). The mapping is unmapped when the tensor and its views are gone."""
     nbytes = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or nbytes < HUGE_PAGE or not huge_pages_available():
         return torch.empty(shape, device=device, dtype=dtype)
