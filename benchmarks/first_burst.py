@@ -5,9 +5,9 @@
 
 Each round starts ``tandem serve`` afresh (``--parallel`` slots, on a store in a temporary directory whose packed
 weights one load before the rounds wrote: a restart's load), creates the plain model (no speculation), loads it with
-one short request, and then sends ``--clients`` greedy requests at once,
-each with a prompt no request asked before, streaming ``--tokens`` tokens through ``/api/generate`` in raw mode
-(benchmarks.serving's prompts and client), at once or ``--idle`` seconds after the load. Reported per round: the aggregate tokens/s of the burst (its tokens over
+one short request, and then sends ``--clients`` greedy requests at once, each with a prompt no request asked before,
+streaming ``--tokens`` tokens through ``/api/generate`` in raw mode (benchmarks.serving's prompts and client), at
+once or ``--idle`` seconds after the load. Reported per round: the aggregate tokens/s of the burst (its tokens over
 its wall time), the time to the first token (median and slowest over the clients) and the p95 over the streams of
 their mean inter-token latency. The steady state of the same server follows in each round: one more burst of fresh
 prompts.

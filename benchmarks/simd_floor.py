@@ -57,7 +57,8 @@ def instruction_costs(repeats: int, vnni: bool = False) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         exe = Path(tmp) / "simd_floor"
         subprocess.run(["g++", "-O2", "-o", str(exe), str(SOURCE)], check=True)
-        out = subprocess.run([str(exe), str(repeats)] + (["vnni"] if vnni else []), check=True, capture_output=True, text=True).stdout
+        cmd = [str(exe), str(repeats)] + (["vnni"] if vnni else [])
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     best: dict[str, float] = {}
     for line in out.splitlines():
         name, value = line.split()
