@@ -1,16 +1,16 @@
 """The first burst of clients after a load: what a model's first concurrent users see.
 
-    python -m benchmarks.first_burst --model target.gguf [--clients 8] [--tokens 64] [--rounds 3]
+    python -m benchmarks.first_burst --model target.gguf [--draft draft.gguf] [--clients 8] [--tokens 64] [--rounds 3]
         [--parallel 8] [--idle SECONDS] [--base PATH] [--markdown out.md]
 
 Each round starts ``tandem serve`` afresh (``--parallel`` slots, on a store in a temporary directory whose packed
-weights one load before the rounds wrote: a restart's load), creates the plain model (no speculation), loads it with
-one short request, and then sends ``--clients`` greedy requests at once, each with a prompt no request asked before,
-streaming ``--tokens`` tokens through ``/api/generate`` in raw mode (benchmarks.serving's prompts and client), at
-once or ``--idle`` seconds after the load. Reported per round: the aggregate tokens/s of the burst (its tokens over
-its wall time), the time to the first token (median and slowest over the clients) and the p95 over the streams of
-their mean inter-token latency. The steady state of the same server follows in each round: one more burst of fresh
-prompts.
+weights one load before the rounds wrote: a restart's load), creates the plain model (no speculation; with
+``--draft`` the DRAFT pair instead), loads it with one short request, and then sends ``--clients`` greedy requests
+at once, each with a prompt no request asked before, streaming ``--tokens`` tokens through ``/api/generate`` in raw
+mode (benchmarks.serving's prompts and client), at once or ``--idle`` seconds after the load. Reported per round:
+the aggregate tokens/s of the burst (its tokens over its wall time), the time to the first token (median and slowest
+over the clients) and the p95 over the streams of their mean inter-token latency. The steady state of the same
+server follows in each round: one more burst of fresh prompts.
 
 Why its own benchmark: a server's first burst meets what no later one does (slots whose caches were never written,
 first-time allocations), and benchmarks.serving's levels run on one long-lived server. With ``--base PATH`` (another
@@ -55,35 +55,49 @@ def burst(url: str, model: str, clients: int, tokens: int) -> dict[str, float]:
 def one_server(home: Path, tree: Path | None, clients: int, tokens: int, parallel: int,
                idle: float = 0.0) -> tuple[dict, dict]:
     """A fresh server from ``tree`` on the store in ``home``: its first burst ``idle`` seconds after the load, then
-    one more (the steady state)."""
+    one more (the steady state). The model is the pair when the store holds a draft model, else the plain one."""
     proc, url = start_server(home, parallel, tree=tree)
     try:
-        create(url, "plain", f"FROM {home / MODEL_FILE}\nPARAMETER engine native\nPARAMETER drafter none\n")
-        stream_raw(url, "plain", "Say hello.", 4)  # the load
+        create(url, "burst", modelfile(home))
+        stream_raw(url, "burst", "Say hello.", 4)  # the load
         if clients == 0:
             return {}, {}
         time.sleep(idle)
-        return burst(url, "plain", clients, tokens), burst(url, "plain", clients, tokens)
+        return burst(url, "burst", clients, tokens), burst(url, "burst", clients, tokens)
     finally:
         stop_server(proc)  # it waits for the load's packed-weight cache to be written
 
 
-MODEL_FILE = "model.gguf"
+MODEL_FILE, DRAFT_FILE = "model.gguf", "draft.gguf"
 
 
-def prepared_store(model: str) -> Path:
-    """A store whose model file is ``model`` (linked where it can be: create reads it from the store's directory)."""
+def modelfile(home: Path) -> str:
+    """Plain (no speculation), or the DRAFT pair drafting from its draft model and the request alone (no suffix
+    drafting: every burst's prompts are new, but its outputs would be drafted from the earlier bursts')."""
+    base = f"FROM {home / MODEL_FILE}\nPARAMETER engine native\n"
+    if (home / DRAFT_FILE).exists():
+        return base + f"DRAFT {home / DRAFT_FILE}\nPARAMETER draft_suffix false\n"
+    return base + "PARAMETER drafter none\n"
+
+
+def prepared_store(model: str, draft: str | None = None) -> Path:
+    """A store whose model file is ``model`` (and ``draft``), linked where it can be: create reads them from the
+    store's directory."""
     home = Path(tempfile.mkdtemp(prefix="tandem-first-burst-"))
-    try:
-        os.link(model, home / MODEL_FILE)
-    except OSError:
-        shutil.copy(model, home / MODEL_FILE)
+    for src, name in ((model, MODEL_FILE), (draft, DRAFT_FILE)):
+        if src is None:
+            continue
+        try:
+            os.link(src, home / name)
+        except OSError:
+            shutil.copy(src, home / name)
     return home
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.first_burst", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)
+    ap.add_argument("--draft", help="a draft model: the burst goes to the DRAFT pair instead of the plain model")
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
@@ -94,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     trees = [("this", None)] + ([("base", Path(args.base))] if args.base else [])
     rows: dict[str, list[tuple[dict, dict]]] = {label: [] for label, _ in trees}
-    home = prepared_store(args.model)
+    home = prepared_store(args.model, args.draft)
     try:
         # One load first, so that every round's server finds the packed weights in the store (a restart's load,
         # not a first one's: that one also writes the pack cache while the burst runs).
@@ -106,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {rnd + 1} {label} done", flush=True)
     finally:
         shutil.rmtree(home, ignore_errors=True)
-    command = (f"python -m benchmarks.first_burst --model {Path(args.model).name} --clients {args.clients} "
+    command = (f"python -m benchmarks.first_burst --model {Path(args.model).name}"
+               + (f" --draft {Path(args.draft).name}" if args.draft else "") + f" --clients {args.clients} "
                f"--tokens {args.tokens} --rounds {args.rounds} --parallel {args.parallel}"
                + (f" --idle {args.idle:g}" if args.idle else "")
                + (" --base <checkout>" if args.base else ""))
-    lines = [f"# The first burst of {args.clients} clients after a load", "", host_line(os.cpu_count() or 1), "",
+    title = f"# The first burst of {args.clients} clients after a load" + (" (the DRAFT pair)" if args.draft else "")
+    lines = [title, "", host_line(os.cpu_count() or 1), "",
              f"`{command}`", "",
              "| tree | round | first burst tok/s | TTFT p50 s | TTFT max s | ITL p95 ms | next burst tok/s |",
              "|---|---:|---:|---:|---:|---:|---:|"]
