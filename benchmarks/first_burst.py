@@ -30,26 +30,14 @@ import uuid
 from pathlib import Path
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import PROMPTS, create, start_server, stop_server, stream_raw, timed_clients
+from benchmarks.serving import create, run_level, start_server, stop_server, stream_raw
 
 
 def burst(url: str, model: str, clients: int, tokens: int) -> dict[str, float]:
-    """``clients`` requests at once, each with a prompt never asked before."""
+    """``clients`` requests at once (benchmarks.serving.run_level), each with a prompt never asked before."""
     tag = uuid.uuid4().hex[:8]
-    results: list[tuple[list[float], int, tuple[int, int]] | None] = [None] * clients
-
-    def client(i: int) -> None:
-        results[i] = stream_raw(url, model, f"({tag}) {PROMPTS[i % len(PROMPTS)]}", tokens)
-
-    t0 = time.perf_counter()
-    wall = timed_clients(client, clients)
-    done = [r for r in results if r is not None and r[0]]
-    firsts = sorted(r[0][0] - t0 for r in done)
-    itl = sorted((r[0][-1] - r[0][0]) / (r[1] - 1) * 1e3 for r in done if r[1] > 1 and len(r[0]) > 1)
-    return {"aggregate": sum(r[1] for r in done) / wall,
-            "ttft_p50": statistics.median(firsts) if firsts else float("nan"),
-            "ttft_max": firsts[-1] if firsts else float("nan"),
-            "itl_p95": itl[min(len(itl) - 1, int(0.95 * len(itl)))] if itl else float("nan")}
+    fresh = lambda u, m, prompt, n: stream_raw(u, m, f"({tag}) {prompt}", n)  # noqa: E731
+    return run_level(url, model, clients, tokens, fresh)
 
 
 def one_server(home: Path, tree: Path | None, clients: int, tokens: int, parallel: int,
@@ -133,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     for label, _ in trees:
         for i, (first, later) in enumerate(rows[label]):
             lines.append(f"| {label} | {i + 1} | {first['aggregate']:.1f} | {first['ttft_p50']:.2f} | "
-                         f"{first['ttft_max']:.2f} | {first['itl_p95']:.0f} | {later['aggregate']:.1f} |")
+                         f"{first['ttft_max']:.2f} | {first['itl_p95_ms']:.0f} | {later['aggregate']:.1f} |")
         med = lambda key, which=0: statistics.median(r[which][key] for r in rows[label])  # noqa: E731
         lines.append(f"| **{label}, median** | | **{med('aggregate'):.1f}** | {med('ttft_p50'):.2f} | "
-                     f"{med('ttft_max'):.2f} | {med('itl_p95'):.0f} | {med('aggregate', 1):.1f} |")
+                     f"{med('ttft_max'):.2f} | {med('itl_p95_ms'):.0f} | {med('aggregate', 1):.1f} |")
     emit(lines, args.markdown)
     return 0
 

@@ -135,15 +135,19 @@ def run_level(url: str, model: str, clients: int, tokens: int, stream=stream_com
     def client(i: int) -> None:
         arrivals[i], counts[i], drafted[i] = stream(url, model, PROMPTS[i % len(PROMPTS)], tokens)
 
+    started = time.perf_counter()
     wall = timed_clients(client, clients)
     total = sum(counts)
     # a stream's tokens after its first, over the time from its first chunk to its last
     rates = [(n - 1) / (a[-1] - a[0]) for a, n in zip(arrivals, counts) if len(a) > 1 and a[-1] > a[0] and n > 1]
     itl = sorted(1e3 / r for r in rates)  # each stream's mean inter-token latency, ms
     gaps = sorted(b - a for s in arrivals for a, b in zip(s, s[1:]))
+    firsts = sorted(a[0] - started for a in arrivals if a)  # each client's time to its first chunk with text
     pick = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")  # noqa: E731
     return {"aggregate": total / wall, "stream": statistics.median(rates) if rates else 0.0,
             "itl_p50_ms": pick(itl, 0.5), "itl_p95_ms": pick(itl, 0.95), "gap_p95_ms": pick(gaps, 0.95) * 1e3,
+            "ttft_p50": statistics.median(firsts) if firsts else float("nan"),
+            "ttft_max": firsts[-1] if firsts else float("nan"),
             "tokens": total, "drafted": sum(d for d, _ in drafted), "accepted": sum(a for _, a in drafted)}
 
 
