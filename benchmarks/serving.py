@@ -22,7 +22,9 @@ tandem's models are asked through ``/api/generate`` in raw mode, so they get the
 --parallel`` (the binary the llamacpp engine uses, or ``--llama-server PATH``), started by tandem as the ``anchor``
 model and asked directly at its own ``/v1/completions``. Before the server starts, ``benchmarks.decode`` measures
 the native engine's forward at each width (``--widths``, default the levels) in the same run: a level of C clients
-can at best reach C / (forward time at width C) tokens/s, printed as the ceiling with the share reached. With
+can at best reach C / (forward time at width C) tokens/s, printed as the ceiling with the share reached; the server
+runs with ``TANDEM_STEP_TRACE``, and each tandem level also reports the share of its wall time the engine spent in
+forwards and the mean rows of a target step, from the engine's own trace (``traced_level``). With
 ``--prefill-tokens N`` (default 1700) every round also times one request with an N-token prompt (a fresh one each
 time, so no cache holds it) and one generated token per target: prompt tokens / seconds.
 """
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Callable
 
 from benchmarks.output import emit, host_line
+from engine.batching.step_trace import read_steps, summarise, trace_path
 
 #: The pair's model asked not to draft (options drafter none): a target of its own beside "plain" and "draft".
 DRAFTING_OFF = "draft, drafting off"
@@ -109,10 +112,29 @@ def stream_raw(url: str, model: str, prompt: str, tokens: int,
     return times, count or len(times), drafted
 
 
-def endpoint_of(url: str, model: str) -> str:
+def engine_of(url: str, model: str) -> dict:
+    """What runs ``model`` now: its ``/api/ps`` entry's ``engine`` object (pid, backend, endpoint...)."""
     with urllib.request.urlopen(url + "/api/ps", timeout=30) as r:
         models = json.load(r)["models"]
-    return next(m["engine"]["endpoint"] for m in models if m["name"].split(":")[0] == model)
+    return next(m["engine"] for m in models if m["name"].split(":")[0] == model)
+
+
+def endpoint_of(url: str, model: str) -> str:
+    return engine_of(url, model)["endpoint"]
+
+
+def traced_level(url: str, model: str, traces: Path, level: Callable[[], dict]) -> dict:
+    """``level()``'s result with what ``model``'s engine process traced meanwhile (TANDEM_STEP_TRACE into
+    ``traces``): ``in_forwards``, the share of the level's wall time its step loop spent in forwards, and
+    ``rows_per_step``, the mean rows of its target steps."""
+    start = time.time()
+    result = level()
+    end = time.time()
+    path = trace_path(traces, int(engine_of(url, model)["pid"]))
+    if path.exists():
+        steps = summarise(read_steps(path), start, end)
+        result = {**result, "in_forwards": steps.forward_share, "rows_per_step": steps.rows_per_step}
+    return result
 
 
 def timed_clients(client: Callable[[int], None], clients: int) -> float:
@@ -302,8 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy(src, home / Path(src).name) if not (home / Path(src).name).exists() else None
     widths = [] if args.widths == "none" else [int(x) for x in (args.widths or args.levels).split(",") if x]
     costs = width_costs(str(home / Path(args.model).name), widths, home) if widths else {}
-    proc, url = start_server(home, args.parallel,
-                             {"TANDEM_LLAMA_SERVER": args.llama_server} if args.llama_server else None)
+    traces = home / "steps"  # the engines' step traces: where each level's time went (traced_level)
+    proc, url = start_server(home, args.parallel, {"TANDEM_STEP_TRACE": str(traces),
+                                                   **({"TANDEM_LLAMA_SERVER": args.llama_server} if args.llama_server else {})})
     cells: dict[tuple[str, str, int], list[dict]] = {}
     prefill: dict[tuple[str, str], list[dict]] = {}
     try:
@@ -336,7 +359,9 @@ def main(argv: list[str] | None = None) -> int:
                 # another (the pair after its own engine's drafting-off run) does not always find the host as
                 # that one left it
                 for server, label, u, model, stream in (targets if rnd % 2 == 0 else targets[::-1]):
-                    cells.setdefault((server, label, c), []).append(run_level(u, model, c, args.tokens, stream))
+                    level = functools.partial(run_level, u, model, c, args.tokens, stream)
+                    cells.setdefault((server, label, c), []).append(
+                        traced_level(url, model, traces, level) if server == "tandem" else level())
                     print(f"round {rnd + 1} C={c} {server}/{label} done", file=sys.stderr, flush=True)
             if args.prefill_tokens > 0:
                 for server, label, u, model, stream in targets:
@@ -357,11 +382,14 @@ def main(argv: list[str] | None = None) -> int:
              "(the host drifts between rounds). × drafting off: the pair's over its own engine's when the requests "
              f"ask it not to draft (`{DRAFTING_OFF}`, options drafter none), same round: what drafting costs or "
              "gains with no second engine process in the comparison. drafted (accepted): tokens drafted for all "
-             "the level's streams, per round.", "",
+             "the level's streams, per round. in forwards: the share of the level's wall time tandem's engine spent "
+             "in its step loop's forwards (draft models' included), rows/step: the mean rows of its target forwards, "
+             "both from its step trace (TANDEM_STEP_TRACE): a level below its ceiling with the forwards near 100 % "
+             "of the time is bound by what its forwards cost, not by the loop around them.", "",
              "| server | model | clients | aggregate tok/s | × 1 client | × plain | × drafting off | × llama-server "
-             "| ceiling tok/s | share | stream tok/s (median) | inter-token ms p50 | p95 | chunk gap p95 ms "
-             "| drafted (accepted) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| ceiling tok/s | share | in forwards | rows/step | stream tok/s (median) | inter-token ms p50 | p95 "
+             "| chunk gap p95 ms | drafted (accepted) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (server, name, c), runs in cells.items():
         agg = statistics.median(r["aggregate"] for r in runs)
         one = statistics.median(r["aggregate"] for r in cells.get((server, name, levels[0]), runs))
@@ -375,9 +403,12 @@ def main(argv: list[str] | None = None) -> int:
 
         # the native engine's C-row forward bounds C clients' plain decoding (not a speculative pair's)
         ceiling = c * 1e3 / costs[c] if server == "tandem" and name == "plain" and c in costs else None
+        traced = [r for r in runs if "in_forwards" in r]
         lines.append(f"| {server} | {name} | {c} | {agg:.1f} | {agg / one:.2f} | {paired(plain)} | {paired(off)} | "
                      f"{paired(anchor)} | "
                      + (f"{ceiling:.1f} | {agg / ceiling:.0%} | " if ceiling else " |  | ")
+                     + (f"{statistics.median(r['in_forwards'] for r in traced):.0%} | "
+                        f"{statistics.median(r['rows_per_step'] for r in traced):.1f} | " if traced else " |  | ")
                      + f"{statistics.median(r['stream'] for r in runs):.1f} | "
                      f"{statistics.median(r['itl_p50_ms'] for r in runs):.0f} | "
                      f"{statistics.median(r['itl_p95_ms'] for r in runs):.0f} | "

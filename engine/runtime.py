@@ -25,6 +25,7 @@ import torch
 from engine.batching.compute import ComputeThread
 from engine.batching.policy import PROMPT_CHUNK_ROWS
 from engine.batching.step_loop import BatchedModel, StepLoop
+from engine.batching.step_trace import StepTrace
 from engine.batching.slots import SequenceSlot, SlotPool
 from engine.cache.kv import KVCache
 from engine.load import LoadedParts, load_parts
@@ -114,7 +115,8 @@ class ModelRuntime:
         # drafters. Every generation runs as a sequence of the step loop, on the compute thread; with several slots
         # the loop batches their forwards and the batch prices the widths (alone, the controller prices its own).
         self.batch_loop = StepLoop(run_batch=self._run_batch,
-                                   on_step=self._verify_times.add if parts.num_parallel > 1 else None)
+                                   on_step=self._verify_times.add if parts.num_parallel > 1 else None,
+                                   trace=StepTrace(parts.spec.step_trace_dir) if parts.spec.step_trace_dir else None)
         slots = [SequenceSlot(0, parts.cache, parts.drafters)] if parts.cache is not None else []
         if parts.num_parallel > 1 and parts.cache is not None:
             for i in range(1, parts.num_parallel):
@@ -195,6 +197,8 @@ class ModelRuntime:
                 m.gguf.close()
         for f in self.owned_files:
             f.close()
+        if self.batch_loop.trace is not None:
+            self.batch_loop.trace.close()
 
     # ------------------------------------------------------------------------------------------
     # text

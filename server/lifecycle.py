@@ -280,6 +280,7 @@ class ModelLifecycle:
             pack_dir=str(self.pack_dir) if self.pack_dir is not None else None,
             num_parallel=self.settings.num_parallel,
             suffix_tokens=self.settings.suffix_tokens,
+            step_trace_dir=self.settings.step_trace or None,
             device=options.device(),
         )
 

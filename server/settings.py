@@ -33,6 +33,7 @@ TANDEM_CREATE_PATHS lists the directories (separated by `os.pathsep`, `:` on Lin
 | TANDEM_MAX_BLOB_BYTES  | (tandem only)           | 256 GiB (0 = no limit)  |
 | TANDEM_QUEUE_TIMEOUT   | (tandem only)           | 10m (0 = no limit)      |
 | TANDEM_SUFFIX_TOKENS   | (tandem only)           | 131072: tokens of earlier outputs each loaded model keeps for the suffix drafter (oldest dropped first; 0 = none) |
+| TANDEM_STEP_TRACE      | (tandem only)           | (none): a directory where each native engine process appends one line per batched forward (engine.batching.step_trace) |
 """
 
 from __future__ import annotations
@@ -364,6 +365,8 @@ class Settings:
     queue_timeout: float = DEFAULT_QUEUE_TIMEOUT  # seconds waiting for a busy model before 503; inf = none
     # tokens of earlier outputs each loaded model keeps for the suffix drafter (TANDEM_SUFFIX_TOKENS)
     suffix_tokens: int = DEFAULT_SUFFIX_TOKENS
+    # a directory where each native engine process traces its step loop's forwards (TANDEM_STEP_TRACE); "" = none
+    step_trace: str = ""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Settings":
@@ -394,5 +397,6 @@ class Settings:
             max_blob_bytes=_env_uint(env, "TANDEM_MAX_BLOB_BYTES", DEFAULT_MAX_BLOB_BYTES),
             queue_timeout=env_timeout(env, "TANDEM_QUEUE_TIMEOUT", DEFAULT_QUEUE_TIMEOUT),
             suffix_tokens=_env_uint(env, "TANDEM_SUFFIX_TOKENS", DEFAULT_SUFFIX_TOKENS),
+            step_trace=env_value(env, "TANDEM_STEP_TRACE"),
         )
 

@@ -36,6 +36,7 @@ import greenlet
 
 from engine.batching import policy
 from engine.batching.policy import ForwardCall
+from engine.batching.step_trace import StepTrace
 
 #: (model, list of forward calls) -> list of results, one per call, in order
 BatchRunner = Callable[[Any, list[ForwardCall]], list[Any]]
@@ -63,6 +64,8 @@ class StepLoop:
     # Told (total rows, seconds) after each target step of single rows and verifications (policy.prices_widths):
     # the width table the depth controllers price a batch's steps by (AdaptiveDepth.cost).
     on_step: Callable[[int, float], None] | None = None
+    # Told every step's forwards (TANDEM_STEP_TRACE): where the engine's time went under load (step_trace).
+    trace: StepTrace | None = None
     _sequences: list[_Sequence] = field(default_factory=list)
     _by_runner: dict[greenlet.greenlet, _Sequence] = field(default_factory=dict)
     steps: int = 0  # target steps run so far
@@ -105,12 +108,15 @@ class StepLoop:
         group = policy.next_group([s.call for s in waiting.values()])
         started = time.perf_counter()
         failed = self._run(group)
+        seconds = time.perf_counter() - started
+        if self.trace is not None:
+            self.trace.record(group[0].draft, [len(c.tokens) for c in group], seconds)
         if not group[0].draft:
             width = sum(len(c.tokens) for c in group)
             self.steps += 1
             self.rows += width
             if self.on_step is not None and not failed and policy.prices_widths(group):
-                self.on_step(width, time.perf_counter() - started)
+                self.on_step(width, seconds)
         for c in group:
             waiting[id(c)].state = SequenceState.RUNNABLE
 

@@ -72,6 +72,8 @@ class LoadSpec:
     num_parallel: int = 1
     # tokens of earlier outputs the suffix drafter keeps (engine.speculative.suffix_cache); 0 = keeps none
     suffix_tokens: int = DEFAULT_SUFFIX_TOKENS
+    # a directory the native engine's step loop traces its forwards into (engine.batching.step_trace); None = no trace
+    step_trace_dir: str | None = None
     engine: str = "native"  # native | vllm | llamacpp (the model runs on a vLLM server or a llama-server)
     vllm: VllmLaunch | None = None  # with engine "vllm": what to start or attach to
     llamacpp: LlamaCppLaunch | None = None  # with engine "llamacpp": what to start or attach to

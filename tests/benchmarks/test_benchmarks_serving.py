@@ -1,6 +1,7 @@
 """benchmarks.serving's report states the command it measured with, options that change what it measures included."""
 
-from benchmarks.serving import command_line, parser
+from benchmarks.serving import command_line, create, parser, run_level, start_server, stop_server, stream_raw, traced_level
+from tests.tiny_gguf import TinySpec, write_tiny_gguf
 
 
 def test_command_line_states_every_option_that_changes_the_measurement() -> None:
@@ -18,3 +19,21 @@ def test_command_line_of_defaults_names_what_every_level_measured() -> None:
     args = ap.parse_args(["--model", "m.gguf", "--vllm-url", "http://10.0.0.2:8000", "--llama-server", "/opt/ls"])
     assert command_line(ap, args) == ("python -m benchmarks.serving --model m.gguf --levels 1,2,4,8 --tokens 64"
                                       " --rounds 2 --parallel 8 --llama-server ls --vllm-url ...")
+
+
+def test_a_traced_level_reports_where_the_engine_spent_its_time(tmp_path):
+    """A real server with TANDEM_STEP_TRACE: the engine process traces its step loop, and a level's result says what
+    share of its wall time the forwards took and how many rows a step carried (two clients: up to two a step)."""
+    model = write_tiny_gguf(tmp_path / "t.gguf", TinySpec(arch="llama", n_layer=2, seed=1))
+    traces = tmp_path / "steps"
+    proc, url = start_server(tmp_path, 2, {"TANDEM_STEP_TRACE": str(traces)})
+    try:
+        create(url, "m", f"FROM {model}\nPARAMETER drafter none\n")
+        run_level(url, "m", 1, 2, stream_raw)  # the load, outside the window
+        result = traced_level(url, "m", traces, lambda: run_level(url, "m", 2, 8, stream_raw))
+    finally:
+        stop_server(proc)
+    assert result["tokens"] == 16
+    assert 0 < result["in_forwards"] <= 1
+    assert 1 <= result["rows_per_step"] <= 2 + 64  # decode rows, and a prompt chunk beside them at most
+    assert list(traces.glob("steps-*.tsv"))
