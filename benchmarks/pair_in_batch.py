@@ -1,7 +1,7 @@
 """A DRAFT pair against plain decoding on a runtime that serves several sequences, in process.
 
     python -m benchmarks.pair_in_batch TARGET.gguf DRAFT.gguf [--slots 8] [--clients 1,2,4,8] [--reps 3]
-        [--tokens 64] [--requests 1] [--threads 2]
+        [--tokens 64] [--requests 1] [--threads 2] [--prompts all|code] [--depths 1,2]
 
 Each rep runs, for each client count C, C concurrent clients, each sending ``--requests`` greedy requests one after
 another (benchmarks.serving's prompts, client i starting at the i-th, in its chat template; the pair without suffix
@@ -10,6 +10,11 @@ aggregate generated tokens over the wall time, and the pair's ratio to plain in 
 is a burst, timed to its last answer (a request that finishes early leaves its slot idle); several keep the load
 up, as a busy server's clients do. What it isolates from benchmarks.serving: the step loop (engine.batching), without
 the server, the pipe or a second engine process.
+
+``--prompts code`` sends only the code prompts (where the draft model is accepted most: what the pair can gain at
+best beside other sequences of its kind), and ``--depths`` adds the pair at fixed depths (``draft_schedule fixed``,
+every round drafting that many) beside the adaptive default: what drafting would serve if the controller always
+drafted, against what it chose.
 """
 
 from __future__ import annotations
@@ -18,12 +23,20 @@ import argparse
 import statistics
 
 from benchmarks.output import emit, host_line
-from benchmarks.serving import CHATML, PROMPTS, timed_clients
+from benchmarks.serving import CHATML, CODE_PROMPTS, PROMPTS, timed_clients
 
 
-def aggregate(runtime, clients: int, drafter: str, tokens: int, requests: int = 1) -> tuple[float, int]:
+def configurations(depths: list[int]) -> dict[str, dict]:
+    """Label -> the requests' speculation options: plain, the pair as a client that sets nothing gets it, and the
+    pair at each fixed depth."""
+    return {"plain": {"drafter": "none"}, "pair": {"drafter": "model"},
+            **{f"pair n={n}": {"drafter": "model", "draft_schedule": "fixed", "draft_num_predict": n} for n in depths}}
+
+
+def aggregate(runtime, clients: int, options: dict, tokens: int, requests: int = 1,
+              prompts: list[str] = PROMPTS) -> tuple[float, int]:
     """(generated tokens a second over the wall time, tokens drafted) for ``clients`` concurrent clients sending
-    ``requests`` requests each."""
+    ``requests`` requests each with speculation ``options``."""
     from engine.contract.options import Options
     from engine.contract.protocol import GenerateRequest, GenerateResult
 
@@ -31,8 +44,8 @@ def aggregate(runtime, clients: int, drafter: str, tokens: int, requests: int = 
 
     def run(i: int) -> None:
         for k in range(requests):
-            req = GenerateRequest(prompt=CHATML.format(PROMPTS[(i + k) % len(PROMPTS)]), options=Options(
-                temperature=0.0, num_predict=tokens, drafter=drafter, draft_suffix=False))
+            req = GenerateRequest(prompt=CHATML.format(prompts[(i + k) % len(prompts)]), options=Options(
+                temperature=0.0, num_predict=tokens, draft_suffix=False, **options))
             for item in runtime.generate(req):
                 if isinstance(item, GenerateResult):
                     results.append(item)
@@ -57,27 +70,39 @@ def main(argv: list[str] | None = None) -> str:
     ap.add_argument("--requests", type=int, default=1, help="requests each client sends, one after another")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--num-ctx", type=int, default=2048)
+    ap.add_argument("--prompts", choices=("all", "code"), default="all")
+    ap.add_argument("--depths", default="", help="fixed draft depths measured beside the adaptive pair, e.g. 1,2")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
     levels = [int(c) for c in args.clients.split(",")]
+    configs = configurations([int(n) for n in args.depths.split(",") if n])
+    prompts = CODE_PROMPTS if args.prompts == "code" else PROMPTS
     runtime = ModelRuntime.load(LoadSpec(model_path=args.model, draft_path=args.draft, num_ctx=args.num_ctx,
                                          num_thread=args.threads, device="cpu", num_parallel=args.slots))
-    runs: dict[int, list[tuple[float, float, int]]] = {c: [] for c in levels}
-    for _ in range(args.reps):
+    # (clients, label) -> per rep: (tok/s, tokens drafted)
+    runs: dict[tuple[int, str], list[tuple[float, int]]] = {}
+    for rep in range(args.reps):
         for c in levels:
-            plain, _ = aggregate(runtime, c, "none", args.tokens, args.requests)
-            pair, drafted = aggregate(runtime, c, "model", args.tokens, args.requests)
-            runs[c].append((plain, pair, drafted))
+            # every other rep in reverse order: the configuration run right after another does not always find the
+            # host (and the slots' caches) as that one left them
+            for label, options in (list(configs.items()) if rep % 2 == 0 else list(configs.items())[::-1]):
+                runs.setdefault((c, label), []).append(
+                    aggregate(runtime, c, options, args.tokens, args.requests, prompts))
     lines = [host_line(args.threads), "", f"`python -m benchmarks.pair_in_batch {' '.join(argv or [])}`".rstrip(), "",
-             f"{args.slots} slots, {args.tokens} greedy tokens a request, {args.requests} a client; per rep: plain, "
-             "then the pair.", "",
-             "| clients | plain tok/s (median) | pair tok/s (median) | pair / plain per rep | median | drafted per rep |",
-             "|---:|---:|---:|---|---:|---|"]
+             f"{args.slots} slots, {args.tokens} greedy tokens a request, {args.requests} a client, "
+             f"{'the code prompts' if args.prompts == 'code' else 'code, prose and list prompts'}; each rep runs every "
+             "configuration in turn (every other rep in reverse). × plain: the median over reps of its tok/s over "
+             "plain's in the same rep.", "",
+             "| clients | configuration | tok/s (median) | × plain per rep | × plain | drafted per rep |",
+             "|---:|---|---:|---|---:|---|"]
     for c in levels:
-        ratios = [pair / plain for plain, pair, _ in runs[c]]
-        lines.append(f"| {c} | {statistics.median(p for p, _, _ in runs[c]):.1f} | "
-                     f"{statistics.median(q for _, q, _ in runs[c]):.1f} | {', '.join(f'{r:.2f}' for r in ratios)} | "
-                     f"{statistics.median(ratios):.2f} | {', '.join(str(d) for _, _, d in runs[c])} |")
+        plain = runs[(c, "plain")]
+        for label in configs:
+            mine = runs[(c, label)]
+            ratios = [r / p for (r, _), (p, _) in zip(mine, plain)]
+            lines.append(f"| {c} | {label} | {statistics.median(r for r, _ in mine):.1f} | "
+                         f"{', '.join(f'{x:.2f}' for x in ratios)} | {statistics.median(ratios):.2f} | "
+                         f"{', '.join(str(d) for _, d in mine)} |")
     return emit(lines, args.markdown)
 
 

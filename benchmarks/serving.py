@@ -65,6 +65,8 @@ PROMPTS = [
     "Describe how a city changes over four seasons, for a travel magazine.",
     "Write a SQL query that finds the three best-selling products per month.",
 ]
+#: The code prompts among them (the draft model's best case: benchmarks.pair_in_batch --prompts code).
+CODE_PROMPTS = [PROMPTS[i] for i in (0, 3, 4, 5, 7)]
 
 
 def stream_completion(url: str, model: str, prompt: str, tokens: int) -> tuple[list[float], int, tuple[int, int]]:
