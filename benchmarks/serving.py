@@ -355,6 +355,11 @@ def main(argv: list[str] | None = None) -> int:
             targets.append(("vllm", "plain", args.vllm_url, args.vllm_model or "model", stream_completion))
         for _, _, u, model, stream in targets:  # warm: load, compile kernel shapes
             run_level(u, model, 1, 8, stream)
+            # ... and every level's prompts read once by every engine: else the first target of a round to reach a new
+            # prompt evaluates it and the next one asking the same engine (the pair not drafting) reuses its cache,
+            # which made the pair drafting nothing measure 0.84-0.93x itself not drafting (docs/bench/
+            # serving-traced-zen3-avx2-dec07.md); the levels measure decoding, the prefill row prompts
+            run_level(u, model, max(levels), 2, stream)
         for rnd in range(args.rounds):
             for c in levels:
                 # every other round in reverse order, as interleaved_rounds does: the target asked right after
