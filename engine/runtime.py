@@ -116,7 +116,7 @@ class ModelRuntime:
         # the loop batches their forwards and the batch prices the widths (alone, the controller prices its own).
         self.batch_loop = StepLoop(run_batch=self._run_batch,
                                    on_step=self._verify_times.add if parts.num_parallel > 1 else None,
-                                   trace=StepTrace(parts.spec.step_trace_dir) if parts.spec.step_trace_dir else None)
+                                   trace=StepTrace.opened(parts.spec.step_trace_dir))
         slots = [SequenceSlot(0, parts.cache, parts.drafters)] if parts.cache is not None else []
         if parts.num_parallel > 1 and parts.cache is not None:
             for i in range(1, parts.num_parallel):

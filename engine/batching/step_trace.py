@@ -14,11 +14,14 @@ every finished step (the write costs microseconds against a forward's tens of mi
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Iterable, Sequence
+
+log = logging.getLogger("tandem.engine")
 
 
 def trace_path(directory: str | Path, pid: int) -> Path:
@@ -34,6 +37,18 @@ class StepTrace:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file: IO[str] | None = open(path, "a", buffering=1, encoding="utf-8")
+
+    @classmethod
+    def opened(cls, directory: str | Path | None) -> "StepTrace | None":
+        """A trace into ``directory``, or None when none is asked for or it cannot be written there (said in the
+        engine's log: a trace is a measurement aid, and a directory it cannot write must not fail the load)."""
+        if not directory:
+            return None
+        try:
+            return cls(directory)
+        except OSError as e:
+            log.warning("TANDEM_STEP_TRACE: cannot write a step trace in %s (%s); not tracing", directory, e)
+            return None
 
     def record(self, draft: bool, rows: Sequence[int], seconds: float) -> None:
         """A step that ran ``rows`` rows for each of ``len(rows)`` sequences' forwards in ``seconds``."""

@@ -57,3 +57,13 @@ def test_a_line_cut_short_is_skipped_and_a_closed_trace_writes_nothing(tmp_path)
         f.write("1796660000.5\ttarget\t3")  # a writer cut off mid-line
     steps = read_steps(trace.path)
     assert [(s.sequences, s.rows) for s in steps] == [(2, 2)]
+
+
+def test_a_directory_the_engine_cannot_write_means_no_trace_not_a_failed_load(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert StepTrace.opened(blocker / "traces") is None  # mkdir under a file: OSError
+    assert StepTrace.opened(None) is None and StepTrace.opened("") is None
+    trace = StepTrace.opened(tmp_path / "ok")
+    assert trace is not None and trace.path.parent == tmp_path / "ok"
+    trace.close()
