@@ -109,10 +109,11 @@ class StepLoop:
         started = time.perf_counter()
         failed = self._run(group)
         seconds = time.perf_counter() - started
+        rows = [len(c.tokens) for c in group]  # each sequence's rows in the step
         if self.trace is not None:
-            self.trace.record(group[0].draft, [len(c.tokens) for c in group], seconds)
+            self.trace.record(group[0].draft, rows, seconds)
         if not group[0].draft:
-            width = sum(len(c.tokens) for c in group)
+            width = sum(rows)
             self.steps += 1
             self.rows += width
             if self.on_step is not None and not failed and policy.prices_widths(group):
