@@ -233,14 +233,15 @@ QDOT_BLOCK_ROWS = 16  # the qdot kernel's weight rows per block (one per 32-bit 
 
 
 def _pack_high(high: torch.Tensor, bits: int) -> torch.Tensor:
-    """Bits 4-5 of 64-byte slots [..., 64] as the kernel's planes: 5 bits -> 8 bytes (bit i = byte i),
-    6 bits -> 16 bytes (byte i = bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7)."""
-    lead = high.shape[:-1]
+    """Bits 4-5 of a step's two 64-byte slots [..., 2, 64] as the kernel's planes [..., 16 * (bits - 4)]:
+    5 bits -> 16 bytes for both slots (bit 4 s + l of byte b = slot s's byte 16 l + b), 6 bits -> 16 bytes
+    a slot (byte i = bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7)."""
+    lead = high.shape[:-2]
     if bits == 5:
-        b = (high & 1).reshape(*lead, 8, 8).to(torch.int32)
+        b = (high & 1).reshape(*lead, 8, 16).transpose(-1, -2).to(torch.int32)  # [..., byte b, bit 4 s + l]
         return (b << torch.arange(8, dtype=torch.int32)).sum(-1).to(torch.uint8)
-    b = (high & 3).reshape(*lead, 4, 16).to(torch.int32)
-    return (b << (2 * torch.arange(4, dtype=torch.int32))[:, None]).sum(-2).to(torch.uint8)
+    b = (high & 3).reshape(*lead, 2, 4, 16).to(torch.int32)
+    return (b << (2 * torch.arange(4, dtype=torch.int32))[:, None]).sum(-2).to(torch.uint8).reshape(*lead, 32)
 
 
 def _blocks_of_rows(t: torch.Tensor) -> torch.Tensor:
@@ -257,7 +258,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
     Rows go in blocks of 16; for each 8 values k0..k0+7 of a block, two 64-byte slots (values
     k0..k0+3, then k0+4..k0+7; byte 4 r + j = row r's value j). 8 bits: the slots as they are; 4/5/6
-    bits: 64 bytes of nibbles (low = first slot, high = second), then each slot's high-bit plane
+    bits: 64 bytes of nibbles (low = first slot, high = second), then the slots' high-bit planes
     (:func:`_pack_high`). Padding rows get code 0."""
     n, k = codes.shape
     blocks = _blocks_of_rows(codes)  # [B, 16, K]
@@ -267,7 +268,7 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return slots.reshape(nb, 2 * k * bits).contiguous()
     parts = [(slots[:, :, 0] & 0x0F) | ((slots[:, :, 1] & 0x0F) << 4)]
     if bits > 4:
-        parts.append(_pack_high(slots >> 4, bits).reshape(nb, k // 8, -1))
+        parts.append(_pack_high(slots >> 4, bits))
     return torch.cat(parts, dim=-1).reshape(nb, 2 * k * bits).contiguous()
 
 

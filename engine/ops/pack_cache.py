@@ -32,7 +32,7 @@ log = logging.getLogger("tandem.engine")
 
 # Bump whenever engine.ops.linear's qdot packing (pack_codes, pack_group_values) or the kernel's
 # reading of it changes: every older cache file then stops matching and is rebuilt.
-LAYOUT_VERSION = 2  # 2: K-quants keep their 8-bit scale codes and f16 super-block factors
+LAYOUT_VERSION = 3  # 2: K-quants keep their 8-bit scale codes and f16 super-block factors; 3: 5-bit planes
 STALE_TEMP_SECONDS = 3600  # a temp file this old belongs to a writer that died
 
 _DIGEST = re.compile(r"sha256-([0-9a-f]{64})$")

@@ -21,9 +21,12 @@
 //   codes  uint8 [N/16 (rounded up), K/8, 16 * BITS]: for each 8 values k0..k0+7 of the 16 rows, two
 //          64-byte "slots" (values k0..k0+3, then k0+4..k0+7), byte 4 r + j of a slot = row r's
 //          value j. 8 bits: the two slots as they are. 4, 5, 6 bits: 64 bytes of nibbles (low nibble
-//          = first slot, high = second), then the high bits of each slot: 5 bits, 8 bytes per slot
-//          (bit i = bit 4 of slot byte i); 6 bits, 16 bytes per slot (byte i holds bits 4-5 of slot
-//          bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7).
+//          = first slot, high = second), then the high bits: 5 bits, 16 bytes for both slots (bit
+//          4 s + l of byte b = bit 4 of slot s's byte 16 l + b, l = 0..3: each 16-byte quarter of a
+//          slot reads one bit position of the same 16 bytes, so a vector path takes it with one
+//          shift and one mask, where a bit per byte in order took five instructions); 6 bits, 16
+//          bytes per slot (byte i holds bits 4-5 of slot bytes i, 16 + i, 32 + i, 48 + i in bit
+//          pairs 0-1 ... 6-7).
 //   scales, zeros  one value per (block, group, row) [N/16, K/G, 16], in one of two kinds:
 //          f16 values (the group's scale and zero themselves), or, for K-quants (Q4_K, Q5_K, Q6_K),
 //          the GGUF's own small integer codes (int8 scales for Q6_K, uint8 scales and mins for
@@ -329,13 +332,18 @@ QuantizedActivations quantize_activations(const float* x, int64_t m, int64_t k, 
 
 #if QDOT_AVX512_VNNI
 
-// The high bits (BITS 5: one, BITS 6: two) of a 64-byte slot from its plane, as byte values << 4.
+// The high bits (BITS 5: one, BITS 6: two) of a 64-byte slot from its plane, as byte values << 4
+// (BITS 5: slot `slot` of the step's shared plane).
 template <int BITS>
-inline __m512i high_bits(const uint8_t* plane) {
+inline __m512i high_bits(const uint8_t* plane, int slot) {
   if constexpr (BITS == 5) {
-    uint64_t bits;
-    std::memcpy(&bits, plane, 8);  // bit i = slot byte i
-    return _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), _mm512_set1_epi8(0x10));
+    // quarter l of slot s reads bit 4 s + l of the plane's 16 bytes: copied to all four 128-bit lanes,
+    // lane l's bit moved to bit 4 (left by 4 - l for the first slot, right by l for the second; a
+    // 32-bit shift of at most 4 brings nothing into bit 4 from a neighbouring byte)
+    const __m512i v = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane)));
+    const __m512i moved = slot ? _mm512_srlv_epi32(v, _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0))
+                               : _mm512_sllv_epi32(v, _mm512_set_epi32(1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4));
+    return _mm512_and_si512(moved, _mm512_set1_epi8(0x10));
   } else {
     // byte i of the 16 holds slot bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7: copy it
     // to all four 128-bit lanes and shift lane l right by 2 l
@@ -358,9 +366,12 @@ inline void load_slots(const uint8_t* p, __m512i& w0, __m512i& w1) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     w0 = _mm512_and_si512(raw, m4);
     w1 = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-    if constexpr (BITS == 5 || BITS == 6) {
-      w0 = _mm512_or_si512(w0, high_bits<BITS>(p + 64));
-      w1 = _mm512_or_si512(w1, high_bits<BITS>(p + 64 + 8 * (BITS - 4)));
+    if constexpr (BITS == 5) {
+      w0 = _mm512_or_si512(w0, high_bits<5>(p + 64, 0));
+      w1 = _mm512_or_si512(w1, high_bits<5>(p + 64, 1));
+    } else if constexpr (BITS == 6) {
+      w0 = _mm512_or_si512(w0, high_bits<6>(p + 64, 0));
+      w1 = _mm512_or_si512(w1, high_bits<6>(p + 80, 1));
     }
   }
 }
@@ -554,18 +565,17 @@ inline void block_dots_centred(const uint8_t* w_block, const BlockScales& bs, co
 // steps see the AVX-512 path's integers.
 
 // The high bits (BITS 5: one, BITS 6: two) of half h of a 64-byte slot from its plane, as byte
-// values << 4.
+// values << 4 (BITS 5: slot `slot` of the step's shared plane).
 template <int BITS>
-inline __m256i high_bits_half(const uint8_t* plane, int h) {
+inline __m256i high_bits_half(const uint8_t* plane, int slot, int h) {
   if constexpr (BITS == 5) {
-    uint32_t bits;
-    std::memcpy(&bits, plane + 4 * h, 4);  // bit i = byte i of the half
-    // byte j of the result takes byte j / 8 of `bits`, then tests its bit j % 8
-    const __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(bits)),
-                                              _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                                0x0101010101010101, 0));
-    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ULL));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit), _mm256_set1_epi8(0x10));
+    // quarters 2 h and 2 h + 1 of slot s read bits 4 s + 2 h and 4 s + 2 h + 1 of the plane's 16 bytes
+    // (see the AVX-512 high_bits): each moved to bit 4 of its byte by one shift per 128-bit lane
+    const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(plane)));
+    const int j = 4 * slot + 2 * h;  // the first lane's bit; the second lane's is j + 1
+    const __m256i moved = j < 4 ? _mm256_sllv_epi32(v, _mm256_set_epi32(3 - j, 3 - j, 3 - j, 3 - j, 4 - j, 4 - j, 4 - j, 4 - j))
+                                : _mm256_srlv_epi32(v, _mm256_set_epi32(j - 3, j - 3, j - 3, j - 3, j - 4, j - 4, j - 4, j - 4));
+    return _mm256_and_si256(moved, _mm256_set1_epi8(0x10));
   } else {
     // byte i of the 16 holds slot bytes i, 16 + i, 32 + i, 48 + i in bit pairs 0-1 ... 6-7: half h
     // is slot bytes 32 h .. 32 h + 31, pairs 2 h and 2 h + 1, each moved to bits 4-5 of its byte
@@ -589,9 +599,12 @@ inline void load_half_slots(const uint8_t* p, int h, __m256i& w0, __m256i& w1) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     w0 = _mm256_and_si256(raw, m4);
     w1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    if constexpr (BITS == 5 || BITS == 6) {
-      w0 = _mm256_or_si256(w0, high_bits_half<BITS>(p + 64, h));
-      w1 = _mm256_or_si256(w1, high_bits_half<BITS>(p + 64 + 8 * (BITS - 4), h));
+    if constexpr (BITS == 5) {
+      w0 = _mm256_or_si256(w0, high_bits_half<5>(p + 64, 0, h));
+      w1 = _mm256_or_si256(w1, high_bits_half<5>(p + 64, 1, h));
+    } else if constexpr (BITS == 6) {
+      w0 = _mm256_or_si256(w0, high_bits_half<6>(p + 64, 0, h));
+      w1 = _mm256_or_si256(w1, high_bits_half<6>(p + 80, 1, h));
     }
   }
 }
@@ -915,8 +928,8 @@ inline int32_t code_at(const uint8_t* w_block, int64_t r, int64_t k) {
   } else {
     int32_t u = (p[i] >> (4 * slot)) & 0x0F;
     if constexpr (BITS == 5) {
-      const uint8_t* plane = p + 64 + 8 * slot;
-      u |= ((plane[i / 8] >> (i % 8)) & 1) << 4;
+      const uint8_t* plane = p + 64;  // both slots': bit 4 slot + i / 16 of byte i % 16
+      u |= ((plane[i % 16] >> (4 * slot + i / 16)) & 1) << 4;
     } else if constexpr (BITS == 6) {
       const uint8_t* plane = p + 64 + 16 * slot;
       u |= ((plane[i % 16] >> (2 * (i / 16))) & 3) << 4;

@@ -452,10 +452,13 @@ def test_pack_codes_layout(bits):
         assert b[per8 + 5 * 4 + 2] == c[5][10] and b[per8 + 64 + 5 * 4 + 3] == c[5][15]
     else:
         assert b[per8 + 5 * 4 + 2] == c[5][10] & 15 | (c[5][14] & 15) << 4
-    if bits == 5:
-        i = 5 * 4 + 2  # slot byte of row 5, value 10 (slot 0) and of row 5, value 14 (slot 1)
-        assert (b[per8 + 64 + i // 8] >> (i % 8)) & 1 == c[5][10] >> 4
-        assert (b[per8 + 64 + 8 + i // 8] >> (i % 8)) & 1 == c[5][14] >> 4
+    if bits == 5:  # one 16-byte plane for both slots: bit 4 s + i // 16 of byte i % 16
+        i = 5 * 4 + 2  # slot byte 22 (quarter 1) of row 5, value 10 (slot 0) and of row 5, value 14 (slot 1)
+        assert i % 16 == 6 and (b[per8 + 64 + 6] >> 1) & 1 == c[5][10] >> 4
+        assert (b[per8 + 64 + 6] >> 5) & 1 == c[5][14] >> 4
+        i = 15 * 4 + 1  # row 15, value 9: slot byte 61, quarter 3 -> plane byte 13, bit 3 (slot 0)
+        assert i % 16 == 13 and (b[per8 + 64 + 13] >> 3) & 1 == c[15][9] >> 4
+        assert (b[per8 + 64 + 13] >> 7) & 1 == c[15][13] >> 4  # value 13: slot 1, bit 7
     if bits == 6:
         i = 13 * 4 + 1  # row 13, value 9: slot byte 53 = 48 + 5 -> plane byte 5, bits 6-7
         assert (b[per8 + 64 + i % 16] >> (2 * (i // 16))) & 3 == c[13][9] >> 4
