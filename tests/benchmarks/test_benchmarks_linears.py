@@ -19,3 +19,15 @@ def test_linears_by_kind(tmp_path, capsys):
     assert table in capsys.readouterr().out
     for kind, names in groups.items():
         assert f"| {kind} | {len(names)} |" in table
+
+
+def test_synthetic_weights_are_written_and_timed_one_kind_each(tmp_path, capsys):
+    path = tmp_path / "s.gguf"
+    bench.main([str(path), "--synthetic", "Q5_0:48x64,Q8_0:16x96", "--threads", "1", "--widths", "1,2",
+                "--passes", "2"])
+    f = GGUFFile(path)
+    assert {n: (t.type_name, tuple(t.shape)) for n, t in f.tensors.items()} == {
+        "blk.0.q5_0_48x64.weight": ("Q5_0", (48, 64)), "blk.0.q8_0_16x96.weight": ("Q8_0", (16, 96))}
+    out = capsys.readouterr().out
+    assert "| q5_0_48x64 Q5_0 | 1 |" in out and "| q8_0_16x96 Q8_0 | 1 |" in out
+    assert "1 threads" in out
