@@ -5,10 +5,14 @@ out of cache mid-request), the drafters with state of their own over the shared 
 cache, an MTP head's, the n-gram index), and the depth controllers' learned acceptance. The verification
 costs stay one table per target: a forward's price belongs to the machine, whichever slot paid it.
 
-A request takes the free slot whose cache shares the longest prefix with its prompt (a chat's next turn finds
-its own slot's cache), else the one used least recently, so that a new conversation does not evict the one
-that just spoke. Where another slot, busy or not, holds a longer prefix of the prompt (the system prompt every
-client of an application sends), the slot copies those positions from it instead of evaluating them again.
+A request takes a free slot whose cache it can reuse without dropping another conversation: one its prompt
+continues (a chat's next turn finds its own slot's cache) or one holding this very prompt (asked again), the
+longest such prefix first; else the slot used least recently, an empty one first. Where another slot, busy or
+not, holds a longer prefix of the prompt (the system prompt every client of an application sends, the chat
+template's opening), the slot copies those positions from it instead of evaluating them again. That is Ollama's
+rule (its runner's cache slots): a new conversation that shares only a system prompt with a slot forks that
+prefix into a free slot instead of evicting the slot's conversation. A slot whose cache cannot copy another's
+positions (recurrent state) is reused for the longest prefix, as nothing else would keep it.
 """
 
 from __future__ import annotations
@@ -57,13 +61,19 @@ class SlotPool:
             return sum(s.busy for s in self.slots)
 
     def acquire(self, tokens: Sequence[int]) -> SequenceSlot:
-        """The free slot that reuses the most of ``tokens`` (then the least recently used), marked busy; an
-        ``EngineError`` (503) when every slot is busy (the runtime queues a request until ``free``)."""
+        """The free slot to serve ``tokens`` (see the module's docstring), marked busy; an ``EngineError`` (503)
+        when every slot is busy (the runtime queues a request until ``free``)."""
+        tokens = list(tokens)
         with self._lock:
             free = [s for s in self.slots if not s.busy]
             if not free:
                 raise EngineError(f"all {len(self.slots)} sequence slots are busy", 503)
-            slot = max(free, key=lambda s: (s.cache.common_prefix(list(tokens)), -s.used_at))
+            common = {s.index: s.cache.common_prefix(tokens) for s in free}
+            reusable = [s for s in free if _keeps_other_work(s, common[s.index], len(tokens))]
+            if reusable:
+                slot = max(reusable, key=lambda s: (common[s.index], -s.used_at))
+            else:  # every free slot holds another conversation: the oldest gives way (share_prefix forks into it)
+                slot = min(free, key=lambda s: s.used_at)
             self._clock += 1
             slot.busy, slot.used_at = True, self._clock
             return slot
@@ -90,3 +100,13 @@ class SlotPool:
     def release(self, slot: SequenceSlot) -> None:
         with self._lock:
             slot.busy = False
+
+
+def _keeps_other_work(slot: SequenceSlot, common: int, prompt_length: int) -> bool:
+    """Whether serving a prompt of ``prompt_length`` tokens that shares ``common`` leading tokens with ``slot``'s
+    cache in that slot drops nothing but what the prompt itself replaces: the prompt continues the cache (an empty
+    one too), or the cache holds the whole prompt (the same prompt again: only its old answer goes). A cache that
+    cannot copy another's positions is always worth its prefix."""
+    if type(slot.cache) is not KVCache:
+        return True
+    return common == len(slot.cache) or common == prompt_length
