@@ -24,13 +24,9 @@ from typing import Iterator
 
 import pytest
 
+from benchmarks.serving import free_port
+
 REGISTRY = shutil.which("docker-registry")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def json_reply(handler: http.server.BaseHTTPRequestHandler, status: int, body: bytes,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import socket
 import threading
 import time
 from datetime import datetime
@@ -18,6 +17,7 @@ from typing import Any, Callable
 import httpx
 import uvicorn
 
+from benchmarks.serving import free_port
 from blobs import BlobStore
 from importer import CreateRequest, create_model
 from server.routes.app import create_app
@@ -27,12 +27,6 @@ from tests.tiny_gguf import TinySpec, write_tiny_gguf
 #: The speculation fields tandem adds to every final answer (/api and /v1).
 SPEC_FIELDS = {"drafter", "draft_n", "draft_n_accepted", "draft_rounds", "acceptance_rate", "mean_accepted_length",
                "acceptance_by_position", "mean_depth", "plain_steps"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:

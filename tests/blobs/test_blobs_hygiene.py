@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import errno
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.serving import free_port
 from blobs import BlobStore, NoSpaceError, NotRegularFileError
 from blobs import store as store_mod
 from server.cli.commands import cmd_list
@@ -33,12 +33,6 @@ BlobStore(sys.argv[1]).write_blob(chunks())
 """
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # free once closed: nothing answers there
-
-
 def _writer(root: Path) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-c", WRITER, str(root)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None and p.stdout.readline().strip() == "writing"
@@ -53,7 +47,7 @@ def test_dead_writers_partials_go_with_the_next_writer_and_list_live_ones_stay(t
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     # `tandem list` asks a server when one answers at TANDEM_HOST (then the server's store is listed, not this one):
     # a port nothing listens on, whatever runs on this host's default one
-    monkeypatch.setenv("TANDEM_HOST", f"127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("TANDEM_HOST", f"127.0.0.1:{free_port()}")
     store = BlobStore(tmp_path / "models")
     live, dead = _writer(store.root), _writer(store.root)
     try:
