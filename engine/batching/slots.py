@@ -6,8 +6,10 @@ cache, an MTP head's, the n-gram index), and the depth controllers' learned acce
 costs stay one table per target: a forward's price belongs to the machine, whichever slot paid it.
 
 A request takes a free slot whose cache it can reuse without dropping another conversation: one its prompt
-continues (a chat's next turn finds its own slot's cache) or one holding this very prompt (asked again), the
-longest such prefix first; else the slot used least recently, an empty one first. Where another slot, busy or
+continues (a chat's next turn finds its own slot's cache), one whose last prompt it keeps whole and departs from
+only in what the slot generated (the next turn of a thinking model whose template drops the reasoning from the
+history, or a reply that tokenizes differently when the template renders it again), or one holding this very
+prompt (asked again), the longest such prefix first; else the slot used least recently, an empty one first. Where another slot, busy or
 not, holds a longer prefix of the prompt (the system prompt every client of an application sends, the chat
 template's opening), the slot copies those positions from it instead of evaluating them again. That is Ollama's
 rule (its runner's cache slots): a new conversation that shares only a system prompt with a slot forks that
@@ -36,6 +38,7 @@ class SequenceSlot:
     controllers: dict[str, AdaptiveDepth] = field(default_factory=dict)
     busy: bool = False
     used_at: int = 0  # when it last started a request (a counter)
+    prompt_length: int = 0  # the length of the prompt it last served (what follows in its cache, it generated)
 
 
 class SlotPool:
@@ -75,7 +78,7 @@ class SlotPool:
             else:  # every free slot holds another conversation: the oldest gives way (share_prefix forks into it)
                 slot = min(free, key=lambda s: s.used_at)
             self._clock += 1
-            slot.busy, slot.used_at = True, self._clock
+            slot.busy, slot.used_at, slot.prompt_length = True, self._clock, len(tokens)
             return slot
 
     def share_prefix(self, slot: SequenceSlot, tokens: Sequence[int]) -> int:
@@ -105,8 +108,10 @@ class SlotPool:
 def _keeps_other_work(slot: SequenceSlot, common: int, prompt_length: int) -> bool:
     """Whether serving a prompt of ``prompt_length`` tokens that shares ``common`` leading tokens with ``slot``'s
     cache in that slot drops nothing but what the prompt itself replaces: the prompt continues the cache (an empty
-    one too), or the cache holds the whole prompt (the same prompt again: only its old answer goes). A cache that
-    cannot copy another's positions is always worth its prefix."""
+    one too), keeps the slot's last prompt whole (the same conversation, whose last answer the template rendered
+    otherwise than it was generated: only that answer's positions go), or the cache holds the whole prompt (the
+    same prompt again: only its old answer goes). A cache that cannot copy another's positions is always worth its
+    prefix."""
     if type(slot.cache) is not KVCache:
         return True
-    return common == len(slot.cache) or common == prompt_length
+    return common == len(slot.cache) or 0 < slot.prompt_length <= common or common == prompt_length

@@ -241,6 +241,37 @@ def test_a_new_conversation_forks_a_shared_prefix_into_a_free_slot_instead_of_ev
     assert pool.acquire([1, 2, 3, 99]).index == 0
 
 
+
+def test_a_next_turn_that_drops_the_last_answers_reasoning_stays_in_its_own_slot():
+    """A thinking model's template leaves the reasoning out of the history, so its next turn departs from the
+    slot's cache inside what that slot generated: the prompt keeps the last prompt whole, and the slot is the same
+    conversation's (its prompt reused in place, only the answer's positions go), not a reason to fork into the empty
+    slot and leave a stale copy behind. A new conversation sharing only the system prompt still forks."""
+    from engine.cache.kv import KVCache
+
+    def empty_slot(i: int) -> SequenceSlot:
+        cache = KVCache(1, 1, 2, 64)
+        cache.k.zero_(), cache.v.zero_()
+        return SequenceSlot(i, cache, {})
+
+    system, user_1 = list(range(1, SHARED_PREFIX_MIN + 5)), [120, 121, 122]
+    reasoning, answer = [200, 201, 202, 203], [300, 301]
+    pool = SlotPool([empty_slot(0), empty_slot(1)])
+    first = pool.acquire(system + user_1)
+    first.cache.commit(system + user_1 + reasoning + answer)
+    pool.release(first)
+
+    turn_2 = system + user_1 + answer + [130, 131]  # the template rendered the answer without its reasoning
+    again = pool.acquire(turn_2)
+    assert again is first and pool.share_prefix(again, turn_2) == 0
+    kept = again.cache.reuse_prefix(turn_2)  # what the runtime does next: the last prompt stays, the answer goes
+    assert kept == len(system + user_1)
+    again.cache.commit(turn_2[kept:])
+    pool.release(again)
+
+    other = pool.acquire(system + [40, 41])  # another conversation, the same system prompt: the empty slot
+    assert other is not first and pool.share_prefix(other, system + [40, 41]) == len(system)
+
 def run_sequences(loop: StepLoop, *bodies) -> None:
     """Start ``bodies`` as sequences of ``loop`` at once and step it until every one has ended."""
     for body in bodies:
