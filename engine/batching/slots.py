@@ -8,13 +8,14 @@ costs stay one table per target: a forward's price belongs to the machine, which
 A request takes a free slot whose cache it can reuse without dropping another conversation: one its prompt
 continues (a chat's next turn finds its own slot's cache), one whose last prompt it keeps whole and departs from
 only in what the slot generated (the next turn of a thinking model whose template drops the reasoning from the
-history, or a reply that tokenizes differently when the template renders it again), or one holding this very
-prompt (asked again), the longest such prefix first; else the slot used least recently, an empty one first. Where another slot, busy or
-not, holds a longer prefix of the prompt (the system prompt every client of an application sends, the chat
-template's opening), the slot copies those positions from it instead of evaluating them again. That is Ollama's
-rule (its runner's cache slots): a new conversation that shares only a system prompt with a slot forks that
-prefix into a free slot instead of evicting the slot's conversation. A slot whose cache cannot copy another's
-positions (recurrent state) is reused for the longest prefix, as nothing else would keep it.
+history, or a reply that tokenizes differently when the template renders it again), or one holding this very prompt
+(asked again), the longest such prefix first; else the slot used least recently, an empty one first. Where another
+slot, busy or not, holds a longer prefix of the prompt (the system prompt every client of an application sends, the
+chat template's opening), the slot copies those positions from it instead of evaluating them again. Apart from the
+re-rendered answer, that is Ollama's rule (its runner's cache slots): a new conversation that shares only a system
+prompt with a slot forks that prefix into a free slot instead of evicting the slot's conversation. A slot whose
+cache cannot copy another's positions (recurrent state) is reused for the longest prefix, as nothing else would
+keep it.
 """
 
 from __future__ import annotations

@@ -241,7 +241,6 @@ def test_a_new_conversation_forks_a_shared_prefix_into_a_free_slot_instead_of_ev
     assert pool.acquire([1, 2, 3, 99]).index == 0
 
 
-
 def test_a_next_turn_that_drops_the_last_answers_reasoning_stays_in_its_own_slot():
     """A thinking model's template leaves the reasoning out of the history, so its next turn departs from the
     slot's cache inside what that slot generated: the prompt keeps the last prompt whole, and the slot is the same
@@ -271,6 +270,7 @@ def test_a_next_turn_that_drops_the_last_answers_reasoning_stays_in_its_own_slot
 
     other = pool.acquire(system + [40, 41])  # another conversation, the same system prompt: the empty slot
     assert other is not first and pool.share_prefix(other, system + [40, 41]) == len(system)
+
 
 def run_sequences(loop: StepLoop, *bodies) -> None:
     """Start ``bodies`` as sequences of ``loop`` at once and step it until every one has ended."""
