@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 import traceback
+from typing import Sequence
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ import tests.hf_tiny_qwen35 as hf_tiny_qwen35
 from engine.batching.policy import PROMPT_CHUNK_ROWS, SHARED_PREFIX_MIN, SHARED_PROMPT_CHUNK
 from engine.batching.step_loop import BatchedModel, StepLoop
 from engine.batching.slots import SequenceSlot, SlotPool
+from engine.cache.kv import KVCache
 from engine.models.loader import load_model
 from engine.contract.options import Options
 from engine.contract.protocol import EngineError, GenerateRequest, LoadSpec, TokenChunk
@@ -205,22 +207,23 @@ def test_a_slot_is_chosen_for_its_prefix_and_all_busy_is_refused():
     assert pool.free() == 1 and pool.acquire([5]).index == 1
 
 
+def kv_slot(i: int, tokens: Sequence[int] = ()) -> SequenceSlot:
+    """Slot ``i`` over a real one-layer KV cache that holds ``tokens`` (zero keys and values: only the slot rule's
+    bookkeeping is looked at)."""
+    cache = KVCache(1, 1, 2, 64)
+    cache.k.zero_(), cache.v.zero_()
+    cache.commit(tokens)
+    return SequenceSlot(i, cache, {})
+
+
 def test_a_new_conversation_forks_a_shared_prefix_into_a_free_slot_instead_of_evicting_another():
     """Ollama's slot rule over real KV caches: a request reuses a slot in place only when its prompt continues that
     slot's cache or is the prompt it holds; one that shares only an opening (a system prompt, the chat template's
     first tokens) with a conversation takes an empty or the least recently used slot, and share_prefix copies the
     shared part there. (The longest prefix alone had a second conversation evict the first for 13 template tokens
     while a slot stood empty: tests/benchmarks/test_benchmarks_serving.py's warm-up then failed one run in ten.)"""
-    from engine.cache.kv import KVCache
-
-    def slot(i: int, tokens: list[int]) -> SequenceSlot:
-        cache = KVCache(1, 1, 2, 64)
-        cache.k.zero_(), cache.v.zero_()
-        cache.commit(tokens)
-        return SequenceSlot(i, cache, {})
-
     system, chat_a = list(range(1, SHARED_PREFIX_MIN + 5)), [120, 121, 122, 123]  # copied when >= SHARED_PREFIX_MIN
-    pool = SlotPool([slot(0, system + chat_a), slot(1, [])])
+    pool = SlotPool([kv_slot(0, system + chat_a), kv_slot(1)])
     pool.slots[0].used_at = 5  # conversation A spoke last
     pool._clock = 5
 
@@ -246,16 +249,9 @@ def test_a_next_turn_that_drops_the_last_answers_reasoning_stays_in_its_own_slot
     slot's cache inside what that slot generated: the prompt keeps the last prompt whole, and the slot is the same
     conversation's (its prompt reused in place, only the answer's positions go), not a reason to fork into the empty
     slot and leave a stale copy behind. A new conversation sharing only the system prompt still forks."""
-    from engine.cache.kv import KVCache
-
-    def empty_slot(i: int) -> SequenceSlot:
-        cache = KVCache(1, 1, 2, 64)
-        cache.k.zero_(), cache.v.zero_()
-        return SequenceSlot(i, cache, {})
-
     system, user_1 = list(range(1, SHARED_PREFIX_MIN + 5)), [120, 121, 122]
     reasoning, answer = [200, 201, 202, 203], [300, 301]
-    pool = SlotPool([empty_slot(0), empty_slot(1)])
+    pool = SlotPool([kv_slot(0), kv_slot(1)])
     first = pool.acquire(system + user_1)
     first.cache.commit(system + user_1 + reasoning + answer)
     pool.release(first)
